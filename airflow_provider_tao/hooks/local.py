@@ -1,0 +1,379 @@
+"""The ``local`` platform: jobs run as detached process groups on the worker host. Needs no service.
+
+Layout of one job, ``<jobs_dir>/<job_id>/`` (folder mode 0700):
+
+``meta.json``      name, try, submitter -- written before the process starts, so a job is findable by name
+                   even when the worker dies during submission
+``launch.json``    the argv and working folder the supervisor runs (no secrets: those ride in its environment)
+``pid``            supervisor pid and process group
+``job.log``        stdout + stderr of the command
+``exit_code``      written atomically when the command ends
+``marks/``         ownership marks (``owner_try``, ``cancel_requested_by``)
+``files/``         the job's staged files (``TAO_JOB_FILES``)
+``work/``          the command's working folder
+
+The job's environment is built from scratch (a few host variables such as PATH and HOME, then the spec's),
+so the worker's own secrets -- ``AIRFLOW_CONN_*``, the Fernet key, database URLs -- never reach the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_tao.failures import FailureFacts
+from airflow_provider_tao.hooks import local_supervisor as supervisor
+from airflow_provider_tao.hooks.base import JobValidationError, TAOPlatformHook
+from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
+
+#: Host variables a local job inherits from the worker; everything else comes from the job spec.
+INHERITED_ENV = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TMPDIR",
+    "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "NVIDIA_DRIVER_CAPABILITIES",
+)
+#: How long a job may show no supervisor before it counts as never started.
+LAUNCH_TIMEOUT_SECONDS = 30.0
+LOG_CHUNK_BYTES = 1 << 20
+
+
+def visible_gpus() -> list[str]:
+    """GPU indices this worker host can give a job: ``CUDA_VISIBLE_DEVICES`` if the worker has one, else the
+    NVIDIA driver's device list, else none."""
+    restricted = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if restricted is not None:
+        return [d.strip() for d in restricted.split(",") if d.strip() and d.strip() not in ("-1", "void", "none")]
+    try:
+        return [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
+    except OSError:
+        return []
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _airflow_home() -> Path:
+    return Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow"))
+
+
+class LocalHook(TAOPlatformHook):
+    """Runs jobs on the worker host as detached process groups.
+
+    Connection type ``tao_local`` (optional: without a connection the defaults below are used). Extras:
+    ``jobs_dir`` (default ``[tao] local_jobs_dir`` or ``$AIRFLOW_HOME/tao/jobs``), ``results_root`` (default
+    ``[tao] local_results_root`` or ``$AIRFLOW_HOME/tao/results``), ``cancel_grace_seconds`` (default 10).
+
+    :param conn_id: the ``tao_local`` connection, or None for the defaults.
+    """
+
+    platform = "local"
+    conn_type = "tao_local"
+    default_conn_name = "tao_local_default"
+    hook_name = "TAO local"
+    name_pattern = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    name_rule = "letters, digits, '_', '.' and '-', at most 128 characters, starting with a letter or digit"
+
+    # ----------------------------------------------------------------- settings
+
+    def _config(self, option: str, fallback: Path) -> Path:
+        from airflow.sdk import conf
+
+        return Path(conf.get("tao", option, fallback=str(fallback)))
+
+    @property
+    def jobs_dir(self) -> Path:
+        self.load_connection()
+        configured = self.setting("jobs_dir")
+        return Path(configured) if configured else self._config("local_jobs_dir", _airflow_home() / "tao" / "jobs")
+
+    @property
+    def results_root(self) -> Path:
+        self.load_connection()
+        configured = self.setting("results_root")
+        return (
+            Path(configured) if configured else self._config("local_results_root", _airflow_home() / "tao" / "results")
+        )
+
+    @property
+    def cancel_grace_seconds(self) -> float:
+        self.load_connection()
+        return float(self.setting("cancel_grace_seconds", 10))
+
+    def _job_dir(self, handle: JobHandle) -> Path:
+        return self.jobs_dir / handle.job_id
+
+    # ----------------------------------------------------------------- validation
+
+    def validate_spec(self, spec: JobSpec) -> None:
+        super().validate_spec(spec)
+        gpus = visible_gpus()
+        if spec.gpu_count > len(gpus):
+            raise JobValidationError(
+                "gpu_count",
+                f"asked for {spec.gpu_count} GPU(s) but this worker host has {len(gpus)} visible",
+                "Use gpu_count=0 to run without GPUs, -1 for all visible GPUs, or a platform that has GPUs",
+            )
+        if spec.results_uri and "://" in spec.results_uri and not spec.results_uri.startswith("file://"):
+            raise JobValidationError(
+                "results_uri",
+                f"{spec.results_uri!r} is not a local folder",
+                "On the local platform use an absolute path or file:// URI",
+            )
+        if spec.image:
+            self.log.warning("image=%r is ignored on the local platform: the job runs on the worker host", spec.image)
+
+    def _gpu_env(self, gpu_count: int) -> str:
+        gpus = visible_gpus()
+        return ",".join(gpus if gpu_count == -1 else gpus[:gpu_count])
+
+    # ----------------------------------------------------------------- submit
+
+    def create_job(self, spec: JobSpec, try_number: int = 1) -> JobHandle:
+        self.validate_spec(spec)
+        self.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        job_dir = self.jobs_dir / spec.job_id
+        job_dir.mkdir(mode=0o700)
+        for sub in ("marks", "files", "work"):
+            (job_dir / sub).mkdir(mode=0o700)
+        results_root = Path(spec.results_uri.removeprefix("file://")) if spec.results_uri else self.results_root
+        results_dir = results_root / spec.job_id
+        results_dir.mkdir(parents=True, exist_ok=True)
+        for name, content in spec.files.items():
+            target = (job_dir / "files" / name).resolve()
+            if not target.is_relative_to((job_dir / "files").resolve()):
+                raise JobValidationError("files", f"{name!r} points outside the job folder", "Use relative names")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+            target.chmod(0o600)
+        handle = JobHandle(
+            platform=self.platform,
+            conn_id=self.conn_id,
+            job_id=spec.job_id,
+            name=spec.name,
+            results_dir=str(results_dir),
+            try_number=try_number,
+            console_url=(job_dir / "job.log").as_uri(),
+        )
+        # Findable by name before the process exists: a worker killed mid-submit must not cause a duplicate.
+        supervisor.write_json_atomic(
+            job_dir / "meta.json",
+            {**handle.to_json(), "submitter_pid": os.getpid(), "submitter_host": os.uname().nodename},
+        )
+        self._index_name(spec.name, spec.job_id)
+        self.write_mark(handle, "owner_try", try_number)
+        argv = ["/bin/bash", "-c", spec.command] if isinstance(spec.command, str) else list(spec.command)
+        supervisor.write_json_atomic(job_dir / "launch.json", {"argv": argv, "cwd": str(job_dir / "work")})
+        with open(job_dir / "job.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, supervisor.__file__, str(job_dir)],
+                env=self._job_env(spec, results_root, job_dir),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                close_fds=True,
+            )
+        handle = JobHandle(**{**handle.to_json(), "backend_job_id": str(proc.pid)})
+        self.log.info(
+            "Started local job %s (%s) as process group %s; log: %s",
+            spec.job_id,
+            spec.name,
+            proc.pid,
+            job_dir / "job.log",
+        )
+        return handle
+
+    def _job_env(self, spec: JobSpec, results_root: Path, job_dir: Path) -> dict[str, str]:
+        env = {key: os.environ[key] for key in INHERITED_ENV if key in os.environ}
+        env.update(spec.env)
+        env.update(spec.secret_env)
+        env.update(
+            {
+                "TAO_JOB_ID": spec.job_id,
+                "TAO_JOB_NAME": spec.name,
+                "TAO_RESULTS_ROOT": str(results_root),
+                "TAO_JOB_FILES": str(job_dir / "files"),
+                "CUDA_VISIBLE_DEVICES": self._gpu_env(spec.gpu_count),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        return env
+
+    def _index_name(self, name: str, job_id: str) -> None:
+        index = self.jobs_dir / "_names"
+        index.mkdir(exist_ok=True, mode=0o700)
+        tmp = index / f".{name}.{uuid.uuid4().hex}"
+        tmp.write_text(job_id)
+        os.replace(tmp, index / name)
+
+    def find_job(self, name: str) -> JobHandle | None:
+        try:
+            job_id = (self.jobs_dir / "_names" / name).read_text().strip()
+        except OSError:
+            return None
+        meta = _read_json(self.jobs_dir / job_id / "meta.json")
+        if meta is None:
+            return None
+        handle = JobHandle.from_json(meta)
+        pid = _read_json(self.jobs_dir / job_id / "pid")
+        return JobHandle(**{**handle.to_json(), "backend_job_id": str(pid["pid"])}) if pid else handle
+
+    # ----------------------------------------------------------------- status
+
+    def get_job_status(self, handle: JobHandle) -> JobStatus:
+        return self._status(handle, supervisor.live_groups())
+
+    def get_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
+        live = supervisor.live_groups()  # one /proc scan for the whole batch
+        return {h.job_id: self._status(h, live) for h in handles}
+
+    def _status(self, handle: JobHandle, live: set[int]) -> JobStatus:
+        job_dir = self._job_dir(handle)
+        meta = _read_json(job_dir / "meta.json")
+        if meta is None:
+            return JobStatus(
+                JobState.UNKNOWN, f"no local job {handle.job_id} under {self.jobs_dir}", raw_state="NOT_FOUND"
+            )
+        if (done := self._finished(handle)) is not None:
+            return done
+        pid = _read_json(job_dir / "pid")
+        canceling = (job_dir / "marks" / "cancel_requested_by").exists()
+        if pid is None:
+            if time.time() - float(meta.get("submitted_at", 0)) < LAUNCH_TIMEOUT_SECONDS:
+                return JobStatus(JobState.PENDING, "starting", raw_state="LAUNCHING")
+            if canceling:
+                return JobStatus(JobState.CANCELED, "canceled before it started", raw_state="CANCELED")
+            return JobStatus(
+                JobState.ERROR,
+                "the job never started: its supervisor did not come up "
+                f"within {LAUNCH_TIMEOUT_SECONDS:.0f} s (the submitting worker died?)",
+                raw_state="LOST",
+            )
+        # The supervisor leads its own process group; the group is alive while any non-zombie member is.
+        if int(pid["pgid"]) in live:
+            state = JobState.CANCELING if canceling else JobState.RUNNING
+            return JobStatus(state, f"process group {pid['pgid']}", raw_state="RUNNING")
+        # Dead: look again for the exit file, which the supervisor may have written just before exiting.
+        if (done := self._finished(handle)) is not None:
+            return done
+        if canceling:
+            return JobStatus(JobState.CANCELED, "killed on cancel", raw_state="KILLED")
+        return JobStatus(
+            JobState.ERROR,
+            f"the job's supervisor (pid {pid['pid']}) vanished without recording an exit code "
+            "(killed with SIGKILL, or the host rebooted)",
+            raw_state="LOST",
+        )
+
+    def _finished(self, handle: JobHandle) -> JobStatus | None:
+        job_dir = self._job_dir(handle)
+        record = _read_json(job_dir / "exit_code")
+        if record is None:
+            return None
+        code = int(record["exit_code"])
+        at = float(record.get("finished_at", time.time()))
+        if (job_dir / "marks" / "cancel_requested_by").exists() and code != 0:
+            return JobStatus(JobState.CANCELED, "canceled", exit_code=code, raw_state="CANCELED", updated_at=at)
+        if code == 0:
+            return JobStatus(JobState.COMPLETE, "exit code 0", exit_code=0, raw_state="EXITED", updated_at=at)
+        how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        return JobStatus(JobState.ERROR, how, exit_code=code, raw_state="EXITED", updated_at=at)
+
+    # ----------------------------------------------------------------- logs
+
+    def get_job_logs(self, handle: JobHandle, offset: int = 0, tail: int | None = None) -> tuple[str, int]:
+        path = self._job_dir(handle) / "job.log"
+        try:
+            with open(path, "rb") as log:
+                size = os.fstat(log.fileno()).st_size
+                if tail is not None:
+                    start = max(0, size - LOG_CHUNK_BYTES)
+                    log.seek(start)
+                    lines = log.read().decode(errors="replace").splitlines()
+                    return "\n".join(lines[-tail:]) + ("\n" if lines else ""), size
+                log.seek(offset)
+                data = log.read(LOG_CHUNK_BYTES)
+        except FileNotFoundError:
+            return "", offset
+        return data.decode(errors="replace"), offset + len(data)
+
+    # ----------------------------------------------------------------- cancel / failure analysis
+
+    def _cancel(self, handle: JobHandle) -> bool:
+        job_dir = self._job_dir(handle)
+        pid = _read_json(job_dir / "pid")
+        if pid is None or self._finished(handle) is not None:
+            return True
+        pgid = int(pid["pgid"])
+        for sig, grace in ((signal.SIGTERM, self.cancel_grace_seconds), (signal.SIGKILL, 5.0)):
+            if not supervisor.group_members(pgid):
+                return True
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                return True
+            deadline = time.monotonic() + grace
+            while supervisor.group_members(pgid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        return not supervisor.group_members(pgid)
+
+    def failure_facts(self, handle: JobHandle) -> FailureFacts:
+        status = self.get_job_status(handle)
+        text, _ = self.get_job_logs(handle, tail=200)
+        return FailureFacts(
+            exit_code=status.exit_code,
+            raw_state=status.raw_state,
+            canceled=status.state is JobState.CANCELED,
+            log_tail=text.splitlines(),
+            message=status.message,
+            details={"log": str(self._job_dir(handle) / "job.log")},
+        )
+
+    # ----------------------------------------------------------------- paths and marks
+
+    def check_path(self, uri: str) -> bool:
+        return Path(uri.removeprefix("file://")).exists()
+
+    def list_path(self, uri: str) -> list[str]:
+        path = Path(uri.removeprefix("file://"))
+        return sorted(os.listdir(path)) if path.is_dir() else []
+
+    def read_marks(self, handle: JobHandle) -> dict[str, Any]:
+        marks = self._job_dir(handle) / "marks"
+        try:
+            return {p.name: p.read_text() for p in marks.iterdir() if not p.name.startswith(".")}
+        except OSError:
+            return {}
+
+    def write_mark(self, handle: JobHandle, key: str, value: Any) -> None:
+        marks = self._job_dir(handle) / "marks"
+        if not marks.is_dir():
+            return
+        tmp = marks / f".{key}.{uuid.uuid4().hex}"
+        tmp.write_text(str(value))
+        os.replace(tmp, marks / key)

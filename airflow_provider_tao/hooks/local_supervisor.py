@@ -1,0 +1,102 @@
+"""The supervisor of one ``local`` job: ``python local_supervisor.py <job_dir>``.
+
+Started by :class:`~airflow_provider_tao.hooks.local.LocalHook` as the leader of a new session, so the job outlives
+the Airflow worker and can be killed as one process group. It records its pid (= its process group), runs the command
+with stdin from /dev/null and output into ``job.log``, and writes ``exit_code`` atomically when the command ends: the
+file the hook reads the job's fate from. It survives the group-wide SIGTERM of a cancel long enough to record the
+command's exit; a SIGKILL leaves no exit file, which the hook reports as canceled (if a cancel was asked for) or as an
+error (if not). Standard library only: it is executed as a file, never imported by Airflow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STRAGGLER_GRACE_SECONDS = 2.0
+
+
+def write_json_atomic(path: Path, data: dict[str, object]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as handle:
+        json.dump(data, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _live_processes() -> list[tuple[int, int]]:
+    """(pid, process group) of every live process; zombies count as dead (PID 1 may never reap them)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X"):
+            found.append((int(entry), int(fields[2])))
+    return found
+
+
+def live_groups() -> set[int]:
+    """Process groups that still have a live member."""
+    return {pgid for _, pgid in _live_processes()}
+
+
+def group_members(pgid: int, exclude: int | None = None) -> list[int]:
+    """Live processes of a process group."""
+    return [pid for pid, group in _live_processes() if group == pgid and pid != exclude]
+
+
+def _stop_stragglers(pgid: int) -> None:
+    """Background processes the command left behind die with the job, not after it."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = group_members(pgid, exclude=os.getpid())
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + STRAGGLER_GRACE_SECONDS
+        while group_members(pgid, exclude=os.getpid()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def main(job_dir: str) -> int:
+    job = Path(job_dir)
+    pid = os.getpid()
+    write_json_atomic(job / "pid", {"pid": pid, "pgid": os.getpgid(0)})
+    launch = json.loads((job / "launch.json").read_text())
+    stop_requested: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        # The command gets the same signal from the group-wide kill; we stay to record how it ended.
+        stop_requested.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    with open(job / "job.log", "ab", buffering=0) as log:
+        try:
+            child = subprocess.Popen(
+                launch["argv"], cwd=launch["cwd"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+        except OSError as exc:
+            log.write(f"tao-local: cannot start {launch['argv'][0]!r}: {exc}\n".encode())
+            returncode = 127 if isinstance(exc, FileNotFoundError) else 126
+        else:
+            returncode = child.wait()
+    _stop_stragglers(os.getpgid(0))
+    write_json_atomic(job / "exit_code", {"exit_code": returncode, "finished_at": time.time()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,210 @@
+"""The shared job vocabulary: value objects that cross the operator / hook / trigger boundaries as JSON.
+
+Everything here is plain data with ``to_json()`` / ``from_json()`` so that it survives trigger kwargs
+(``airflow.sdk.serde``), ``task_state_store`` and XCom without custom deserialisation allow-lists.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from enum import Enum, StrEnum
+from typing import Any
+
+
+class JobState(StrEnum):
+    """The one state vocabulary of every platform (values are the TAO SDK's words)."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    PAUSED = "Paused"
+    CANCELING = "Canceling"
+    COMPLETE = "Complete"
+    ERROR = "Error"
+    CANCELED = "Canceled"
+    # The backend could not be asked or did not know the job. Never a failure by itself.
+    UNKNOWN = "Unknown"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def is_active(self) -> bool:
+        return self in ACTIVE_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.COMPLETE, JobState.ERROR, JobState.CANCELED})
+ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.PAUSED, JobState.CANCELING})
+
+
+class ErrClass(StrEnum):
+    """Failure classes shared by every platform (see ``failures.py`` for how they are decided)."""
+
+    ERR_PROGRAM = "ERR_PROGRAM"
+    ERR_OOM = "ERR_OOM"
+    ERR_CONFIG = "ERR_CONFIG"
+    ERR_INFRA = "ERR_INFRA"
+    ERR_PREEMPTED = "ERR_PREEMPTED"
+    ERR_CAPACITY = "ERR_CAPACITY"
+    ERR_IMAGE_PULL = "ERR_IMAGE_PULL"
+    ERR_AUTH = "ERR_AUTH"
+    ERR_TIMEOUT = "ERR_TIMEOUT"
+    ERR_CANCELED = "ERR_CANCELED"
+    ERR_UNKNOWN = "ERR_UNKNOWN"
+
+    @property
+    def retriable(self) -> bool:
+        return self in RETRIABLE_CLASSES
+
+
+# A retry can help only when the cause is outside the job: the same program on the same input fails again.
+RETRIABLE_CLASSES = frozenset({ErrClass.ERR_INFRA, ErrClass.ERR_PREEMPTED, ErrClass.ERR_CAPACITY, ErrClass.ERR_UNKNOWN})
+
+
+class _JsonValue:
+    """Mixin: dataclass <-> JSON-primitive dict, ignoring unknown keys so old stored values still load."""
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)  # type: ignore[call-overload]
+        for key, value in data.items():
+            if isinstance(value, Enum):
+                data[key] = value.value
+        return data
+
+    @classmethod
+    def _known(cls, data: dict[str, Any]) -> dict[str, Any]:
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass(frozen=True)
+class JobSpec(_JsonValue):
+    """What to run, independent of the platform.
+
+    :param name: deterministic job name (the same for every try of one task instance).
+    :param job_id: unique id of this submission; exported into the job as ``TAO_JOB_ID``.
+    :param command: a string (run by exactly one ``/bin/bash -c``) or an argv list (no shell).
+    :param image: container image URI; optional on ``local``.
+    :param gpu_count: 0 = none, N = N GPUs, -1 = every visible GPU.
+    :param num_nodes: number of nodes (multi-node where the platform supports it).
+    :param env: plain environment variables.
+    :param secret_env: environment variables holding secrets; never logged, never on a command line.
+    :param files: ``relative name -> text`` staged by the platform into a folder exported as ``TAO_JOB_FILES``.
+    :param backend_details: platform-specific keyword arguments.
+    :param results_uri: explicit results location; wins over every platform default.
+    :param deadline: absolute epoch seconds after which the job must not keep running.
+    """
+
+    name: str
+    job_id: str
+    command: str | list[str]
+    image: str | None = None
+    gpu_count: int = 1
+    num_nodes: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)
+    files: dict[str, str] = field(default_factory=dict, repr=False)
+    backend_details: dict[str, Any] = field(default_factory=dict)
+    results_uri: str | None = None
+    deadline: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form *without* secret values (only their names survive), safe to store or log."""
+        data = super().to_json()
+        data["secret_env"] = dict.fromkeys(self.secret_env, "***")
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobSpec:
+        return cls(**cls._known(data))
+
+
+@dataclass(frozen=True)
+class JobHandle(_JsonValue):
+    """Identifies one submitted job; stored in ``task_state_store`` and passed to the trigger.
+
+    :param platform: platform name (``local``, ``slurm``, ...).
+    :param conn_id: Airflow connection id, or None for a platform's defaults.
+    :param job_id: our id of the submission (``TAO_JOB_ID`` inside the job).
+    :param name: the deterministic job name.
+    :param backend_job_id: the platform's own id (SLURM job id, container id, pid, ...).
+    :param results_dir: where the job's results land.
+    :param try_number: the task try that owns the job (submitted it or took it over).
+    :param submitted_at: epoch seconds of the submission.
+    :param console_url: a link to the job for humans, if the platform has one.
+    """
+
+    platform: str
+    conn_id: str | None
+    job_id: str
+    name: str
+    backend_job_id: str = ""
+    results_dir: str = ""
+    try_number: int = 1
+    submitted_at: float = field(default_factory=time.time)
+    console_url: str = ""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobHandle:
+        return cls(**cls._known(data))
+
+    def owned_by(self, try_number: int) -> JobHandle:
+        """The same job, taken over by another try."""
+        return replace(self, try_number=try_number)
+
+
+@dataclass(frozen=True)
+class JobStatus(_JsonValue):
+    """One observation of a job.
+
+    :param state: the shared state.
+    :param message: human-readable detail (reason a job is pending, why it failed, ...).
+    :param exit_code: the program's exit code once known (negative = killed by that signal).
+    :param raw_state: the platform's own word for the state.
+    :param updated_at: epoch seconds; the backend's time where it reports one.
+    """
+
+    state: JobState
+    message: str = ""
+    exit_code: int | None = None
+    raw_state: str = ""
+    updated_at: float = field(default_factory=time.time)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobStatus:
+        known = cls._known(data)
+        known["state"] = JobState(known["state"])
+        return cls(**known)
+
+    @classmethod
+    def unknown(cls, message: str) -> JobStatus:
+        return cls(state=JobState.UNKNOWN, message=message)
+
+
+@dataclass(frozen=True)
+class FailureAnalysis(_JsonValue):
+    """Why a job failed and what to do about it.
+
+    :param err_class: the failure class.
+    :param retriable: whether another try can help.
+    :param suggestion: what the user should do.
+    :param evidence: the log lines / events the decision rests on.
+    :param details: platform facts (exit code, signal, node, raw state, ...).
+    """
+
+    err_class: ErrClass
+    retriable: bool
+    suggestion: str
+    evidence: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FailureAnalysis:
+        known = cls._known(data)
+        known["err_class"] = ErrClass(known["err_class"])
+        return cls(**known)
+
+    def summary(self) -> str:
+        """One line for the task log; names the class literally so people can grep for it."""
+        return f"{self.err_class.value} ({'retriable' if self.retriable else 'not retriable'}): {self.suggestion}"

@@ -1,0 +1,400 @@
+"""``TAOSubmitOperator``: submit a GPU training job to any TAO platform and wait for it, deferrably or not.
+
+Lifecycle of one task instance (see DESIGN.md):
+
+1. validate everything before any GPU is asked for (bad input fails the task without retries);
+2. look for this task instance's job -- first in ``task_state_store`` (survives retries), then by its deterministic
+   name on the platform (covers a worker killed between submission and the store write) -- and reattach to it if
+   it is active, return its result if it completed, submit anew otherwise;
+3. store the handle and push job id, results folder and console URL to XCom *before* waiting;
+4. wait in the triggerer (``TAOJobTrigger``) or on the worker, with an absolute deadline from ``execution_timeout``;
+5. on failure classify it and fail fast when a retry cannot help.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook, BaseOperator, conf
+from airflow.sdk.exceptions import (
+    AirflowException,
+    AirflowFailException,
+    AirflowNotFoundException,
+    AirflowTaskTimeout,
+)
+
+from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook, platform_for_conn_type
+from airflow_provider_tao.hooks.base import JobValidationError
+from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
+from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESULTS_DIR, TAOJobLink
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_provider_tao.hooks.base import TAOPlatformHook
+
+#: ``task_state_store`` key of this task instance's job: ``{"handle": {...}, "consumed": bool}``.
+STATE_KEY = "tao_job"
+#: How long the platform may stay unanswerable before the task gives up on this try.
+MAX_UNKNOWN_SECONDS = 600.0
+
+
+def _readable(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+class TAOSubmitOperator(BaseOperator):
+    """Run a (TAO or any) GPU training job on a TAO platform and wait until it ends.
+
+    :param command: what the job runs: a string (run by exactly one ``/bin/bash -c``) or an argv list.
+    :param conn_id: a ``tao_*`` Airflow connection; its type decides the platform. Optional for ``local``.
+    :param platform: the platform name (``local``, ...); optional when ``conn_id`` is given, checked against it.
+    :param image: container image: a ``versions.yaml`` key such as ``tao_toolkit.pyt`` or an image URI.
+        Optional on ``local`` (the job runs on the worker host).
+    :param gpu_count: GPUs per node: 0 = none, N = N GPUs, -1 = all visible GPUs.
+    :param num_nodes: nodes for a multi-node job (platforms that support it).
+    :param env: environment variables of the job (values must be strings).
+    :param backend_details: platform-specific settings (partition, instance type, ``mem_limit``, ...).
+    :param results_uri: where results go; wins over the platform's default results location.
+    :param job_name: a readable prefix of the job name; the platform name is ``<job_name>-<id>`` where ``<id>``
+        is derived from dag, task, run and map index, so every try of one task instance finds the same job.
+    :param deferrable: wait in the triggerer instead of on a worker (default ``[operators] default_deferrable``).
+    :param poll_interval: seconds between status checks (default ``[tao] default_poll_interval``, 10).
+    :param stream_logs: copy the job's log into the task log while waiting.
+    :param cancel_on_kill: cancel the job when the task is killed, marked failed/success, cleared or times out.
+    """
+
+    template_fields: Sequence[str] = ("command", "image", "env", "job_name", "results_uri", "backend_details")
+    template_fields_renderers = {"command": "bash", "env": "json", "backend_details": "json"}
+    operator_extra_links = (TAOJobLink(),)
+    ui_color = "#76b900"
+
+    def __init__(
+        self,
+        *,
+        command: str | list[str],
+        conn_id: str | None = None,
+        platform: str | None = None,
+        image: str | None = None,
+        gpu_count: int = 1,
+        num_nodes: int = 1,
+        env: dict[str, str] | None = None,
+        backend_details: dict[str, Any] | None = None,
+        results_uri: str | None = None,
+        job_name: str | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        poll_interval: float | None = None,
+        stream_logs: bool = True,
+        cancel_on_kill: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.command = command
+        self.conn_id = conn_id
+        self.platform = platform
+        self.image = image
+        self.gpu_count = gpu_count
+        self.num_nodes = num_nodes
+        self.env = env or {}
+        self.backend_details = backend_details or {}
+        self.results_uri = results_uri
+        self.job_name = job_name
+        self.deferrable = deferrable
+        self.poll_interval = float(
+            poll_interval if poll_interval is not None else conf.getfloat("tao", "default_poll_interval", fallback=10)
+        )
+        self.stream_logs = stream_logs
+        self.cancel_on_kill = cancel_on_kill
+        self._handle: JobHandle | None = None
+        self._check_static_arguments()
+
+    def _check_static_arguments(self) -> None:
+        """Checks that need no rendering or connection: they fail the DAG at parse time, long before a job."""
+        if self.platform is not None and self.platform not in PLATFORMS:
+            raise JobValidationError(
+                "platform", f"unknown platform {self.platform!r}", f"Use one of: {', '.join(sorted(PLATFORMS))}"
+            )
+        for name in ("gpu_count", "num_nodes"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
+                raise JobValidationError(name, f"{getattr(self, name)!r} is not an integer", "Pass a whole number")
+        if self.gpu_count < -1:
+            raise JobValidationError(
+                "gpu_count", f"{self.gpu_count} is not allowed", "Use 0 for none, N for N GPUs, or -1 for all visible"
+            )
+        if self.num_nodes < 1:
+            raise JobValidationError("num_nodes", f"{self.num_nodes} is not allowed", "Use 1 or more")
+        if self.poll_interval <= 0:
+            raise JobValidationError("poll_interval", f"{self.poll_interval} is not allowed", "Use seconds > 0")
+
+    # ----------------------------------------------------------------- building blocks
+
+    def _hook(self) -> TAOPlatformHook:
+        """The platform hook, from the connection's type (a missing or foreign connection is bad input)."""
+        platform = self.platform
+        if self.conn_id:
+            try:
+                conn = BaseHook.get_connection(self.conn_id)
+            except AirflowNotFoundException as exc:
+                raise JobValidationError(
+                    "conn_id",
+                    f"there is no Airflow connection {self.conn_id!r}",
+                    "Create it (Admin > Connections, `airflow connections add`, or an AIRFLOW_CONN_* variable) "
+                    "or fix the id"
+                    + ("; the local platform also runs with conn_id=None" if platform == "local" else ""),
+                ) from exc
+            conn_platform = platform_for_conn_type(conn.conn_type or "")
+            if conn_platform is None:
+                types = ", ".join(ctype for ctype, _ in PLATFORMS.values())
+                raise JobValidationError(
+                    "conn_id",
+                    f"connection {self.conn_id!r} has type {conn.conn_type!r}, which is not a TAO platform",
+                    f"Use a connection of type {types}",
+                )
+            if platform and platform != conn_platform:
+                raise JobValidationError(
+                    "platform",
+                    f"{platform!r} does not match connection {self.conn_id!r} of type {conn.conn_type!r}",
+                    f"Use platform={conn_platform!r} or leave platform unset",
+                )
+            platform = conn_platform
+        elif not platform:
+            raise JobValidationError(
+                "platform",
+                "neither conn_id nor platform is given",
+                "Pass conn_id=<a tao_* connection> or platform='local'",
+            )
+        hook = get_platform_hook(platform, self.conn_id)
+        hook.load_connection()
+        return hook
+
+    def _job_name(self, context: Context) -> str:
+        """Deterministic: the same for every try of a task instance, different for every run and map index."""
+        ti = context["ti"]
+        identity = f"{ti.dag_id}\n{ti.task_id}\n{ti.run_id}\n{ti.map_index}"
+        digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
+        prefix = self.job_name if self.job_name is not None else _readable(f"{ti.dag_id}-{ti.task_id}")[:50]
+        return f"{prefix.rstrip('-')}-{digest}" if prefix else f"tao-{digest}"
+
+    def _job_spec(self, context: Context, hook: TAOPlatformHook) -> JobSpec:
+        from airflow_provider_tao.images import resolve_container_image
+
+        try:
+            image = resolve_container_image(self.image) if self.image else None
+        except (KeyError, ValueError) as exc:
+            raise JobValidationError("image", str(exc), "Fix the image") from exc
+        if image is None and hook.platform != "local":
+            raise JobValidationError(
+                "image", f"is required on the {hook.platform} platform", "Give a versions.yaml key or URI"
+            )
+        if not isinstance(self.env, dict):
+            raise JobValidationError("env", f"{self.env!r} is not a mapping", "Pass a dict of strings")
+        return JobSpec(
+            name=self._job_name(context),
+            job_id=secrets.token_hex(6),
+            command=self.command,
+            image=image,
+            gpu_count=self.gpu_count,
+            num_nodes=self.num_nodes,
+            env=dict(self.env),
+            backend_details=dict(self.backend_details),
+            results_uri=self.results_uri,
+            deadline=self._deadline(context),
+        )
+
+    def _deadline(self, context: Context) -> float | None:
+        """Absolute end of the task, anchored on its start so re-deferrals keep it."""
+        if self.execution_timeout is None:
+            return None
+        start = context["ti"].start_date
+        base = start.timestamp() if start is not None else time.time()
+        return base + self.execution_timeout.total_seconds()
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        return self._run(context, reattach=True)
+
+    def _run(self, context: Context, *, reattach: bool) -> dict[str, Any]:
+        try:
+            hook = self._hook()
+            spec = self._job_spec(context, hook)
+            hook.validate_spec(spec)
+        except JobValidationError as exc:
+            raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
+        try_number = context["ti"].try_number
+        found = self._find_previous(context, hook, spec.name) if reattach else None
+        if found is not None and found[1].state is JobState.COMPLETE:
+            self._handle = found[0]
+            self._publish(context, found[0])
+            return self._succeed(context, found[0], found[1])
+        if found is not None:
+            handle = found[0].owned_by(try_number)
+            hook.claim_job(handle)
+            self.log.info(
+                "Reattached to job %s (%s), submitted by try %s", handle.job_id, handle.name, found[0].try_number
+            )
+        else:
+            handle = hook.create_job(spec, try_number=try_number)
+            self.log.info("Submitted %s job %s (%s)", hook.platform, handle.job_id, handle.name)
+        self._handle = handle
+        context["task_state_store"].set(STATE_KEY, {"handle": handle.to_json(), "consumed": False})
+        self._publish(context, handle)
+        if self.deferrable:
+            from airflow_provider_tao.triggers.job import TAOJobTrigger
+
+            self.defer(
+                trigger=TAOJobTrigger(
+                    handle=handle.to_json(),
+                    poll_interval=self.poll_interval,
+                    deadline=spec.deadline,
+                    stream_logs=self.stream_logs,
+                    cancel_on_kill=self.cancel_on_kill,
+                    max_unknown_seconds=MAX_UNKNOWN_SECONDS,
+                ),
+                method_name="execute_complete",
+                # The trigger enforces the deadline itself and the operator cancels the job; a framework timeout
+                # would fail the task without either (and orphan the job).
+                timeout=None,
+            )
+        return self.execute_complete(context, self._wait_on_worker(hook, handle))
+
+    def _find_previous(self, context: Context, hook: TAOPlatformHook, name: str) -> tuple[JobHandle, JobStatus] | None:
+        """This task instance's earlier job if it can be reused (active or completed), else None."""
+        record = context["task_state_store"].get(STATE_KEY)
+        consumed_id = None
+        candidate = None
+        if isinstance(record, dict) and isinstance(record.get("handle"), dict):
+            stored = JobHandle.from_json(record["handle"])  # type: ignore[arg-type]
+            if record.get("consumed"):
+                consumed_id = stored.job_id  # its result was already used by a successful try: a clear reruns
+            else:
+                candidate = stored
+        if candidate is None:
+            # Nothing usable stored: a worker may have died between submission and the store write.
+            by_name = hook.find_job(name)
+            if by_name is not None and by_name.job_id != consumed_id:
+                candidate = by_name
+        if candidate is None:
+            return None
+        status = hook.get_job_status(candidate)
+        if status.state is JobState.UNKNOWN and status.raw_state != "NOT_FOUND":
+            raise AirflowException(
+                f"Cannot tell whether job {candidate.job_id} of an earlier try still runs ({status.message}); "
+                "not submitting another one, to avoid a duplicate. The next try asks again."
+            )
+        if status.state in (JobState.PENDING, JobState.RUNNING, JobState.PAUSED, JobState.COMPLETE):
+            return candidate, status
+        self.log.info(
+            "Earlier job %s ended %s (%s): submitting a new one", candidate.job_id, status.state, status.message
+        )
+        return None
+
+    def _publish(self, context: Context, handle: JobHandle) -> None:
+        ti = context["ti"]
+        ti.xcom_push(key=XCOM_JOB_ID, value=handle.job_id)
+        ti.xcom_push(key=XCOM_RESULTS_DIR, value=handle.results_dir)
+        ti.xcom_push(key=XCOM_CONSOLE_URL, value=handle.console_url)
+
+    def _wait_on_worker(self, hook: TAOPlatformHook, handle: JobHandle) -> dict[str, Any]:
+        """The synchronous twin of the trigger; returns the same event payload. (Airflow itself enforces
+        ``execution_timeout`` here and calls ``on_kill``, which cancels the job.)"""
+        offset = 0
+        unknown_since: float | None = None
+        while True:
+            status = hook.get_job_status(handle)
+            if self.stream_logs:
+                text, offset = hook.get_job_logs(handle, offset)
+                for line in text.splitlines():
+                    self.log.info("[job] %s", line)
+            if status.state.is_terminal:
+                outcome = {JobState.COMPLETE: "complete", JobState.ERROR: "error", JobState.CANCELED: "canceled"}
+                return self._payload(outcome[status.state], handle, status, offset)
+            if status.state is JobState.UNKNOWN:
+                unknown_since = unknown_since or time.monotonic()
+                if time.monotonic() - unknown_since > MAX_UNKNOWN_SECONDS:
+                    return self._payload("unreachable", handle, status, offset)
+            else:
+                unknown_since = None
+            time.sleep(self.poll_interval)
+
+    @staticmethod
+    def _payload(outcome: str, handle: JobHandle, status: JobStatus, offset: int) -> dict[str, Any]:
+        return {
+            "status": outcome,
+            "handle": handle.to_json(),
+            "job_status": status.to_json(),
+            "log_offset": offset,
+            "message": status.message,
+        }
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """Resume after the trigger (or the worker wait): succeed, fail fast, fail for a retry, or resubmit."""
+        outcome = event["status"]
+        handle = JobHandle.from_json(event["handle"])
+        status = JobStatus.from_json(event["job_status"])
+        self._handle = handle
+        hook = get_platform_hook(handle.platform, handle.conn_id)
+        hook.load_connection()
+        if outcome == "complete":
+            return self._succeed(context, handle, status)
+        if outcome == "timeout":
+            if self.cancel_on_kill:
+                hook.cancel_job(handle)
+            raise AirflowTaskTimeout(f"Job {handle.job_id} passed the task's execution_timeout; it was canceled")
+        if outcome == "unreachable":
+            raise AirflowException(
+                f"The {handle.platform} platform did not answer for {MAX_UNKNOWN_SECONDS:.0f} s "
+                f"({event.get('message')}); job {handle.job_id} may still run and the next try reattaches to it"
+            )
+        if outcome == "canceled":
+            requested_by = hook.cancel_requested_by(handle)
+            if requested_by is not None and requested_by < context["ti"].try_number:
+                # The previous try's trigger canceled it after this try took it over (clear while deferred).
+                self.log.info(
+                    "Job %s was canceled by try %s's cleanup; submitting a new one", handle.job_id, requested_by
+                )
+                return self._run(context, reattach=False)
+            who = "by this task" if requested_by is not None else "outside Airflow"
+            raise AirflowFailException(f"Job {handle.job_id} was canceled {who}")
+        return self._fail(hook, handle, status)
+
+    def _succeed(self, context: Context, handle: JobHandle, status: JobStatus) -> dict[str, Any]:
+        # Mark the job's result as used, so clearing a successful task runs the job again instead of reusing it.
+        context["task_state_store"].set(STATE_KEY, {"handle": handle.to_json(), "consumed": True})
+        self.log.info("Job %s completed; results in %s", handle.job_id, handle.results_dir)
+        return {
+            "job_id": handle.job_id,
+            "platform": handle.platform,
+            "backend_job_id": handle.backend_job_id,
+            "name": handle.name,
+            "state": status.state.value,
+            "exit_code": status.exit_code,
+            "results_dir": handle.results_dir,
+            "outputs": [],
+            "console_url": handle.console_url,
+        }
+
+    def _fail(self, hook: TAOPlatformHook, handle: JobHandle, status: JobStatus) -> dict[str, Any]:
+        analysis = hook.get_failure_analysis(handle)
+        if analysis is None:
+            raise AirflowException(f"Job {handle.job_id} failed: {status.message}")
+        self.log.error("Job %s failed: %s", handle.job_id, analysis.summary())
+        for line in analysis.evidence:
+            self.log.error("  evidence: %s", line)
+        message = f"Job {handle.job_id} failed with {analysis.summary()}"
+        if analysis.retriable:
+            raise AirflowException(message)
+        raise AirflowFailException(message)
+
+    def on_kill(self) -> None:
+        """Worker-side kill (and Airflow's timeout on the worker): cancel the job this try owns."""
+        if self._handle is None or not self.cancel_on_kill:
+            return
+        hook = get_platform_hook(self._handle.platform, self._handle.conn_id)
+        hook.load_connection()
+        hook.cancel_job(self._handle)
