@@ -29,7 +29,9 @@ so a destination without a manifest is incomplete (:func:`read_manifest`, :func:
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import functools
 import hashlib
 import json
 import math
@@ -44,11 +46,12 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, TYPE_CHECKING, Any, Callable
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from collections.abc import Iterable, Iterator, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
 
 RUNNER_FORMAT = 1
 MANIFEST_NAME = "_TAO_MANIFEST.json"
@@ -72,8 +75,16 @@ WHEEL_KEYS = {"boto3": "boto3", "yaml": "pyyaml", "huggingface_hub": "huggingfac
 
 _S3_NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "NotFound", "404", "NoSuchUpload"}
 _S3_DENIED = {
-    "AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
-    "AccountProblem", "InvalidToken", "ExpiredToken", "InvalidBucketName",
+    "AccessDenied",
+    "403",
+    "Forbidden",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AllAccessDisabled",
+    "AccountProblem",
+    "InvalidToken",
+    "ExpiredToken",
+    "InvalidBucketName",
 }
 _STEP_PATTERNS = (
     re.compile(r"\bglobal_step\s*[=:]\s*(\d+)", re.IGNORECASE),
@@ -117,11 +128,10 @@ def missing_package(module: str, purpose: str, wheels: Mapping[str, str] | None)
     key = WHEEL_KEYS.get(module, module)
     pin = (wheels or {}).get(key)
     if pin:
-        fix = "add it to the job image: pip install '%s' (pinned in versions.yaml wheels.%s)" % (pin, key)
+        fix = f"add it to the job image: pip install '{pin}' (pinned in versions.yaml wheels.{key})"
     else:
-        fix = "add it to the job image and pin it under 'wheels: %s:' in versions.yaml" % key
-    return ConfigError("python package '%s' is not installed in the job image but %s need it; %s"
-                       % (module, purpose, fix))
+        fix = f"add it to the job image and pin it under 'wheels: {key}:' in versions.yaml"
+    return ConfigError(f"python package '{module}' is not installed in the job image but {purpose} need it; {fix}")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -217,10 +227,8 @@ class Ticker:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            try:
+            with contextlib.suppress(Exception):  # a heartbeat must never kill the run
                 self.fn()
-            except Exception:  # a heartbeat must never kill the run
-                pass
 
     def __enter__(self) -> Ticker:
         self._thread.start()
@@ -263,9 +271,14 @@ class Progress:
         with self.lock:
             elapsed = max(time.monotonic() - self.start, 1e-9)
             self.reporter.progress(
-                self.phase, self.files, self.nbytes,
-                total_files=self.total_files, total_bytes=self.total_bytes, cached=self.cached or None,
-                elapsed_s=round(elapsed, 2), mb_per_s=round(self.nbytes / elapsed / 1e6, 2),
+                self.phase,
+                self.files,
+                self.nbytes,
+                total_files=self.total_files,
+                total_bytes=self.total_bytes,
+                cached=self.cached or None,
+                elapsed_s=round(elapsed, 2),
+                mb_per_s=round(self.nbytes / elapsed / 1e6, 2),
                 status="complete" if final else "running",
             )
 
@@ -282,7 +295,7 @@ def parse_dotted(path: str) -> list[str | int]:
     for raw in path.split("."):
         match = re.match(r"^([^\[\]]*)((?:\[\d+\])*)$", raw)
         if not match or (not match.group(1) and not match.group(2)):
-            raise ValueError("bad path %r: empty or malformed segment %r" % (path, raw))
+            raise ValueError(f"bad path {path!r}: empty or malformed segment {raw!r}")
         if match.group(1):
             parts.append(match.group(1))
         parts.extend(int(i) for i in re.findall(r"\[(\d+)\]", match.group(2)))
@@ -350,10 +363,10 @@ def parse_s3(uri: str) -> tuple[str, str]:
     :param uri: an ``s3://`` URI.
     """
     if not uri.startswith("s3://"):
-        raise ValueError("not an s3:// URI: %r" % uri)
+        raise ValueError(f"not an s3:// URI: {uri!r}")
     bucket, _, key = uri[5:].partition("/")
     if not bucket:
-        raise ValueError("s3 URI without a bucket: %r" % uri)
+        raise ValueError(f"s3 URI without a bucket: {uri!r}")
     return bucket, key
 
 
@@ -370,7 +383,7 @@ def mount_mapping(mount_path: str, uri: str) -> str:
 def _safe_relpath(rel: str) -> str:
     parts = [p for p in rel.replace("\\", "/").split("/") if p not in ("", ".")]
     if not parts or any(p == ".." for p in parts):
-        raise ConfigError("refusing unsafe object name %r (empty or contains '..')" % rel)
+        raise ConfigError(f"refusing unsafe object name {rel!r} (empty or contains '..')")
     return os.path.join(*parts)
 
 
@@ -397,7 +410,7 @@ def _toml_str(text: str) -> str:
         if ch in _TOML_ESCAPES:
             out.append(_TOML_ESCAPES[ch])
         elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append("\\u%04x" % ord(ch))
+            out.append(f"\\u{ord(ch):04x}")
         else:
             out.append(ch)
     out.append('"')
@@ -410,23 +423,23 @@ def _toml_key(key: str) -> str:
 
 def _toml_value(value: Any, where: str) -> str:
     if value is None:
-        raise ValueError("%s: TOML has no null; give a value or use config_format='yaml'/'json'" % where)
+        raise ValueError(f"{where}: TOML has no null; give a value or use config_format='yaml'/'json'")
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
-            raise ValueError("%s: NaN/Infinity are not allowed" % where)
+            raise ValueError(f"{where}: NaN/Infinity are not allowed")
         return repr(value)
     if isinstance(value, str):
         return _toml_str(value)
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v, "%s[%d]" % (where, i)) for i, v in enumerate(value)) + "]"
+        return "[" + ", ".join(_toml_value(v, f"{where}[{i}]") for i, v in enumerate(value)) + "]"
     if isinstance(value, dict):
-        items = ("%s = %s" % (_toml_key(k), _toml_value(v, "%s.%s" % (where, k))) for k, v in value.items())
+        items = ("{} = {}".format(_toml_key(k), _toml_value(v, f"{where}.{k}")) for k, v in value.items())
         return "{" + ", ".join(items) + "}"
-    raise ValueError("%s: cannot write %s to TOML" % (where, type(value).__name__))
+    raise ValueError(f"{where}: cannot write {type(value).__name__} to TOML")
 
 
 def _is_table_array(value: Any) -> bool:
@@ -444,19 +457,19 @@ def dumps_toml(data: Mapping[str, Any]) -> str:
         where = ".".join(keys) or "spec"
         for key, value in tbl.items():
             if not isinstance(value, dict) and not _is_table_array(value):
-                lines.append("%s = %s" % (_toml_key(key), _toml_value(value, "%s.%s" % (where, key))))
+                lines.append("{} = {}".format(_toml_key(key), _toml_value(value, f"{where}.{key}")))
         for key, value in tbl.items():
             if isinstance(value, dict):
                 sub = [*keys, key]
                 lines.append("")
-                lines.append("[%s]" % ".".join(_toml_key(k) for k in sub))
+                lines.append("[{}]".format(".".join(_toml_key(k) for k in sub)))
                 table(value, sub)
         for key, value in tbl.items():
             if _is_table_array(value):
                 sub = [*keys, key]
                 for item in value:
                     lines.append("")
-                    lines.append("[[%s]]" % ".".join(_toml_key(k) for k in sub))
+                    lines.append("[[{}]]".format(".".join(_toml_key(k) for k in sub)))
                     table(item, sub)
 
     table(data, [])
@@ -477,11 +490,9 @@ def dumps_spec(spec: Mapping[str, Any], fmt: str) -> tuple[str, str]:
         try:
             import yaml
         except ImportError:
-            yaml = None  # type: ignore[assignment]
-        if yaml is not None:
-            text = yaml.safe_dump(
-                spec, sort_keys=False, allow_unicode=True, default_flow_style=False, width=2**31 - 1
-            )
+            pass  # JSON below is valid YAML
+        else:
+            text = yaml.safe_dump(spec, sort_keys=False, allow_unicode=True, default_flow_style=False, width=2**31 - 1)
             return text, "yaml"
     return json.dumps(spec, indent=2, ensure_ascii=False, allow_nan=False) + "\n", "json"
 
@@ -512,10 +523,8 @@ def write_atomic(path: str, data: bytes) -> None:
 
 
 def _unlink(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def sha256_file(path: str) -> tuple[int, str]:
@@ -648,7 +657,7 @@ class S3Object:
     :param meta: cache sidecar path (downloads into a shared cache only).
     """
 
-    def __init__(self, bucket: str, key: str, size: int, etag: str, local: str, meta: str | None = None) -> None:
+    def __init__(self, bucket: str, key: str, size: int, etag: str, *, local: str, meta: str | None = None) -> None:
         self.bucket = bucket
         self.key = key
         self.size = size
@@ -659,7 +668,7 @@ class S3Object:
 
     @property
     def uri(self) -> str:
-        return "s3://%s/%s" % (self.bucket, self.key)
+        return f"s3://{self.bucket}/{self.key}"
 
 
 class S3:
@@ -705,23 +714,23 @@ class S3:
             return exc
         exc_mod = self.exceptions
         if isinstance(exc, exc_mod.NoCredentialsError):
-            return ConfigError("%s: no S3 credentials in the job environment (AWS_ACCESS_KEY_ID)" % what)
+            return ConfigError(f"{what}: no S3 credentials in the job environment (AWS_ACCESS_KEY_ID)")
         if isinstance(exc, exc_mod.ClientError):
             err = exc.response.get("Error", {})
             code = str(err.get("Code", ""))
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
             if code in _S3_NOT_FOUND or status == 404:
-                return ConfigError("%s: not found (%s)" % (what, code or status))
+                return ConfigError(f"{what}: not found ({code or status})")
             if code in _S3_DENIED or status == 403:
-                return ConfigError("%s: access denied (%s)" % (what, code or status))
+                return ConfigError(f"{what}: access denied ({code or status})")
             if code in ("PreconditionFailed", "412") or status == 412:
-                return InfraError("%s: the object changed while it was being downloaded; retry" % what)
+                return InfraError(f"{what}: the object changed while it was being downloaded; retry")
             if status >= 500 or code in ("SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable"):
-                return InfraError("%s: S3 kept failing after retries (%s)" % (what, code or status))
-            return ConfigError("%s: S3 refused the request (%s)" % (what, code or status))
+                return InfraError(f"{what}: S3 kept failing after retries ({code or status})")
+            return ConfigError(f"{what}: S3 refused the request ({code or status})")
         if isinstance(exc, (exc_mod.BotoCoreError, OSError)) or type(exc).__module__.startswith("urllib3"):
-            return InfraError("%s: connection to S3 failed (%s: %s)" % (what, type(exc).__name__, exc))
-        return RunnerError("%s: %s: %s" % (what, type(exc).__name__, exc))
+            return InfraError(f"{what}: connection to S3 failed ({type(exc).__name__}: {exc})")
+        return RunnerError(f"{what}: {type(exc).__name__}: {exc}")
 
     def _retrying(self, what: str, fn: Callable[[], Any]) -> Any:
         """Retry transient failures botocore does not (a body stream cut mid-read)."""
@@ -742,7 +751,7 @@ class S3:
         :param bucket: bucket.
         :param key: key.
         """
-        uri = "s3://%s/%s" % (bucket, key)
+        uri = f"s3://{bucket}/{key}"
         try:
             resp = self._retrying(uri, lambda: self.client.head_object(Bucket=bucket, Key=key))
         except ConfigError as exc:
@@ -751,13 +760,13 @@ class S3:
             raise
         return int(resp["ContentLength"]), str(resp.get("ETag", ""))
 
-    def list(self, bucket: str, prefix: str) -> list[tuple[str, int, str]]:
+    def list_prefix(self, bucket: str, prefix: str) -> list[tuple[str, int, str]]:
         """``[(key, size, etag)]`` under a prefix.
 
         :param bucket: bucket.
         :param prefix: key prefix.
         """
-        uri = "s3://%s/%s" % (bucket, prefix)
+        uri = f"s3://{bucket}/{prefix}"
 
         def run() -> list[tuple[str, int, str]]:
             found = []
@@ -781,9 +790,9 @@ class S3:
             if head is not None:
                 return "file", [(key, head[0], head[1])]
         prefix = key if (not key or key.endswith("/")) else key + "/"
-        objects = [o for o in self.list(bucket, prefix) if not (o[0].endswith("/") and o[1] == 0)]
+        objects = [o for o in self.list_prefix(bucket, prefix) if not (o[0].endswith("/") and o[1] == 0)]
         if not objects:
-            raise ConfigError("%s: no such object or prefix (NoSuchKey)" % uri)
+            raise ConfigError(f"{uri}: no such object or prefix (NoSuchKey)")
         return "folder", objects
 
     # -- transfers -----------------------------------------------------------------------------------------
@@ -794,7 +803,7 @@ class S3:
         :param progress: counters.
         """
         pool = _Pool(self.concurrency)
-        open_parts: list[tuple[int, str]] = []
+        partials: list[_Partial] = []
         try:
             for obj in objects:
                 if obj.meta and cache_hit(obj):
@@ -804,26 +813,22 @@ class S3:
                     _unlink(obj.meta)  # data may change below; never leave an old etag beside new bytes
                 if obj.size < self.threshold:
                     pool.submit(self._get_small, obj, progress)
-                else:
-                    fd, tmp = _temp_beside(obj.local)
-                    open_parts.append((fd, tmp))
-                    os.ftruncate(fd, obj.size)
-                    part = max(self.part_size, -(-obj.size // 9000))
-                    ranges = [(o, min(o + part, obj.size) - 1) for o in range(0, obj.size, part)]
-                    countdown = _Countdown(len(ranges), _finisher(obj, fd, tmp, progress))
-                    for start, end in ranges:
-                        pool.submit(self._get_range, obj, fd, start, end, countdown, progress)
+                    continue
+                partial = _Partial(obj)
+                partials.append(partial)
+                part = max(self.part_size, -(-obj.size // 9000))
+                ranges = [(o, min(o + part, obj.size) - 1) for o in range(0, obj.size, part)]
+                countdown = _Countdown(len(ranges), functools.partial(partial.finish, progress))
+                for start, end in ranges:
+                    pool.submit(self._get_range, obj, partial.fd, (start, end), countdown, progress)
             pool.wait()
+        except BaseException:
+            pool.failed.set()
+            pool.executor.shutdown(wait=True)
+            raise
         finally:
-            if pool.errors or sys.exc_info()[0] is not None:
-                pool.failed.set()
-                pool.executor.shutdown(wait=True)
-            for fd, tmp in open_parts:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-                _unlink(tmp)  # already renamed when it succeeded
+            for partial in partials:
+                partial.discard()
 
     def _get_kwargs(self, obj: S3Object) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"Bucket": obj.bucket, "Key": obj.key}
@@ -842,16 +847,19 @@ class S3:
 
         data = self._retrying(obj.uri, run)
         if len(data) != obj.size:
-            raise InfraError("%s: got %d bytes, expected %d" % (obj.uri, len(data), obj.size))
+            raise InfraError(f"{obj.uri}: got {len(data)} bytes, expected {obj.size}")
         write_atomic(obj.local, data)
         if obj.meta:
             write_cache_meta(obj)
         progress.add(files=1, nbytes=len(data))
 
-    def _get_range(self, obj: S3Object, fd: int, start: int, end: int, countdown: _Countdown,
-                   progress: Progress) -> None:
+    def _get_range(
+        self, obj: S3Object, fd: int, span: tuple[int, int], countdown: _Countdown, progress: Progress
+    ) -> None:
+        start, end = span
+
         def run() -> None:
-            resp = self.client.get_object(Range="bytes=%d-%d" % (start, end), **self._get_kwargs(obj))
+            resp = self.client.get_object(Range=f"bytes={start}-{end}", **self._get_kwargs(obj))
             body = resp["Body"]
             pos = start
             try:
@@ -866,7 +874,7 @@ class S3:
                 body.close()
             if pos != end + 1:
                 progress.add(nbytes=start - pos)
-                raise OSError("short read of %s: %d of %d bytes" % (obj.uri, pos - start, end + 1 - start))
+                raise OSError(f"short read of {obj.uri}: {pos - start} of {end + 1 - start} bytes")
 
         self._retrying(obj.uri, run)
         countdown.tick()
@@ -884,26 +892,23 @@ class S3:
                 if obj.size < self.threshold:
                     pool.submit(self._put_small, obj, progress)
                     continue
-                upload_id = self._retrying(obj.uri, lambda o=obj: self.client.create_multipart_upload(
-                    Bucket=o.bucket, Key=o.key)["UploadId"])
+                create = functools.partial(self.client.create_multipart_upload, Bucket=obj.bucket, Key=obj.key)
+                upload_id = str(self._retrying(obj.uri, create)["UploadId"])
                 started.append((obj, upload_id))
                 part = max(self.part_size, -(-obj.size // 9000))
                 ranges = list(enumerate(range(0, obj.size, part), start=1))
-                etags: dict[int, str] = {}
-                countdown = _Countdown(len(ranges) + 1, self._completer(obj, upload_id, etags, progress))
-                pool.submit(self._hash, obj, countdown)
+                mp = _Multipart(obj, upload_id)
+                mp.countdown = _Countdown(len(ranges) + 1, functools.partial(self._complete, mp, progress))
+                pool.submit(self._hash, obj, mp.countdown)
                 for number, offset in ranges:
-                    pool.submit(self._put_part, obj, upload_id, number, offset, min(part, obj.size - offset),
-                                etags, countdown, progress)
+                    pool.submit(self._put_part, mp, (number, offset, min(part, obj.size - offset)), progress)
             pool.wait()
         except BaseException:
             pool.failed.set()
             pool.executor.shutdown(wait=True)
             for obj, upload_id in started:
-                try:
+                with contextlib.suppress(Exception):  # best effort; a lifecycle rule cleans what is left
                     self.client.abort_multipart_upload(Bucket=obj.bucket, Key=obj.key, UploadId=upload_id)
-                except Exception:  # best effort; a lifecycle rule cleans what is left
-                    pass
             raise
 
     def _put_small(self, obj: S3Object, progress: Progress) -> None:
@@ -917,31 +922,33 @@ class S3:
     def _hash(self, obj: S3Object, countdown: _Countdown) -> None:
         size, obj.sha256 = sha256_file(obj.local)
         if size != obj.size:
-            raise ConfigError("%s changed while it was being uploaded" % obj.local)
+            raise ConfigError(f"{obj.local} changed while it was being uploaded")
         countdown.tick()
 
-    def _put_part(self, obj: S3Object, upload_id: str, number: int, offset: int, length: int,
-                  etags: dict[int, str], countdown: _Countdown, progress: Progress) -> None:
+    def _put_part(self, mp: _Multipart, part: tuple[int, int, int], progress: Progress) -> None:
+        number, offset, length = part
+        obj = mp.obj
         with open(obj.local, "rb") as fh:
             data = os.pread(fh.fileno(), length, offset)
-
-        def run() -> Any:
-            return self.client.upload_part(Bucket=obj.bucket, Key=obj.key, UploadId=upload_id,
-                                           PartNumber=number, Body=data)
-
-        etags[number] = str(self._retrying(obj.uri, run)["ETag"])
+        send = functools.partial(
+            self.client.upload_part, Bucket=obj.bucket, Key=obj.key, UploadId=mp.upload_id, PartNumber=number, Body=data
+        )
+        mp.etags[number] = str(self._retrying(obj.uri, send)["ETag"])
         progress.add(nbytes=len(data))
-        countdown.tick()
+        if mp.countdown is not None:
+            mp.countdown.tick()
 
-    def _completer(self, obj: S3Object, upload_id: str, etags: dict[int, str],
-                   progress: Progress) -> Callable[[], None]:
-        def done() -> None:
-            parts = [{"PartNumber": n, "ETag": etags[n]} for n in sorted(etags)]
-            self._retrying(obj.uri, lambda: self.client.complete_multipart_upload(
-                Bucket=obj.bucket, Key=obj.key, UploadId=upload_id, MultipartUpload={"Parts": parts}))
-            progress.add(files=1)
-
-        return done
+    def _complete(self, mp: _Multipart, progress: Progress) -> None:
+        parts = [{"PartNumber": n, "ETag": mp.etags[n]} for n in sorted(mp.etags)]
+        finish = functools.partial(
+            self.client.complete_multipart_upload,
+            Bucket=mp.obj.bucket,
+            Key=mp.obj.key,
+            UploadId=mp.upload_id,
+            MultipartUpload={"Parts": parts},
+        )
+        self._retrying(mp.obj.uri, finish)
+        progress.add(files=1)
 
     def put_bytes(self, uri: str, data: bytes) -> None:
         """Write one small object.
@@ -961,16 +968,43 @@ class S3:
         self._retrying(uri, lambda: self.client.delete_object(Bucket=bucket, Key=key))
 
 
-def _finisher(obj: S3Object, fd: int, tmp: str, progress: Progress) -> Callable[[], None]:
-    def done() -> None:
-        if os.fstat(fd).st_size != obj.size:
-            raise InfraError("%s: incomplete download" % obj.uri)
-        os.replace(tmp, obj.local)
-        if obj.meta:
-            write_cache_meta(obj)
+class _Multipart:
+    """An upload in progress: its id, the ETags of the parts sent, and what completes it."""
+
+    def __init__(self, obj: S3Object, upload_id: str) -> None:
+        self.obj = obj
+        self.upload_id = upload_id
+        self.etags: dict[int, str] = {}
+        self.countdown: _Countdown | None = None
+
+
+class _Partial:
+    """A download in progress: a preallocated temp file beside the destination, renamed when complete."""
+
+    def __init__(self, obj: S3Object) -> None:
+        self.obj = obj
+        self.fd, self.tmp = _temp_beside(obj.local)
+        self.done = False
+        os.ftruncate(self.fd, obj.size)
+
+    def finish(self, progress: Progress) -> None:
+        os.close(self.fd)
+        self.fd = -1
+        if os.path.getsize(self.tmp) != self.obj.size:
+            raise InfraError(f"{self.obj.uri}: incomplete download")
+        os.replace(self.tmp, self.obj.local)
+        self.done = True
+        if self.obj.meta:
+            write_cache_meta(self.obj)
         progress.add(files=1)
 
-    return done
+    def discard(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+        if not self.done:
+            _unlink(self.tmp)
 
 
 def cache_hit(obj: S3Object) -> bool:
@@ -1001,8 +1035,9 @@ def write_cache_meta(obj: S3Object) -> None:
 # --------------------------------------------------------------------------------------------------------------
 # Manifests (also used by the operator to read results)
 # --------------------------------------------------------------------------------------------------------------
-def build_manifest(job_id: str, key: str, destination: str, exit_code: int | None,
-                   files: Sequence[tuple[str, int, str]]) -> bytes:
+def build_manifest(
+    job_id: str, key: str, destination: str, exit_code: int | None, files: Sequence[tuple[str, int, str]]
+) -> bytes:
     """The manifest document for one output destination.
 
     :param job_id: the job.
@@ -1013,9 +1048,15 @@ def build_manifest(job_id: str, key: str, destination: str, exit_code: int | Non
     """
     entries = [{"path": p, "size": s, "sha256": h} for p, s, h in sorted(files)]
     doc = {
-        "format": MANIFEST_FORMAT, "job_id": job_id, "key": key, "destination": destination,
-        "exit_code": exit_code, "created_at": _now_iso(), "file_count": len(entries),
-        "total_bytes": sum(e["size"] for e in entries), "files": entries,
+        "format": MANIFEST_FORMAT,
+        "job_id": job_id,
+        "key": key,
+        "destination": destination,
+        "exit_code": exit_code,
+        "created_at": _now_iso(),
+        "file_count": len(entries),
+        "total_bytes": sum(size for _p, size, _h in files),
+        "files": entries,
     }
     return (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
@@ -1023,7 +1064,7 @@ def build_manifest(job_id: str, key: str, destination: str, exit_code: int | Non
 def _manifest_location(location: str) -> str:
     location = location.rstrip("/") if location not in ("/", "s3://") else location
     if location.startswith("file://"):
-        location = location[len("file://"):]
+        location = location[len("file://") :]
     return location + "/" + MANIFEST_NAME
 
 
@@ -1078,7 +1119,7 @@ def is_complete(location: str, s3_client: Any = None, verify: str = "size") -> b
         sizes: dict[str, int] = {}
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
             for obj in page.get("Contents", []) or []:
-                sizes[obj["Key"][len(prefix) + 1:]] = int(obj["Size"])
+                sizes[obj["Key"][len(prefix) + 1 :]] = int(obj["Size"])
         return all(sizes.get(f["path"]) == f["size"] for f in manifest["files"])
     for entry in manifest["files"]:
         full = os.path.join(base, *entry["path"].split("/"))
@@ -1106,8 +1147,9 @@ class OutputUnit:
     :param source: passthrough only: the container path the command writes.
     """
 
-    def __init__(self, key: str, kind: str, local: str, dest: str, filename: str = "",
-                 source: str | None = None) -> None:
+    def __init__(
+        self, key: str, kind: str, local: str, dest: str, *, filename: str = "", source: str | None = None
+    ) -> None:
         self.key = key
         self.kind = kind
         self.local = local
@@ -1122,6 +1164,35 @@ class OutputUnit:
         return os.path.join(self.local, self.filename) if self.kind == "file" else self.local
 
 
+MODEL_SCHEMES = ("ngc://", "hf_model://", "hf_dataset://")
+
+
+def _set_item(node: Any, key: Any, value: str) -> None:
+    node[key] = value
+
+
+def _ignore(_value: str) -> None:
+    """Setter for inputs that are not referenced by a spec (passthrough)."""
+
+
+class InputItem:
+    """One input to stage.
+
+    :param uri: the source.
+    :param setter: called with the local path once staged (rewrites the spec / args value).
+    :param target: an exact local path asked for (passthrough container path, ``container_path``).
+    :param sub: the default folder name under ``<work>/inputs``.
+    """
+
+    def __init__(
+        self, uri: str, setter: Callable[[str], None], target: str | None = None, sub: str | None = None
+    ) -> None:
+        self.uri = uri
+        self.setter = setter
+        self.target = target
+        self.sub = sub
+
+
 class Job:
     """One run of the runner, driven by a ``runner.json`` manifest.
 
@@ -1134,14 +1205,16 @@ class Job:
         self.r = reporter
         self.mode = str(manifest.get("mode"))
         if self.mode not in MODES:
-            raise ConfigError("runner.json: unknown mode %r" % manifest.get("mode"))
+            raise ConfigError("runner.json: unknown mode {!r}".format(manifest.get("mode")))
         self.wheels: dict[str, str] = dict(manifest.get("wheels") or {})
         self.excludes: list[str] = list(manifest.get("upload_excludes") or [])
         self.mount_path: str | None = manifest.get("mount_path") or None
         self.config_format = str(manifest.get("config_format") or "yaml")
         self.job_id = self._job_id()
         self._s3: S3 | None = None
-        self.work = os.environ.get("TAO_WORK_DIR") or os.path.join(tempfile.gettempdir(), "tao-job-" + self.job_id)
+        # A platform-provided TAO_WORK_DIR (big scratch disk) is the platform's; a temp one is removed at the end.
+        self.own_work = not os.environ.get("TAO_WORK_DIR")
+        self.work = os.environ.get("TAO_WORK_DIR") or tempfile.mkdtemp(prefix=f"tao-job-{self.job_id}-")
         os.makedirs(self.work, exist_ok=True)
         self.results_kind, self.results_dest, self.results_local = self._results()
         self.outputs: list[OutputUnit] = []
@@ -1155,9 +1228,9 @@ class Job:
         job_id = os.environ.get("TAO_JOB_ID", "").strip()
         if not job_id:
             job_id = uuid.uuid4().hex
-            self.r.info("TAO_JOB_ID is not set; using a fresh id %s" % job_id)
+            self.r.info(f"TAO_JOB_ID is not set; using a fresh id {job_id}")
         if not _SAFE_JOB_ID.match(job_id) or ".." in job_id:
-            raise ConfigError("TAO_JOB_ID %r is not a safe path component" % job_id)
+            raise ConfigError(f"TAO_JOB_ID {job_id!r} is not a safe path component")
         return job_id
 
     @property
@@ -1173,9 +1246,9 @@ class Job:
             if explicit.startswith("s3://"):
                 dest = explicit.rstrip("/")
                 return "s3", dest, self._local_stage(dest)
-            path = explicit[len("file://"):] if explicit.startswith("file://") else explicit
+            path = explicit[len("file://") :] if explicit.startswith("file://") else explicit
             if not os.path.isabs(path):
-                raise ConfigError("TAO_RESULTS_URI must be s3://... or an absolute path, got %r" % explicit)
+                raise ConfigError(f"TAO_RESULTS_URI must be s3://... or an absolute path, got {explicit!r}")
             return "mount", path.rstrip("/") or "/", path.rstrip("/") or "/"
         root = os.environ.get("TAO_RESULTS_ROOT", "").strip()
         if root:
@@ -1183,8 +1256,8 @@ class Job:
             return "mount", path, path
         bucket = os.environ.get("S3_BUCKET_NAME", "").strip()
         if bucket:
-            bucket = bucket[len("s3://"):] if bucket.startswith("s3://") else bucket
-            dest = "s3://%s/results/%s" % (bucket.strip("/"), self.job_id)
+            bucket = bucket[len("s3://") :] if bucket.startswith("s3://") else bucket
+            dest = "s3://{}/results/{}".format(bucket.strip("/"), self.job_id)
             return "s3", dest, self._local_stage(dest)
         base = os.environ.get("TAO_LOCAL_RESULTS_BASE") or DEFAULT_LOCAL_RESULTS_BASE
         path = self._writable(os.path.join(base, self.job_id))
@@ -1202,22 +1275,23 @@ class Job:
             return path
         except OSError:
             fallback = os.path.join(self.work, "results")
-            self.r.info("%s is not writable; staging outputs in %s" % (path, fallback))
+            self.r.info(f"{path} is not writable; staging outputs in {fallback}")
             return fallback
 
     def _ephemeral_warning(self) -> None:
         self.r.warn(
-            "outputs of job %s are written to %s INSIDE the job and will be LOST when it ends: neither "
+            f"outputs of job {self.job_id} are written to {self.results_local} INSIDE the job and will be "
+            "LOST when it ends: neither "
             "TAO_RESULTS_ROOT (a persistent mount) nor S3_BUCKET_NAME is set. Set a storage connection / "
-            "results_uri, or mount persistent storage at /results." % (self.job_id, self.results_local)
+            "results_uri, or mount persistent storage at /results."
         )
 
     # -- outputs ---------------------------------------------------------------------------------------------
     def plan_outputs(self) -> None:
         """Decide every output's local folder and final destination; fill spec / args values."""
         declared = self.m.get("outputs") or {}
-        for key, cfg in declared.items():
-            cfg = cfg or {}
+        for key, raw_cfg in declared.items():
+            cfg = raw_cfg or {}
             if self.mode == "passthrough":
                 self.outputs.append(self._passthrough_output(key, cfg))
                 continue
@@ -1229,7 +1303,7 @@ class Job:
                 try:
                     set_path(self.spec, key, unit.value)
                 except (KeyError, IndexError, TypeError):
-                    raise ConfigError("outputs: the spec has no parent for %r" % key) from None
+                    raise ConfigError(f"outputs: the spec has no parent for {key!r}") from None
             else:
                 self.args[key] = unit.value
         for unit in self.outputs:
@@ -1247,20 +1321,20 @@ class Job:
             dest = text.rstrip("/")
             if kind == "file":
                 dest = dest.rsplit("/", 1)[0] if "/" in dest[5:] else dest
-            local = mount_mapping(self.mount_path, dest) if self.mount_path else os.path.join(
-                self.work, "outputs", name)
-            return OutputUnit(key, kind, local, dest, filename)
+            local = (
+                mount_mapping(self.mount_path, dest) if self.mount_path else os.path.join(self.work, "outputs", name)
+            )
+            return OutputUnit(key, kind, local, dest, filename=filename)
         if text.startswith("file://"):
-            text = text[len("file://"):]
+            text = text[len("file://") :]
         if os.path.isabs(text):
             folder = os.path.dirname(text.rstrip("/")) if kind == "file" else text.rstrip("/") or "/"
-            return OutputUnit(key, kind, folder, folder, filename)
+            return OutputUnit(key, kind, folder, folder, filename=filename)
         if is_remote(text):
-            raise ConfigError("outputs[%r]: unsupported destination %r (use s3:// or an absolute path)"
-                              % (key, text))
+            raise ConfigError(f"outputs[{key!r}]: unsupported destination {text!r} (use s3:// or an absolute path)")
         # Relative or empty: auto-fill under the job's results dir, as the seeds do.
         dest = self.results_dest + "/" + name
-        return OutputUnit(key, kind, os.path.join(self.results_local, name), dest, filename)
+        return OutputUnit(key, kind, os.path.join(self.results_local, name), dest, filename=filename)
 
     def _passthrough_output(self, path: str, cfg: Mapping[str, Any]) -> OutputUnit:
         name = output_dir_name(path, "passthrough")
@@ -1279,33 +1353,42 @@ class Job:
     def stage_inputs(self) -> None:
         """Download every declared input (and, in config mode, every ngc:// / hf_*:// value)."""
         declared: Mapping[str, Any] = self.m.get("inputs") or {}
-        plan: list[tuple[Callable[[str], None], str, str | None]] = []  # (setter, uri, forced local path)
+        items: list[InputItem] = []
         if self.mode == "passthrough":
             for target, uri in declared.items():
-                plan.append((lambda _v: None, str(uri), target))
+                items.append(InputItem(str(uri), _ignore, target=target))
         else:
             tree = self.spec if self.mode == "config" else self.args
             for key, cfg in declared.items():
-                cfg = cfg or {}
                 value = get_path(tree, key) if self.mode == "config" else tree.get(key, _MISSING)
                 if value is _MISSING or value is None or value == "":
-                    self.r.info("input %s is empty; skipped" % key)
+                    self.r.info(f"input {key} is empty; skipped")
                     continue
-                values = value if isinstance(value, list) else [value]
-                for idx, item in enumerate(values):
-                    if not isinstance(item, str):
-                        raise ConfigError("inputs[%r]: expected a URI or path, got %s" % (key, type(item).__name__))
-                    name = output_dir_name(key, self.mode)
-                    sub = os.path.join(name, str(idx)) if isinstance(value, list) else name
-                    forced = cfg.get("container_path")
-                    if forced and isinstance(value, list):
-                        forced = os.path.join(forced, str(idx))
-                    plan.append((self._setter(key, idx if isinstance(value, list) else None), item,
-                                 forced or None))
-                    plan[-1] = (plan[-1][0], item, plan[-1][2] or "\0" + sub)  # "\0" marks a default location
+                forced = (cfg or {}).get("container_path") or None
+                name = output_dir_name(key, self.mode)
+                if isinstance(value, list):
+                    for idx, item in enumerate(value):
+                        items.append(
+                            InputItem(
+                                self._check_uri(key, item),
+                                self._setter(key, idx),
+                                target=os.path.join(forced, str(idx)) if forced else None,
+                                sub=os.path.join(name, str(idx)),
+                            )
+                        )
+                else:
+                    items.append(
+                        InputItem(self._check_uri(key, value), self._setter(key, None), target=forced, sub=name)
+                    )
             if self.mode == "config":
-                plan.extend(self._model_refs({k for k in declared}))
-        self._fetch(plan)
+                items.extend(self._model_refs(set(declared)))
+        self._fetch(items)
+
+    @staticmethod
+    def _check_uri(key: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise ConfigError(f"inputs[{key!r}]: expected a URI or path, got {type(value).__name__}")
+        return value
 
     def _setter(self, key: str, idx: int | None) -> Callable[[str], None]:
         def set_value(local: str) -> None:
@@ -1318,79 +1401,55 @@ class Job:
                 self.args[key] = local
             else:
                 self.args[key][idx] = local
+
         return set_value
 
-    def _model_refs(self, declared: set[str]) -> list[tuple[Callable[[str], None], str, str | None]]:
+    def _model_refs(self, declared: set[str]) -> list[InputItem]:
         """Every ngc:// and hf_*:// value anywhere in the spec (pretrained models), as the SDK stages them."""
-        found: list[tuple[Callable[[str], None], str, str | None]] = []
+        found: list[InputItem] = []
 
         def walk(node: Any, path: str) -> None:
             items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
             for k, v in items:
-                sub = ("%s[%d]" % (path, k)) if isinstance(k, int) else ("%s.%s" % (path, k) if path else k)
-                if isinstance(v, str) and v.startswith(("ngc://", "hf_model://", "hf_dataset://")):
+                sub = f"{path}[{k}]" if isinstance(k, int) else (f"{path}.{k}" if path else k)
+                if isinstance(v, str) and v.startswith(MODEL_SCHEMES):
                     if sub not in declared:
-                        found.append((lambda local, n=node, kk=k: n.__setitem__(kk, local), v,
-                                      "\0" + os.path.join("ptm", output_dir_name(sub, "config"))))
+                        found.append(
+                            InputItem(
+                                v,
+                                functools.partial(_set_item, node, k),
+                                sub=os.path.join("ptm", output_dir_name(sub, "config")),
+                            )
+                        )
                 else:
                     walk(v, sub)
 
         walk(self.spec, "")
         return found
 
-    def _default_local(self, marker: str, uri: str, kind: str) -> str:
-        sub = marker[1:]
-        base = os.path.join(self.work, "inputs", sub)
-        if kind == "file":
-            return os.path.join(base, os.path.basename(uri.rstrip("/")) or "data")
-        return base
-
-    def _fetch(self, plan: Sequence[tuple[Callable[[str], None], str, str | None]]) -> None:
+    def _fetch(self, items: Sequence[InputItem]) -> None:
         objects: list[S3Object] = []
         after: list[Callable[[], None]] = []
-        for setter, uri, target in plan:
+        for item in items:
+            uri = item.uri
             if uri.startswith("s3://"):
-                kind, listing = self.s3.resolve(uri)
-                bucket, key = parse_s3(uri)
-                cache = self.mount_path if (self.mount_path and (target is None or target.startswith("\0"))
-                                            ) or (self.mount_path and self.mode == "passthrough") else None
-                if cache:
-                    local_root = mount_mapping(cache, uri)
-                elif target and not target.startswith("\0"):
-                    local_root = target
-                else:
-                    local_root = self._default_local(target or "\0x", uri, kind)
-                if kind == "file":
-                    obj_key, size, etag = listing[0]
-                    objects.append(S3Object(bucket, obj_key, size, etag, local_root,
-                                            self._meta(cache, bucket, obj_key) if cache else None))
-                else:
-                    prefix = key if (not key or key.endswith("/")) else key + "/"
-                    os.makedirs(local_root, exist_ok=True)
-                    for obj_key, size, etag in listing:
-                        rel = _safe_relpath(obj_key[len(prefix):])
-                        objects.append(S3Object(bucket, obj_key, size, etag, os.path.join(local_root, rel),
-                                                self._meta(cache, bucket, obj_key) if cache else None))
-                value = local_root + ("/" if uri.endswith("/") and kind == "folder" else "")
-                if self.mode == "passthrough" and cache and target:
-                    after.append(lambda src=local_root, dst=target: _link_or_copy(src, dst))
-                else:
-                    after.append(lambda s=setter, v=value: s(v))
-            elif uri.startswith(("hf_model://", "hf_dataset://", "ngc://")):
-                after.append(lambda s=setter, u=uri, t=target: s(self._fetch_model(u, t)))
+                after.append(self._plan_s3(item, objects))
+            elif uri.startswith(MODEL_SCHEMES):
+                after.append(functools.partial(self._stage_model, item))
             else:
-                local = uri[len("file://"):] if uri.startswith("file://") else uri
+                local = uri[len("file://") :] if uri.startswith("file://") else uri
                 if not os.path.isabs(local) or is_remote(local):
-                    raise ConfigError("input %r: unsupported scheme (use s3://, file://, an absolute path, "
-                                      "hf_model://, hf_dataset:// or ngc://)" % uri)
+                    raise ConfigError(
+                        f"input {uri!r}: unsupported scheme (use s3://, file://, an absolute path, "
+                        "hf_model://, hf_dataset:// or ngc://)"
+                    )
                 if not os.path.exists(local):
-                    raise ConfigError("input %s: file not found" % uri)
-                if target and not target.startswith("\0"):
-                    after.append(lambda src=local, dst=target: _copy_path(src, dst))
-                    if self.mode != "passthrough":
-                        after.append(lambda s=setter, v=target: s(v))
+                    raise ConfigError(f"input {uri}: file not found")
+                if item.target:
+                    after.append(functools.partial(_copy_path, local, item.target))
+                    after.append(functools.partial(item.setter, item.target))
                 else:
-                    after.append(lambda s=setter, v=local: s(v))
+                    after.append(functools.partial(item.setter, local))
         total = sum(o.size for o in objects)
         progress = Progress(self.r, "download", len(objects), total)
         progress.emit()
@@ -1401,15 +1460,63 @@ class Job:
                 step()
         progress.emit(final=True)
 
-    def _meta(self, cache: str, bucket: str, key: str) -> str:
-        return os.path.join(cache, CACHE_META_DIR, bucket, *[p for p in key.split("/") if p]) + ".json"
-
-    def _fetch_model(self, uri: str, target: str | None) -> str:
-        """Download an ``hf_model://``, ``hf_dataset://`` or ``ngc://`` reference; returns the local path."""
-        if target and not target.startswith("\0"):
-            dest = target
+    def _plan_s3(self, item: InputItem, objects: list[S3Object]) -> Callable[[], None]:
+        """Queue the objects of one s3:// input; returns what to do once they are local."""
+        kind, listing = self.s3.resolve(item.uri)
+        bucket, key = parse_s3(item.uri)
+        # The shared cache (seeds' Lustre mapping) is used unless the input asks for an exact local path;
+        # passthrough inputs are linked from the cache to their container path.
+        use_cache = bool(self.mount_path) and (item.target is None or self.mode == "passthrough")
+        if use_cache:
+            local_root = mount_mapping(self.mount_path or "", item.uri)
+        elif item.target:
+            local_root = item.target
         else:
-            dest = os.path.join(self.work, "inputs", (target or "\0ptm")[1:])
+            local_root = os.path.join(self.work, "inputs", item.sub or "input")
+            if kind == "file":
+                local_root = os.path.join(local_root, os.path.basename(key) or "data")
+        if kind == "file":
+            obj_key, size, etag = listing[0]
+            objects.append(
+                S3Object(
+                    bucket,
+                    obj_key,
+                    size,
+                    etag,
+                    local=local_root,
+                    meta=self._meta(bucket, obj_key) if use_cache else None,
+                )
+            )
+        else:
+            prefix = key if (not key or key.endswith("/")) else key + "/"
+            os.makedirs(local_root, exist_ok=True)
+            for obj_key, size, etag in listing:
+                rel = _safe_relpath(obj_key[len(prefix) :])
+                objects.append(
+                    S3Object(
+                        bucket,
+                        obj_key,
+                        size,
+                        etag,
+                        local=os.path.join(local_root, rel),
+                        meta=self._meta(bucket, obj_key) if use_cache else None,
+                    )
+                )
+        value = local_root + ("/" if item.uri.endswith("/") and kind == "folder" else "")
+        if self.mode == "passthrough" and use_cache and item.target:
+            return functools.partial(_link_or_copy, local_root, item.target)
+        return functools.partial(item.setter, value)
+
+    def _meta(self, bucket: str, key: str) -> str:
+        return os.path.join(self.mount_path or "", CACHE_META_DIR, bucket, *[p for p in key.split("/") if p]) + ".json"
+
+    def _stage_model(self, item: InputItem) -> None:
+        item.setter(self._fetch_model(item))
+
+    def _fetch_model(self, item: InputItem) -> str:
+        """Download an ``hf_model://``, ``hf_dataset://`` or ``ngc://`` reference; returns the local path."""
+        uri = item.uri
+        dest = item.target or os.path.join(self.work, "inputs", item.sub or "ptm")
         os.makedirs(dest, exist_ok=True)
         if uri.startswith("ngc://"):
             return self._fetch_ngc(uri, dest)
@@ -1420,19 +1527,24 @@ class Job:
         except ImportError:
             raise missing_package("huggingface_hub", "hf_model:// / hf_dataset:// inputs", self.wheels) from None
         try:
-            huggingface_hub.snapshot_download(repo_id=repo_id, repo_type=repo_type, revision=revision or None,
-                                              local_dir=dest, token=os.environ.get("HF_TOKEN") or None)
+            huggingface_hub.snapshot_download(
+                repo_id=repo_id,
+                repo_type=repo_type,
+                revision=revision or None,
+                local_dir=dest,
+                token=os.environ.get("HF_TOKEN") or None,
+            )
         except Exception as exc:
             raise _classify_hub(exc, uri) from exc
         return dest
 
     def _fetch_ngc(self, uri: str, dest: str) -> str:
-        ref = uri[len("ngc://"):]
+        ref = uri[len("ngc://") :]
         parts = ref.split("/")
         if len(parts) not in (2, 3) or ":" not in parts[-1]:
-            raise ConfigError("input %s: expected ngc://org/[team/]model:version" % uri)
+            raise ConfigError(f"input {uri}: expected ngc://org/[team/]model:version")
         if not os.environ.get("NGC_KEY"):
-            raise ConfigError("input %s: NGC_KEY is not set in the job environment" % uri)
+            raise ConfigError(f"input {uri}: NGC_KEY is not set in the job environment")
         try:
             import ngcsdk
         except ImportError:
@@ -1458,7 +1570,7 @@ class Job:
         try:
             text, written = dumps_spec(self.spec, fmt)
         except ValueError as exc:
-            raise ConfigError("spec: %s" % exc) from None
+            raise ConfigError(f"spec: {exc}") from None
         if written != fmt:
             self.r.info("PyYAML is not installed in the job image; writing the spec as JSON (valid YAML)")
         path = os.path.join(self.work, "spec." + fmt)
@@ -1471,8 +1583,7 @@ class Job:
     def argv(self) -> list[str]:
         """The command as argv: a string under exactly one ``/bin/bash -c``, a list as is; args appended."""
         command = self.m.get("command")
-        values = {"{config_path}": self.config_path or "", "{results_dir}": self.results_local,
-                  "{job_id}": self.job_id}
+        values = {"{config_path}": self.config_path or "", "{results_dir}": self.results_local, "{job_id}": self.job_id}
         tokens = args_tokens(self.args) if self.mode == "args" else []
         if isinstance(command, str):
             script = replace_placeholders(command, values, quote=True)
@@ -1495,25 +1606,24 @@ class Job:
         watcher = StepWatcher(self.r)
         self.r.progress("run", status="starting")
         try:
-            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+            )
         except OSError as exc:
-            raise ConfigError("cannot start the command: %s" % exc) from None
+            raise ConfigError(f"cannot start the command: {exc}") from None
         previous = {}
 
         def forward(signum: int, _frame: Any) -> None:
-            try:
+            with contextlib.suppress(OSError):
                 proc.send_signal(signum)
-            except OSError:
-                pass
 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-            try:
+            with contextlib.suppress(ValueError, OSError):
                 previous[sig] = signal.signal(sig, forward)
-            except (ValueError, OSError):
-                pass
-        pumps = [threading.Thread(target=_pump, args=(proc.stdout, self.r, True, watcher), daemon=True),
-                 threading.Thread(target=_pump, args=(proc.stderr, self.r, False, watcher), daemon=True)]
+        pumps = [
+            threading.Thread(target=_pump, args=(proc.stdout, self.r, True, watcher), daemon=True),
+            threading.Thread(target=_pump, args=(proc.stderr, self.r, False, watcher), daemon=True),
+        ]
         for pump in pumps:
             pump.start()
         with Ticker(self.r.interval, watcher.heartbeat):
@@ -1538,8 +1648,10 @@ class Job:
             if unit.dest.startswith("s3://"):
                 self.s3.delete(unit.dest + "/" + MANIFEST_NAME)
                 bucket, prefix = parse_s3(unit.dest)
-                objs = [S3Object(bucket, (prefix + "/" if prefix else "") + rel, os.path.getsize(full), "", full)
-                        for rel, full in files]
+                objs = [
+                    S3Object(bucket, (prefix + "/" if prefix else "") + rel, os.path.getsize(full), "", local=full)
+                    for rel, full in files
+                ]
                 uploads.append((unit, objs))
             else:
                 _unlink(os.path.join(unit.dest, MANIFEST_NAME))
@@ -1554,14 +1666,18 @@ class Job:
             if everything:
                 self.s3.upload(everything, progress)
             for unit, objs in uploads:
-                entries = [(o.key[len(parse_s3(unit.dest)[1]):].lstrip("/"), o.size, o.sha256) for o in objs]
-                self.s3.put_bytes(unit.dest + "/" + MANIFEST_NAME,
-                                  build_manifest(self.job_id, unit.key, unit.dest, exit_code, entries))
+                entries = [(o.key[len(parse_s3(unit.dest)[1]) :].lstrip("/"), o.size, o.sha256) for o in objs]
+                self.s3.put_bytes(
+                    unit.dest + "/" + MANIFEST_NAME,
+                    build_manifest(self.job_id, unit.key, unit.dest, exit_code, entries),
+                )
                 unit.committed = True
             for unit, files in local_units:
                 entries = self._commit_local(unit, files, progress)
-                write_atomic(os.path.join(unit.dest, MANIFEST_NAME),
-                             build_manifest(self.job_id, unit.key, unit.dest, exit_code, entries))
+                write_atomic(
+                    os.path.join(unit.dest, MANIFEST_NAME),
+                    build_manifest(self.job_id, unit.key, unit.dest, exit_code, entries),
+                )
                 unit.committed = True
             if self.results_kind == "s3" and (loose or uploads):
                 self._root_manifest(exit_code, uploads, loose)
@@ -1578,18 +1694,19 @@ class Job:
                 return [] if _excluded(name, self.excludes) else [(name, src)]
             if os.path.isdir(src):
                 return walk_files(src, self.excludes)
-            self.r.warn("declared output %s was not produced by the command; nothing to commit" % src)
+            self.r.warn(f"declared output {src} was not produced by the command; nothing to commit")
             return None
         if unit.kind == "file":
             full = os.path.join(unit.local, unit.filename)
             if not os.path.isfile(full):
-                self.r.info("output %s: file %s was not produced" % (unit.key, full))
+                self.r.info(f"output {unit.key}: file {full} was not produced")
                 return []
             return [(unit.filename, full)]
         return walk_files(unit.local, self.excludes)
 
-    def _commit_local(self, unit: OutputUnit, files: Sequence[tuple[str, str]],
-                      progress: Progress) -> list[tuple[str, int, str]]:
+    def _commit_local(
+        self, unit: OutputUnit, files: Sequence[tuple[str, str]], progress: Progress
+    ) -> list[tuple[str, int, str]]:
         entries: list[tuple[str, int, str]] = []
         lock = threading.Lock()
 
@@ -1621,26 +1738,36 @@ class Job:
             path = os.path.abspath(full)
             if any(path.startswith(o + os.sep) for o in owned):
                 continue
-            found.append((rel, S3Object(bucket, prefix + "/" + rel, os.path.getsize(full), "", full)))
+            found.append((rel, S3Object(bucket, prefix + "/" + rel, os.path.getsize(full), "", local=full)))
         return found
 
-    def _root_manifest(self, exit_code: int, uploads: Sequence[tuple[OutputUnit, list[S3Object]]],
-                       loose: Sequence[tuple[str, S3Object]]) -> None:
+    def _root_manifest(
+        self,
+        exit_code: int,
+        uploads: Sequence[tuple[OutputUnit, list[S3Object]]],
+        loose: Sequence[tuple[str, S3Object]],
+    ) -> None:
         """The job-level manifest at ``s3://.../results/<job_id>/``, written after every other one."""
         _bucket, root_prefix = parse_s3(self.results_dest)
         entries = [(rel, o.size, o.sha256) for rel, o in loose]
         for _unit, objs in uploads:
             for o in objs:
                 if o.key.startswith(root_prefix + "/"):
-                    entries.append((o.key[len(root_prefix) + 1:], o.size, o.sha256))
-        self.s3.put_bytes(self.results_dest + "/" + MANIFEST_NAME,
-                          build_manifest(self.job_id, "results_dir", self.results_dest, exit_code, entries))
+                    entries.append((o.key[len(root_prefix) + 1 :], o.size, o.sha256))
+        self.s3.put_bytes(
+            self.results_dest + "/" + MANIFEST_NAME,
+            build_manifest(self.job_id, "results_dir", self.results_dest, exit_code, entries),
+        )
 
     # -- whole run ---------------------------------------------------------------------------------------------
+    def cleanup(self) -> None:
+        """Remove a temp work dir (staged inputs, the spec) unless ``TAO_KEEP_WORK=1``."""
+        if self.own_work and os.environ.get("TAO_KEEP_WORK", "") not in ("1", "true", "yes"):
+            shutil.rmtree(self.work, ignore_errors=True)
+
     def run(self) -> int:
         """Stage, write, run, commit; returns the exit code."""
-        self.r.info("job %s, mode %s, results: %s (%s)" % (self.job_id, self.mode, self.results_dest,
-                                                            self.results_kind))
+        self.r.info(f"job {self.job_id}, mode {self.mode}, results: {self.results_dest} ({self.results_kind})")
         if self.results_kind == "ephemeral":
             self._ephemeral_warning()
         self.plan_outputs()
@@ -1654,20 +1781,21 @@ class Job:
         except RunnerError as exc:
             if rc == 0:
                 raise
-            self.r.info("could not commit outputs after the command failed: %s" % exc)
+            self.r.info(f"could not commit outputs after the command failed: {exc}")
             outputs = {}
         if self.results_kind == "ephemeral":
             self._ephemeral_warning()
-        self.r.progress("done", exit_code=rc, results_dir=self.results_dest, results_kind=self.results_kind,
-                        outputs=outputs)
+        self.r.progress(
+            "done", exit_code=rc, results_dir=self.results_dest, results_kind=self.results_kind, outputs=outputs
+        )
         return rc
 
 
 def _classify_hub(exc: BaseException, uri: str) -> RunnerError:
     name = type(exc).__name__
     if any(word in name for word in ("NotFound", "Gated", "Unauthorized", "Forbidden", "Auth", "Value")):
-        return ConfigError("input %s: %s: %s" % (uri, name, exc))
-    return InfraError("input %s: download failed (%s: %s)" % (uri, name, exc))
+        return ConfigError(f"input {uri}: {name}: {exc}")
+    return InfraError(f"input {uri}: download failed ({name}: {exc})")
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -1676,7 +1804,7 @@ def _link_or_copy(src: str, dst: str) -> None:
     os.makedirs(parent, exist_ok=True)
     dst = dst.rstrip("/") or dst
     if os.path.islink(dst) or not os.path.exists(dst):
-        tmp = dst + ".tao-link-%d" % os.getpid()
+        tmp = f"{dst}.tao-link-{os.getpid()}"
         _unlink(tmp)
         os.symlink(src, tmp)
         os.replace(tmp, dst)
@@ -1779,8 +1907,9 @@ class StepWatcher:
         now = time.monotonic()
         with self.lock:
             state = (self.step, self.epoch)
-            due = state != self.reported and (self.reported == (None, None)
-                                               or now - self.last_emit >= min(self.r.interval, 2.0))
+            due = state != self.reported and (
+                self.reported == (None, None) or now - self.last_emit >= min(self.r.interval, 2.0)
+            )
         if due:
             self.emit()
 
@@ -1794,10 +1923,14 @@ class StepWatcher:
         with self.lock:
             self.last_emit = time.monotonic()
             self.reported = (self.step, self.epoch)
-            fields: dict[str, Any] = {"status": "exited" if final else "running",
-                                      "elapsed_s": round(time.monotonic() - self.start, 2),
-                                      "step": self.step, "epoch": self.epoch, "epochs": self.epochs,
-                                      "exit_code": exit_code}
+            fields: dict[str, Any] = {
+                "status": "exited" if final else "running",
+                "elapsed_s": round(time.monotonic() - self.start, 2),
+                "step": self.step,
+                "epoch": self.epoch,
+                "epochs": self.epochs,
+                "exit_code": exit_code,
+            }
         self.r.progress("run", **fields)
 
 
@@ -1829,14 +1962,14 @@ def load_runner_manifest(path: str) -> dict[str, Any]:
         with open(path, encoding="utf-8") as fh:
             manifest = json.load(fh)
     except FileNotFoundError:
-        raise ConfigError("runner manifest %s: file not found (is TAO_JOB_FILES staged?)" % path) from None
+        raise ConfigError(f"runner manifest {path}: file not found (is TAO_JOB_FILES staged?)") from None
     except (OSError, ValueError) as exc:
-        raise ConfigError("runner manifest %s is unreadable: %s" % (path, exc)) from None
+        raise ConfigError(f"runner manifest {path} is unreadable: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != RUNNER_FORMAT:
-        raise ConfigError("runner manifest %s: not a format-%d runner.json" % (path, RUNNER_FORMAT))
+        raise ConfigError(f"runner manifest {path}: not a format-{RUNNER_FORMAT} runner.json")
     for key in ("inputs", "outputs"):
         if not isinstance(manifest.get(key) or {}, dict):
-            raise ConfigError("runner manifest %s: %r must be a mapping" % (path, key))
+            raise ConfigError(f"runner manifest {path}: {key!r} must be a mapping")
     return manifest
 
 
@@ -1851,7 +1984,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(args) != 1:
             raise ConfigError("usage: script_runner.py <runner.json>")
         job = Job(load_runner_manifest(args[0]), reporter)
-        return job.run()
+        try:
+            return job.run()
+        finally:
+            job.cleanup()
     except RunnerError as exc:
         reporter.failure(exc.err_class, str(exc))
         return exc.exit_code
@@ -1862,7 +1998,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import traceback
 
         traceback.print_exc()
-        reporter.failure("ERR_UNKNOWN", "runner error: %s: %s" % (type(exc).__name__, exc))
+        reporter.failure("ERR_UNKNOWN", f"runner error: {type(exc).__name__}: {exc}")
         return EXIT_SOFTWARE
 
 

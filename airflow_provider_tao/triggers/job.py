@@ -189,6 +189,7 @@ class TAOJobTrigger(BaseTrigger):
         hook = await self._hook()
         unknown_since: float | None = None
         self.log.info("Watching %s job %s (%s)", hook.platform, self.handle.job_id, self.handle.name)
+        status = JobStatus.unknown("no status yet")
         async with StatusPoller.for_hook(hook).watch(self.handle, self.poll_interval) as watch:
             while True:
                 wait = self.poll_interval * 4
@@ -197,7 +198,9 @@ class TAOJobTrigger(BaseTrigger):
                 try:
                     status = await asyncio.wait_for(watch.updates.get(), timeout=wait)
                 except TimeoutError:
-                    status = JobStatus.unknown(f"no status from the {hook.platform} platform for {wait:.0f} s")
+                    # No fresh answer (the poller is backing off): keep the last failure's reason.
+                    if status.state is not JobState.UNKNOWN:
+                        status = JobStatus.unknown(f"no status from the {hook.platform} platform for {wait:.1f} s")
                 if self.stream_logs:
                     await self._stream_logs(hook)
                 if self.deadline is not None and time.time() >= self.deadline:

@@ -1,0 +1,103 @@
+"""An in-memory platform for operator and trigger tests: jobs are dict entries whose state the test sets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+from unittest import mock
+
+from airflow_provider_tao.failures import FailureFacts
+from airflow_provider_tao.hooks.base import TAOPlatformHook
+from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
+
+
+class FakeHook(TAOPlatformHook):
+    """Shared state lives on the class so every hook instance (operator, trigger) sees the same jobs."""
+
+    platform = "fake"
+    conn_type = "tao_fake"
+    default_conn_name = "tao_fake_default"
+    hook_name = "TAO fake"
+    supports_multi_node = True
+
+    jobs: dict[str, dict[str, Any]] = {}
+    status_calls: list[list[str]] = []
+    logs: dict[str, str] = {}
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.jobs = {}
+        cls.status_calls = []
+        cls.logs = {}
+
+    def create_job(self, spec: JobSpec, try_number: int = 1) -> JobHandle:
+        handle = JobHandle(
+            platform="fake",
+            conn_id=self.conn_id,
+            job_id=spec.job_id,
+            name=spec.name,
+            backend_job_id=f"b-{spec.job_id}",
+            results_dir=f"/results/{spec.job_id}",
+            try_number=try_number,
+            console_url=f"https://fake/{spec.job_id}",
+        )
+        self.jobs[spec.job_id] = {"handle": handle, "spec": spec, "state": JobState.RUNNING, "marks": {}, "exit": None}
+        self.write_mark(handle, "owner_try", try_number)
+        return handle
+
+    def find_job(self, name: str) -> JobHandle | None:
+        found = [j["handle"] for j in self.jobs.values() if j["handle"].name == name]
+        return max(found, key=lambda h: h.submitted_at) if found else None
+
+    def get_job_status(self, handle: JobHandle) -> JobStatus:
+        job = self.jobs.get(handle.job_id)
+        if job is None:
+            return JobStatus(JobState.UNKNOWN, "not found", raw_state="NOT_FOUND")
+        return JobStatus(job["state"], f"fake {job['state'].value}", exit_code=job["exit"])
+
+    def get_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
+        self.status_calls.append([h.job_id for h in handles])
+        return {h.job_id: self.get_job_status(h) for h in handles}
+
+    def get_job_logs(self, handle: JobHandle, offset: int = 0, tail: int | None = None) -> tuple[str, int]:
+        data = self.logs.get(handle.job_id, "").encode()
+        return data[offset:].decode(), len(data)
+
+    def _cancel(self, handle: JobHandle) -> bool:
+        job = self.jobs[handle.job_id]
+        if not job["state"].is_terminal:
+            job["state"] = JobState.CANCELED
+        return True
+
+    def failure_facts(self, handle: JobHandle) -> FailureFacts:
+        job = self.jobs[handle.job_id]
+        return FailureFacts(exit_code=job["exit"], log_tail=self.logs.get(handle.job_id, "").splitlines())
+
+    def read_marks(self, handle: JobHandle) -> dict[str, Any]:
+        return dict(self.jobs[handle.job_id]["marks"]) if handle.job_id in self.jobs else {}
+
+    def write_mark(self, handle: JobHandle, key: str, value: Any) -> None:
+        self.jobs[handle.job_id]["marks"][key] = value
+
+
+class Store:
+    """A dict-backed stand-in for ``context["task_state_store"]`` (shared by all tries of a task instance)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
+        assert value is not None
+        self.data[key] = value
+
+
+def make_context(store: Store, try_number: int = 1, run_id: str = "manual__1") -> dict[str, Any]:
+    ti = mock.MagicMock()
+    ti.dag_id, ti.task_id, ti.run_id, ti.map_index = "dag", "train", run_id, -1
+    ti.try_number = try_number
+    ti.start_date = datetime.now(UTC)
+    return {"ti": ti, "task_state_store": store}

@@ -1,0 +1,163 @@
+"""TAOJobTrigger and its per-connection StatusPoller, driven on the in-memory platform."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
+from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
+from tests.unit.fakes import FakeHook
+
+
+def _submit(fake: type[FakeHook], try_number: int = 1, conn_id: str | None = "fake_conn") -> JobHandle:
+    job_id = uuid.uuid4().hex[:12]
+    spec = JobSpec(name=f"job-{job_id}", job_id=job_id, command="x", image="i")
+    return FakeHook(conn_id=conn_id).create_job(spec, try_number=try_number)
+
+
+def _trigger(handle: JobHandle, **kwargs: Any) -> TAOJobTrigger:
+    return TAOJobTrigger(handle=handle.to_json(), poll_interval=kwargs.pop("poll_interval", 0.02), **kwargs)
+
+
+async def _first_event(trigger: TAOJobTrigger, timeout: float = 10) -> dict[str, Any]:
+    event = await asyncio.wait_for(trigger.run().__anext__(), timeout)
+    return event.payload
+
+
+async def test_emits_complete_and_streams_log_lines(
+    fake_platform: type[FakeHook], capsys: pytest.CaptureFixture[str]
+) -> None:
+    handle = _submit(fake_platform)
+    fake_platform.logs[handle.job_id] = "Epoch 1/2\nEpoch 2/2\npartial"
+
+    async def finish() -> None:
+        await asyncio.sleep(0.1)
+        fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
+
+    asyncio.get_running_loop().create_task(finish())
+    payload = await _first_event(_trigger(handle))
+
+    assert payload["status"] == "complete"
+    assert payload["handle"] == handle.to_json()
+    assert payload["job_status"]["state"] == "Complete"
+    assert payload["log_offset"] == len("Epoch 1/2\nEpoch 2/2\npartial")
+    out = capsys.readouterr().out
+    assert "[job] Epoch 1/2" in out and "[job] Epoch 2/2" in out and "[job] partial" in out
+    assert out.count("[job] Epoch 1/2") == 1
+
+
+@pytest.mark.parametrize(("state", "outcome"), [(JobState.ERROR, "error"), (JobState.CANCELED, "canceled")])
+async def test_terminal_states_map_to_outcomes(fake_platform: type[FakeHook], state: JobState, outcome: str) -> None:
+    handle = _submit(fake_platform)
+    fake_platform.jobs[handle.job_id]["state"] = state
+    assert (await _first_event(_trigger(handle)))["status"] == outcome
+
+
+async def test_many_triggers_share_one_status_call_per_interval(fake_platform: type[FakeHook]) -> None:
+    handles = [_submit(fake_platform) for _ in range(50)]
+    tasks = [asyncio.ensure_future(_first_event(_trigger(h, poll_interval=0.05, stream_logs=False))) for h in handles]
+    await asyncio.sleep(0.5)
+    for h in handles:
+        fake_platform.jobs[h.job_id]["state"] = JobState.COMPLETE
+    payloads = await asyncio.gather(*tasks)
+
+    assert {p["status"] for p in payloads} == {"complete"}
+    calls = fake_platform.status_calls
+    # ~10 intervals passed: a per-job poller would have made ~500 calls.
+    assert len(calls) <= 20
+    assert max(len(c) for c in calls) == 50
+    assert StatusPoller._instances == {}  # the poller stops with its last watcher
+
+
+async def test_connections_are_polled_separately(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_OTHER_CONN", '{"conn_type": "tao_fake"}')
+    a, b = _submit(fake_platform, conn_id="fake_conn"), _submit(fake_platform, conn_id="other_conn")
+    for h in (a, b):
+        fake_platform.jobs[h.job_id]["state"] = JobState.COMPLETE
+    await asyncio.gather(_first_event(_trigger(a)), _first_event(_trigger(b)))
+    assert sorted(len(c) for c in fake_platform.status_calls) == [1, 1]
+
+
+async def test_deadline_emits_timeout(fake_platform: type[FakeHook]) -> None:
+    handle = _submit(fake_platform)
+    started = time.monotonic()
+    payload = await _first_event(_trigger(handle, deadline=time.time() + 0.3, poll_interval=5))
+    assert payload["status"] == "timeout"
+    assert time.monotonic() - started < 3  # the deadline does not wait for the next poll
+
+
+async def test_long_unknown_ends_as_unreachable_not_failed(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: FakeHook, handles: Any) -> Any:
+        raise ConnectionError("sshd is down")
+
+    monkeypatch.setattr(FakeHook, "get_job_statuses", broken)
+    handle = _submit(fake_platform)
+    payload = await _first_event(_trigger(handle, max_unknown_seconds=0.2))
+    assert payload["status"] == "unreachable"
+    assert "sshd is down" in payload["message"]
+
+
+async def test_short_unknown_stretch_is_ridden_out(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = FakeHook.get_job_statuses
+    failures = {"left": 2}
+
+    def flaky(self: FakeHook, handles: Any) -> Any:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise ConnectionError("blip")
+        return real(self, handles)
+
+    monkeypatch.setattr(FakeHook, "get_job_statuses", flaky)
+    monkeypatch.setattr("airflow_provider_tao.triggers.job.MAX_BACKOFF_SECONDS", 0.05)
+    handle = _submit(fake_platform)
+    fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
+    assert (await _first_event(_trigger(handle, max_unknown_seconds=30)))["status"] == "complete"
+
+
+async def test_on_kill_cancels_the_owned_job(fake_platform: type[FakeHook]) -> None:
+    handle = _submit(fake_platform)
+    await _trigger(handle).on_kill()
+    assert fake_platform.jobs[handle.job_id]["state"] is JobState.CANCELED
+    assert FakeHook().cancel_requested_by(handle) == 1
+
+
+async def test_on_kill_of_an_older_try_leaves_a_taken_over_job(fake_platform: type[FakeHook]) -> None:
+    handle = _submit(fake_platform, try_number=1)
+    FakeHook().claim_job(handle.owned_by(2))
+    await _trigger(handle).on_kill()
+    assert fake_platform.jobs[handle.job_id]["state"] is JobState.RUNNING
+
+
+async def test_on_kill_respects_cancel_on_kill_false(fake_platform: type[FakeHook]) -> None:
+    handle = _submit(fake_platform)
+    await _trigger(handle, cancel_on_kill=False).on_kill()
+    assert fake_platform.jobs[handle.job_id]["state"] is JobState.RUNNING
+
+
+async def test_cancelling_the_trigger_task_propagates_and_releases_the_poller(fake_platform: type[FakeHook]) -> None:
+    handle = _submit(fake_platform)
+    task = asyncio.ensure_future(_first_event(_trigger(handle)))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert StatusPoller._instances == {}
+
+
+def test_serialize_round_trip(fake_platform: type[FakeHook]) -> None:
+    handle = _submit(fake_platform)
+    trigger = _trigger(handle, deadline=123.5, log_offset=7, stream_logs=False, cancel_on_kill=False)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_provider_tao.triggers.job.TAOJobTrigger"
+    assert TAOJobTrigger(**kwargs).serialize() == (classpath, kwargs)
