@@ -14,6 +14,57 @@ def _field(label: str, description: str, *, kind: str = "string", secret: bool =
     return {"label": label, "description": description, "schema": schema}
 
 
+def _slurm_connection_type() -> dict[str, Any]:
+    """``tao_slurm``: host = login host(s), comma-separated for failover; login; port; password (optional)."""
+    return {
+        "connection-type": "tao_slurm",
+        "hook-class-name": "airflow_provider_tao.hooks.slurm.SlurmHook",
+        "hook-name": "TAO SLURM",
+        "conn-fields": {
+            "key_file": _field("Private key file", "Path of the SSH private key on the Airflow hosts (SSH_KEY_PATH)."),
+            "private_key": _field("Private key", "The SSH private key itself (instead of a key file).", secret=True),
+            "private_key_passphrase": _field("Key passphrase", "Passphrase of the private key.", secret=True),
+            "host_key": _field(
+                "Host key", "The login node's public host key ('ssh-ed25519 AAAA...'); checked on every connection."
+            ),
+            "no_host_key_check": _field(
+                "Skip host key check", "Explicitly disable host key checking (not recommended).", kind="boolean"
+            ),
+            "partition": _field("Partition(s)", "Partition list for sbatch, e.g. 'gpu,gpu-long' (SLURM_PARTITION)."),
+            "account": _field("Account", "Account charged by #SBATCH --account (SLURM_ACCOUNT)."),
+            "results_root": _field(
+                "Results root",
+                "Shared-filesystem folder for job folders and results: <root>/jobs/<id>, <root>/results/<id> "
+                "(SLURM_BASE_RESULTS_DIR).",
+            ),
+            "container_runtime": _field("Container runtime", "pyxis (default), oci (Slurm --container) or none."),
+            "oci_bundle": _field("OCI bundle", "Default OCI bundle folder on the cluster (container_runtime=oci)."),
+            "container_mounts": _field("Container mounts", "Pyxis --container-mounts (default /lustre)."),
+            "time_hours": _field("Wall time (h)", "Default --time of a job (4).", kind="number"),
+            "timeout_hours": _field(
+                "Inner timeout (h)", "The command is stopped after this long (default: wall time - 0.2 h).", kind="number"
+            ),
+            "max_time_hours": _field("Max wall time (h)", "Longer requests are rejected before submission (4).", kind="number"),
+            "gpus_per_node": _field("GPUs per node", "GPUs of one node (8); 0 for a CPU-only cluster.", kind="integer"),
+            "cpus_per_task": _field("CPUs per task", "--cpus-per-task of the one task per node (16).", kind="integer"),
+            "max_resubmits": _field(
+                "Max resubmissions", "Requeues of a job after an infrastructure failure (3).", kind="integer"
+            ),
+        },
+        "ui-field-behaviour": {
+            "hidden-fields": ["schema", "extra"],
+            "relabeling": {"host": "Login host(s)", "login": "User", "password": "Password (prefer a key)"},
+            "placeholders": {
+                "host": "login1.cluster.example,login2.cluster.example",
+                "results_root": "/lustre/fsw/<project>/<user>",
+                "partition": "polar,polar3,polar4,grizzly",
+                "host_key": "ssh-ed25519 AAAA...",
+                "container_runtime": "pyxis",
+            },
+        },
+    }
+
+
 def get_provider_info() -> dict[str, Any]:
     """The provider's metadata: connection types with their form fields, hooks, triggers, links and config."""
     return {
@@ -33,7 +84,11 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["airflow_provider_tao.hooks.base", "airflow_provider_tao.hooks.local"],
+                "python-modules": [
+                    "airflow_provider_tao.hooks.base",
+                    "airflow_provider_tao.hooks.local",
+                    "airflow_provider_tao.hooks.slurm",
+                ],
             }
         ],
         "triggers": [{"integration-name": INTEGRATION, "python-modules": ["airflow_provider_tao.triggers.job"]}],
@@ -55,7 +110,8 @@ def get_provider_info() -> dict[str, Any]:
                     "relabeling": {},
                     "placeholders": {"jobs_dir": "/var/lib/airflow/tao/jobs"},
                 },
-            }
+            },
+            _slurm_connection_type(),
         ],
         "config": {
             "tao": {

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 #: platform name -> (connection type, hook class path). Importing a hook module happens only when it is used.
 PLATFORMS: dict[str, tuple[str, str]] = {
     "local": ("tao_local", "airflow_provider_tao.hooks.local.LocalHook"),
+    "slurm": ("tao_slurm", "airflow_provider_tao.hooks.slurm.SlurmHook"),
 }
 
 

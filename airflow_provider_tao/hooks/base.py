@@ -224,6 +224,13 @@ class TAOPlatformHook(BaseHook):
         self.log.info("Canceling job %s (%s) on %s", handle.job_id, handle.backend_job_id, self.platform)
         return self._cancel(handle)
 
+    def resubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
+        """Called by the trigger when the job ended in Error. A platform that can rerun the job in place (same
+        ``job_id``, e.g. SLURM's requeue of the staged batch script) does so when the failure is retriable
+        infrastructure and attempts are left, and returns a line for the task log; None means "it stays failed".
+        The attempt count must live on the platform, so a restarted triggerer never resubmits twice."""
+        return None
+
     # ----------------------------------------------------------------- async twins (used by the trigger)
 
     async def aget_job_status(self, handle: JobHandle) -> JobStatus:
@@ -242,3 +249,6 @@ class TAOPlatformHook(BaseHook):
 
     async def acancel_job(self, handle: JobHandle) -> bool:
         return await asyncio.to_thread(self.cancel_job, handle)
+
+    async def aresubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
+        return await asyncio.to_thread(self.resubmit_if_retriable, handle, status)

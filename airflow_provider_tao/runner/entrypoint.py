@@ -151,7 +151,7 @@ class Entrypoint:
                 value = _rt.get_path(tree, key) if self.mode == "config" else (tree or {}).get(key)
                 explicit = value if isinstance(value, str) else ""
                 is_file = cfg.get("type") == "file"
-            explicit = explicit[len("file://"):] if explicit.startswith("file://") else explicit
+            explicit = explicit[len("file://") :] if explicit.startswith("file://") else explicit
             if explicit.startswith("s3://") or os.path.isabs(explicit):
                 dest = explicit.rstrip("/")
                 uris[key] = dest.rsplit("/", 1)[0] if is_file and "/" in dest.split("://")[-1] else dest
@@ -169,7 +169,7 @@ def parse_progress(line: str) -> dict[str, Any] | None:
     if start < 0:
         return None
     try:
-        payload = json.loads(line[start + len(PROGRESS_PREFIX):])
+        payload = json.loads(line[start + len(PROGRESS_PREFIX) :])
     except ValueError:
         return None
     return payload if isinstance(payload, dict) and "phase" in payload else None
@@ -226,9 +226,7 @@ def _normalize(value: Any, where: str, seen: set[int], *, argv: bool = False) ->
             seen.discard(id(value))
     if hasattr(value, "tolist"):  # numpy scalars / arrays
         return _normalize(value.tolist(), where, seen, argv=argv)
-    raise ValueError(
-        f"{where}: {type(value).__name__} is not JSON-safe; use str, int, float, bool, None, list or dict"
-    )
+    raise ValueError(f"{where}: {type(value).__name__} is not JSON-safe; use str, int, float, bool, None, list or dict")
 
 
 def _nest(dotted: str, value: Any) -> dict[str, Any]:
@@ -284,16 +282,16 @@ def _check_input_uri(uri: Any, where: str) -> None:
         raise ValueError(f"{where}: expected a URI or absolute path string, got {uri!r}")
     if uri.startswith("s3://"):
         bucket, _key = uri[5:].partition("/")[::2]
-        if not _S3_BUCKET.match(bucket):
+        if not _S3_BUCKET.fullmatch(bucket):
             raise ValueError(f"{where}: {uri!r} is not a valid s3://bucket/key URI")
     elif uri.startswith("file://"):
-        if not os.path.isabs(uri[len("file://"):]):
+        if not os.path.isabs(uri[len("file://") :]):
             raise ValueError(f"{where}: {uri!r}: file:// URIs must be absolute (file:///data/x)")
     elif uri.startswith("ngc://"):
-        if not _NGC_REF.match(uri):
+        if not _NGC_REF.fullmatch(uri):
             raise ValueError(f"{where}: {uri!r} is not ngc://org/[team/]model:version")
     elif uri.startswith(("hf_model://", "hf_dataset://")):
-        if not _HF_REF.match(uri):
+        if not _HF_REF.fullmatch(uri):
             raise ValueError(f"{where}: {uri!r} is not hf_model://org/name[@revision]")
     elif "://" in uri:
         raise ValueError(
@@ -367,8 +365,7 @@ def _unique_names(keys: Sequence[str], mode: str, param: str) -> None:
         name = output_dir_name(key, mode)
         if name in seen:
             raise ValueError(
-                f"{param}: {seen[name]!r} and {key!r} would both be stored as '{name}/' in the results dir; "
-                "rename one"
+                f"{param}: {seen[name]!r} and {key!r} would both be stored as '{name}/' in the results dir; rename one"
             )
         seen[name] = key
 
@@ -401,14 +398,18 @@ def _check_command(command: Any, mode: str) -> str | list[str]:
         cmd: str | list[str] = command
         texts = [command]
     elif isinstance(command, Sequence) and not isinstance(command, bytes):
-        cmd = [_check_text(c, _where("command", i), argv=True) if isinstance(c, str) else _bad_arg(c, i)
-               for i, c in enumerate(command)]
+        cmd = [
+            _check_text(c, _where("command", i), argv=True) if isinstance(c, str) else _bad_arg(c, i)
+            for i, c in enumerate(command)
+        ]
         if not cmd or not cmd[0]:
             raise ValueError("command: an argv list needs at least the program name")
         texts = list(cmd)
     else:
-        raise ValueError(f"command: expected a string (run by /bin/bash -c) or a list of strings (argv), "
-                         f"got {type(command).__name__}")
+        raise ValueError(
+            f"command: expected a string (run by /bin/bash -c) or a list of strings (argv), "
+            f"got {type(command).__name__}"
+        )
     for text in texts:
         if len(text.encode("utf-8")) > _MAX_ARG_BYTES:
             raise ValueError(
@@ -433,7 +434,7 @@ def _check_args(args: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in args.items():
         where = _where("args", key)
-        if not isinstance(key, str) or not _ARG_NAME.match(key):
+        if not isinstance(key, str) or not _ARG_NAME.fullmatch(key):
             raise ValueError(
                 f"{where}: argument names are like 'lr', 'model.lr' or '--lr' (letters, digits, _ . : / + -)"
             )
@@ -623,7 +624,7 @@ def _check_args_decl(args: dict[str, Any], inputs: dict[str, Any], outputs: dict
             _container_path(cfg["container_path"], _where(where, "container_path"))
     for key, cfg in outputs.items():
         where = _where("outputs", key)
-        if not _ARG_NAME.match(key):
+        if not _ARG_NAME.fullmatch(key):
             raise ValueError(f"{where}: not a valid argument name")
         _check_output_value(args.get(key), where)
         _check_output_type(cfg, where)

@@ -418,7 +418,7 @@ def _toml_str(text: str) -> str:
 
 
 def _toml_key(key: str) -> str:
-    return key if _TOML_BARE_KEY.match(key) else _toml_str(key)
+    return key if _TOML_BARE_KEY.fullmatch(key) else _toml_str(key)
 
 
 def _toml_value(value: Any, where: str) -> str:
@@ -476,6 +476,19 @@ def dumps_toml(data: Mapping[str, Any]) -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
+_YAML_BREAKS = re.compile("[\x85\u2028\u2029\ufeff]")
+
+
+def _has_yaml_breaks(node: Any) -> bool:
+    if isinstance(node, str):
+        return bool(_YAML_BREAKS.search(node))
+    if isinstance(node, dict):
+        return any(_has_yaml_breaks(k) or _has_yaml_breaks(v) for k, v in node.items())
+    if isinstance(node, list):
+        return any(_has_yaml_breaks(v) for v in node)
+    return False
+
+
 def dumps_spec(spec: Mapping[str, Any], fmt: str) -> tuple[str, str]:
     """Serialise the spec; returns ``(text, format actually written)``.
 
@@ -492,7 +505,14 @@ def dumps_spec(spec: Mapping[str, Any], fmt: str) -> tuple[str, str]:
         except ImportError:
             pass  # JSON below is valid YAML
         else:
-            text = yaml.safe_dump(spec, sort_keys=False, allow_unicode=True, default_flow_style=False, width=2**31 - 1)
+            # PyYAML emits NEL / LS / PS / BOM raw under allow_unicode and reads them back changed; escape then.
+            text = yaml.safe_dump(
+                spec,
+                sort_keys=False,
+                allow_unicode=not _has_yaml_breaks(spec),
+                default_flow_style=False,
+                width=2**31 - 1,
+            )
             return text, "yaml"
     return json.dumps(spec, indent=2, ensure_ascii=False, allow_nan=False) + "\n", "json"
 
@@ -686,7 +706,7 @@ class S3:
             raise missing_package("boto3", "s3:// inputs/outputs", wheels) from None
         self.exceptions = botocore.exceptions
         self.concurrency = _env_int("TAO_TRANSFER_CONCURRENCY", 16)
-        self.part_size = _env_int("TAO_PART_SIZE_MB", 16) << 20
+        self.part_size = _env_int("TAO_PART_SIZE_MB", 8) << 20
         self.threshold = self.part_size
         self.retries = _env_int("TAO_TRANSFER_RETRIES", 3)
         config = botocore.config.Config(
@@ -892,7 +912,10 @@ class S3:
                 if obj.size < self.threshold:
                     pool.submit(self._put_small, obj, progress)
                     continue
-                create = functools.partial(self.client.create_multipart_upload, Bucket=obj.bucket, Key=obj.key)
+                # CRC32 on create + parts, as s3transfer does: S3 then validates each part and the whole object.
+                create = functools.partial(
+                    self.client.create_multipart_upload, Bucket=obj.bucket, Key=obj.key, ChecksumAlgorithm="CRC32"
+                )
                 upload_id = str(self._retrying(obj.uri, create)["UploadId"])
                 started.append((obj, upload_id))
                 part = max(self.part_size, -(-obj.size // 9000))
@@ -931,15 +954,23 @@ class S3:
         with open(obj.local, "rb") as fh:
             data = os.pread(fh.fileno(), length, offset)
         send = functools.partial(
-            self.client.upload_part, Bucket=obj.bucket, Key=obj.key, UploadId=mp.upload_id, PartNumber=number, Body=data
+            self.client.upload_part,
+            Bucket=obj.bucket,
+            Key=obj.key,
+            UploadId=mp.upload_id,
+            PartNumber=number,
+            Body=data,
+            ChecksumAlgorithm="CRC32",
         )
-        mp.etags[number] = str(self._retrying(obj.uri, send)["ETag"])
+        resp = self._retrying(obj.uri, send)
+        # Echo the part's checksum back on completion, as s3transfer does (S3 then checks the whole object).
+        mp.etags[number] = {k: v for k, v in resp.items() if k == "ETag" or k.startswith("Checksum")}
         progress.add(nbytes=len(data))
         if mp.countdown is not None:
             mp.countdown.tick()
 
     def _complete(self, mp: _Multipart, progress: Progress) -> None:
-        parts = [{"PartNumber": n, "ETag": mp.etags[n]} for n in sorted(mp.etags)]
+        parts = [{"PartNumber": n, **mp.etags[n]} for n in sorted(mp.etags)]
         finish = functools.partial(
             self.client.complete_multipart_upload,
             Bucket=mp.obj.bucket,
@@ -974,7 +1005,7 @@ class _Multipart:
     def __init__(self, obj: S3Object, upload_id: str) -> None:
         self.obj = obj
         self.upload_id = upload_id
-        self.etags: dict[int, str] = {}
+        self.etags: dict[int, dict[str, str]] = {}
         self.countdown: _Countdown | None = None
 
 
@@ -1036,7 +1067,13 @@ def write_cache_meta(obj: S3Object) -> None:
 # Manifests (also used by the operator to read results)
 # --------------------------------------------------------------------------------------------------------------
 def build_manifest(
-    job_id: str, key: str, destination: str, exit_code: int | None, files: Sequence[tuple[str, int, str]]
+    job_id: str,
+    key: str,
+    destination: str,
+    exit_code: int | None,
+    files: Sequence[tuple[str, int, str]],
+    *,
+    outputs: Mapping[str, str] | None = None,
 ) -> bytes:
     """The manifest document for one output destination.
 
@@ -1045,9 +1082,10 @@ def build_manifest(
     :param destination: where the files are.
     :param exit_code: the command's exit code.
     :param files: ``[(relative path, size, sha256)]``.
+    :param outputs: job-level manifest only: every committed output key -> its destination.
     """
     entries = [{"path": p, "size": s, "sha256": h} for p, s, h in sorted(files)]
-    doc = {
+    doc: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
         "job_id": job_id,
         "key": key,
@@ -1058,6 +1096,8 @@ def build_manifest(
         "total_bytes": sum(size for _p, size, _h in files),
         "files": entries,
     }
+    if outputs is not None:
+        doc["outputs"] = dict(outputs)
     return (json.dumps(doc, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
 
@@ -1117,9 +1157,10 @@ def is_complete(location: str, s3_client: Any = None, verify: str = "size") -> b
         bucket, prefix = parse_s3(base)
         client = s3_client if s3_client is not None else S3().client
         sizes: dict[str, int] = {}
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        root = prefix + "/" if prefix else ""  # a bucket-root destination has no prefix
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=root):
             for obj in page.get("Contents", []) or []:
-                sizes[obj["Key"][len(prefix) + 1 :]] = int(obj["Size"])
+                sizes[obj["Key"][len(root) :]] = int(obj["Size"])
         return all(sizes.get(f["path"]) == f["size"] for f in manifest["files"])
     for entry in manifest["files"]:
         full = os.path.join(base, *entry["path"].split("/"))
@@ -1229,7 +1270,7 @@ class Job:
         if not job_id:
             job_id = uuid.uuid4().hex
             self.r.info(f"TAO_JOB_ID is not set; using a fresh id {job_id}")
-        if not _SAFE_JOB_ID.match(job_id) or ".." in job_id:
+        if not _SAFE_JOB_ID.fullmatch(job_id) or ".." in job_id:
             raise ConfigError(f"TAO_JOB_ID {job_id!r} is not a safe path component")
         return job_id
 
@@ -1756,7 +1797,14 @@ class Job:
                     entries.append((o.key[len(root_prefix) + 1 :], o.size, o.sha256))
         self.s3.put_bytes(
             self.results_dest + "/" + MANIFEST_NAME,
-            build_manifest(self.job_id, "results_dir", self.results_dest, exit_code, entries),
+            build_manifest(
+                self.job_id,
+                "results_dir",
+                self.results_dest,
+                exit_code,
+                entries,
+                outputs={u.key: u.dest for u in self.outputs if u.committed},
+            ),
         )
 
     # -- whole run ---------------------------------------------------------------------------------------------

@@ -206,6 +206,9 @@ class TAOJobTrigger(BaseTrigger):
                 if self.deadline is not None and time.time() >= self.deadline:
                     yield self._event(TriggerOutcome.TIMEOUT, status, "the task's execution_timeout passed")
                     return
+                if status.state is JobState.ERROR and (note := await self._resubmitted(hook, status)):
+                    self.log.warning("Job %s: %s", self.handle.job_id, note)
+                    continue
                 if status.state.is_terminal:
                     if self.stream_logs:
                         await self._stream_logs(hook, final=True)
@@ -218,6 +221,15 @@ class TAOJobTrigger(BaseTrigger):
                         return
                 else:
                     unknown_since = None
+
+    async def _resubmitted(self, hook: TAOPlatformHook, status: JobStatus) -> str | None:
+        try:
+            return await hook.aresubmit_if_retriable(self.handle, status)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failed resubmission leaves the failure to the operator's analysis
+            self.log.warning("Resubmitting job %s failed: %s", self.handle.job_id, exc)
+            return None
 
     def _event(self, outcome: str, status: JobStatus, message: str) -> TriggerEvent:
         return TriggerEvent(

@@ -3,11 +3,11 @@
 The harness starts ``airflow standalone`` (SQLite, LocalExecutor, SimpleAuthManager with every request
 treated as admin) in a throw-away ``AIRFLOW_HOME`` on free ports, waits until
 ``/api/v2/monitor/health`` reports the metadatabase, scheduler, triggerer and dag processor healthy, and
-on shutdown kills the whole process group and checks that nothing of it is left.
+on shutdown kills its process groups and checks that nothing of it is left.
 
 Process model (Airflow 3.3.2, measured on this machine)::
 
-    airflow standalone                      <- leader of the harness process group (pgid == its pid)
+    airflow standalone                      <- session + process group leader (setsid; sid == pgid == pid)
     |- airflow scheduler
     |  |- airflow serve-logs                 <- [logging] worker_log_server_port
     |  `- airflow worker -- LocalExecutor: <idle> | <ti uuid>      x [core] parallelism (supervisors)
@@ -21,25 +21,31 @@ Process model (Airflow 3.3.2, measured on this machine)::
 Facts this module is built on:
 
 * ``standalone`` starts each component once and never restarts it: a killed triggerer stays dead
-  (its supervising thread just sees EOF). :meth:`AirflowStandalone.start_triggerer` starts a
-  replacement ``airflow triggerer`` with the same environment *in the same process group*, so
-  the group kill at teardown also stops it.
-* A process can only join a process group of its own session (``setpgid`` -> ``EPERM`` otherwise).
-  That is why the standalone is started with ``process_group=0`` (``setpgid(0, 0)``: a new
-  process group in the caller's session) rather than ``setsid``; for shutdown by group the two are
-  equivalent.
+  (its supervising thread just sees EOF, and never reaps it: it stays a zombie).
+  :meth:`AirflowStandalone.start_triggerer` starts a replacement ``airflow triggerer`` with the same
+  environment. It cannot join the standalone's process group: ``setpgid`` into a group of another
+  session fails with ``EPERM``, and the standalone runs in a session of its own. So each
+  replacement gets its own session too, and the instance is the *set of sessions* it started
+  (:attr:`AirflowStandalone.sessions`); :meth:`AirflowStandalone.stop` signals every one of their
+  process groups.
 * The task supervisor forks the task runner into its *own* process group (``setpgid(0, 0)`` in
-  ``airflow.sdk.execution_time.supervisor``), so running tasks are *not* in the harness group.
-  Every process started by the harness carries the environment variable :data:`MARKER_ENV`;
-  :meth:`AirflowStandalone.processes` finds them by process group *or* by that marker in
-  ``/proc/<pid>/environ`` (a forked child keeps its parent's initial environment block).
-* The task runner retitles itself ``airflow worker -- <ti id>`` (``setproctitle`` in
-  ``task_runner.startup``) where ``<ti id>`` is the task instance UUID returned by the REST API
-  (a new UUID per try); its supervisor is ``airflow worker -- LocalExecutor: <ti id>``. The REST
-  task instance also carries ``pid`` = the task runner's pid, used as a cross-check.
+  ``airflow.sdk.execution_time.supervisor``), so running tasks are outside the standalone's process
+  group but still in its session. Airflow never calls ``setsid``; only the standard provider's
+  subprocess hook / bash sensor (and a job the provider detaches on purpose) leave the session.
+  :meth:`AirflowStandalone.processes` therefore finds the instance by session id, plus any process
+  whose environment carries this instance's :data:`MARKER_ENV` (catches detached children that
+  inherited the environment).
+* ``/proc/<pid>/environ`` is NOT reliable for Airflow's own processes: ``setproctitle`` (used by
+  the LocalExecutor workers, the task runner, serve-logs, the api-server) overwrites the original
+  argv+environ block, which then reads as NUL bytes. Process titles and session ids are reliable.
+* The task runner retitles itself ``airflow worker -- <ti id>`` (padded with spaces) in
+  ``task_runner.startup`` where ``<ti id>`` is the task instance UUID returned by the REST API (a new
+  UUID per try); its supervisor is ``airflow worker -- LocalExecutor: <ti id>``. The REST task
+  instance also carries ``pid`` = the task runner's pid, used as a cross-check.
 * SIGKILL of the triggerer main process orphans its ``serve-logs`` child, which keeps the trigger
-  log port bound, so a replacement triggerer cannot serve logs. :meth:`AirflowStandalone.kill_triggerer`
-  therefore kills the whole triggerer subtree, like a crashed host would.
+  log port bound, so a replacement triggerer cannot serve logs ("address already in use"; it runs on
+  without a log server). :meth:`AirflowStandalone.kill_triggerer` therefore kills the whole
+  triggerer subtree, like a crashed host would. SIGTERM stops the subtree cleanly in about 1 s.
 * After a SIGKILL the dead triggerer's job row stays ``running``; its triggers are handed to another
   triggerer only once its heartbeat is older than ``[triggerer] triggerer_health_check_threshold``
   (30 s by default, :data:`DEFAULT_TRIGGERER_HEALTH_CHECK_THRESHOLD` here). After a SIGTERM the
@@ -104,6 +110,45 @@ DEFAULT_TRIGGERER_HEALTH_CHECK_THRESHOLD = 15
 _SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
 
 T = TypeVar("T")
+
+_WATCHDOG = """
+import os, signal, sys, time
+owner, sid, marker, grace = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].encode(), float(sys.argv[4])
+
+def members():
+    sessions, procs = {sid}, {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                continue
+            procs[int(pid)] = int(fields[3])
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if marker in fh.read().split(b"\\0"):
+                    sessions.add(int(fields[3]))
+        except (OSError, IndexError, ValueError):
+            pass
+    return [pid for pid, s in procs.items() if s in sessions]
+
+def kill_all(sig):
+    for pid in members():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+while os.getppid() == owner and members():
+    time.sleep(1)
+if members():
+    print("owner", owner, "is gone: stopping sessions of", sid, flush=True)
+    kill_all(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while members() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    kill_all(signal.SIGKILL)
+"""
+"""Run by a watchdog process (own session) that stops the instance if the test process dies without stopping it."""
 
 
 class HarnessError(RuntimeError):
@@ -207,9 +252,19 @@ def _describe(proc: psutil.Process) -> str:
 def _is_running(proc: psutil.Process) -> bool:
     """True if ``proc`` exists and is not a zombie (zombies run nothing; init may reap them late)."""
     try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
+
+
+def _wait_gone(procs: Sequence[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait until none of ``procs`` runs (zombies count as gone); return those still running."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if _is_running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if _is_running(p)]
+    return alive
 
 
 def _title(proc: psutil.Process) -> str:
@@ -609,7 +664,14 @@ class AirflowClient:
             nonlocal last
             last = self.get_task_instance(dag_id, run_id, task_id, map_index)
             trigger = last.get("trigger") or {}
-            return last if trigger.get("triggerer_id") == triggerer_job_id else None
+            if trigger.get("triggerer_id") == triggerer_job_id:
+                return last
+            if last["state"] != "deferred":
+                raise HarnessTimeout(
+                    f"{task_id} left 'deferred' (now {last['state']!r}) before its trigger was seen on "
+                    f"triggerer job {triggerer_job_id}"
+                )
+            return None
 
         return wait_until(
             check,
@@ -711,7 +773,10 @@ class AirflowStandalone:
         self.client = AirflowClient(self.api_url)
         self._proc: subprocess.Popen[bytes] | None = None
         self._extra_procs: list[subprocess.Popen[bytes]] = []
+        self.sessions: list[int] = []
+        """Session ids of this instance: the standalone's, then one per replacement triggerer."""
         self._extra_logs: list[Path] = []
+        self._watchdog: subprocess.Popen[bytes] | None = None
         self._sampler: threading.Thread | None = None
         self._sampler_stop = threading.Event()
 
@@ -780,10 +845,14 @@ class AirflowStandalone:
 
     @property
     def pgid(self) -> int:
-        """Process group id of the instance (the pid of the ``airflow standalone`` process)."""
+        """Process group (and session) id of the ``airflow standalone`` process: its pid."""
         if self._proc is None:
             raise HarnessError("standalone not started")
         return self._proc.pid
+
+    def is_running(self) -> bool:
+        """True while the ``airflow standalone`` process lives (its components may still have died)."""
+        return self._proc is not None and self._proc.poll() is None
 
     def __enter__(self) -> AirflowStandalone:
         self.start()
@@ -793,7 +862,7 @@ class AirflowStandalone:
         self.stop()
 
     def start(self) -> None:
-        """Copy the DAGs, launch ``airflow standalone`` in a new process group and wait until healthy.
+        """Copy the DAGs, launch ``airflow standalone`` in a new session (``setsid``) and wait until healthy.
 
         :raises HarnessError: if it exits or is not healthy within ``config.startup_timeout``
             (the message ends with the tail of ``standalone.log``); the instance is stopped first.
@@ -809,8 +878,10 @@ class AirflowStandalone:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                process_group=0,
+                start_new_session=True,
             )
+        self.sessions.append(self._proc.pid)
+        self._start_watchdog()
         self._start_sampler()
         try:
             self._wait_healthy(started)
@@ -819,6 +890,27 @@ class AirflowStandalone:
                 self.stop()
             raise
         self.stats.time_to_healthy = time.monotonic() - started
+
+    def _start_watchdog(self) -> None:
+        # A pytest killed by a CI timeout or ^C^C must not leave a 1 GiB Airflow behind on a machine that is
+        # kept between sessions: this process (in a session of its own, without the marker) stops every
+        # process of the instance's sessions as soon as its parent, the test process, is gone.
+        with open(self.home / "watchdog.log", "ab") as log:
+            self._watchdog = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    _WATCHDOG,
+                    str(os.getpid()),
+                    str(self.pgid),
+                    f"{MARKER_ENV}={self.harness_id}",
+                    str(self.config.stop_grace),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def _copy_dags(self) -> None:
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -859,10 +951,11 @@ class AirflowStandalone:
         return "\n".join(parts)
 
     def stop(self) -> None:
-        """Stop everything: SIGTERM the process group, SIGKILL after ``config.stop_grace`` seconds.
+        """Stop everything: SIGTERM the process group of every session of the instance (the standalone's
+        and each replacement triggerer's), SIGKILL after ``config.stop_grace`` seconds.
 
-        Processes of the instance that live outside the group (task runners, jobs they detached)
-        are SIGKILLed afterwards and listed in ``stats.killed_at_stop``.
+        Processes of the instance outside those groups (task runners, jobs they detached) are
+        SIGKILLed afterwards and listed in ``stats.killed_at_stop``.
 
         :raises HarnessError: if any process of the instance survives SIGKILL.
         """
@@ -870,38 +963,44 @@ class AirflowStandalone:
             return
         began = time.monotonic()
         self._sampler_stop.set()
-        pgid = self._proc.pid
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-        gone = self._wait_group_empty(pgid, self.config.stop_grace)
-        if not gone:
-            leftovers = self._group_members(pgid)
-            self.stats.killed_at_stop.extend(f"SIGKILL after grace: {_describe(p)}" for p in leftovers)
+        if self._watchdog is not None:
+            self._watchdog.kill()
+            self._watchdog.wait()
+            self._watchdog = None
+        groups = list(self.sessions)  # a session leader also leads a process group with the same id
+        for pgid in groups:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            self._wait_group_empty(pgid, 10)
+                os.killpg(pgid, signal.SIGTERM)
+        if not self._wait_groups_empty(groups, self.config.stop_grace):
+            for pgid in groups:
+                leftovers = self._group_members(pgid)
+                self.stats.killed_at_stop.extend(f"SIGKILL after grace: {_describe(p)}" for p in leftovers)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+            self._wait_groups_empty(groups, 10)
         for proc in [self._proc, *self._extra_procs]:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
         # Processes in other groups (task runners, detached jobs) that belong to this instance.
-        strays = [p for p in self.processes() if _is_running(p)]
+        strays = self.processes()
         for proc in strays:
-            self.stats.killed_at_stop.append(f"outside the group: {_describe(proc)}")
+            self.stats.killed_at_stop.append(f"outside the groups: {_describe(proc)}")
             with contextlib.suppress(psutil.Error):
                 proc.kill()
-        psutil.wait_procs(strays, timeout=10)
+        _wait_gone(strays, 10)
         if self._sampler is not None:
             self._sampler.join(timeout=5)
         self.client.close()
         self.stats.stop_seconds = time.monotonic() - began
-        survivors = [p for p in self._group_members(pgid) + self.processes() if _is_running(p)]
+        survivors = self.processes()
         self._proc = None
         if survivors:
             raise HarnessError(
                 "processes of the standalone survived SIGKILL: " + "; ".join(_describe(p) for p in survivors)
             )
 
-    def _group_members(self, pgid: int) -> list[psutil.Process]:
+    @staticmethod
+    def _group_members(pgid: int) -> list[psutil.Process]:
         members = []
         for proc in psutil.process_iter():
             with contextlib.suppress(psutil.Error, OSError):
@@ -909,14 +1008,14 @@ class AirflowStandalone:
                     members.append(proc)
         return members
 
-    def _wait_group_empty(self, pgid: int, timeout: float) -> bool:
+    def _wait_groups_empty(self, groups: Sequence[int], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             # Reap our own children (standalone, replacement triggerers) so they do not linger as zombies.
             for proc in [self._proc, *self._extra_procs]:
                 if proc is not None:
                     proc.poll()
-            if not self._group_members(pgid):
+            if not any(self._group_members(pgid) for pgid in groups):
                 return True
             time.sleep(0.2)
         return False
@@ -950,15 +1049,16 @@ class AirflowStandalone:
     # -- processes -----------------------------------------------------------------------------------------
 
     def processes(self) -> list[psutil.Process]:
-        """Every live process of this instance: members of its process group, plus any process whose
-        initial environment carries this instance's :data:`MARKER_ENV` (task runners, and whatever
-        they started without scrubbing the environment)."""
-        found: list[psutil.Process] = []
-        pgid = self._proc.pid if self._proc is not None else None
+        """Every live (non-zombie) process of this instance: all processes of its :attr:`sessions`
+        (whatever their process group, e.g. task runners), plus any process whose environment
+        carries this instance's :data:`MARKER_ENV` (children that left the session but kept the
+        environment, as long as they did not retitle themselves)."""
+        sessions = set(self.sessions)
         marker = f"{MARKER_ENV}={self.harness_id}".encode()
+        found: list[psutil.Process] = []
         for proc in psutil.process_iter():
             try:
-                if pgid is not None and os.getpgid(proc.pid) == pgid:
+                if os.getsid(proc.pid) in sessions:
                     found.append(proc)
                     continue
                 with open(f"/proc/{proc.pid}/environ", "rb") as fh:
@@ -969,12 +1069,15 @@ class AirflowStandalone:
         return [p for p in found if _is_running(p)]
 
     def process_tree_text(self) -> str:
-        """``pid ppid pgid title`` of every process of the instance, for diagnostics."""
+        """``pid ppid pgid sid title`` of every process of the instance, for diagnostics."""
         rows = []
         for proc in sorted(self.processes(), key=lambda p: p.pid):
             with contextlib.suppress(psutil.Error, OSError):
-                rows.append(f"{proc.pid:>7} {proc.ppid():>7} {os.getpgid(proc.pid):>7} {_title(proc)[:120]}")
-        return "    pid    ppid    pgid title\n" + "\n".join(rows)
+                rows.append(
+                    f"{proc.pid:>7} {proc.ppid():>7} {os.getpgid(proc.pid):>7} {os.getsid(proc.pid):>7} "
+                    f"{_title(proc)[:120]}"
+                )
+        return "    pid    ppid    pgid     sid title\n" + "\n".join(rows)
 
     # triggerer ----------------------------------------------------------------------------------------------
 
@@ -1024,8 +1127,9 @@ class AirflowStandalone:
                     proc.kill()
         else:
             main.send_signal(sig)
-        _, alive = psutil.wait_procs(tree, timeout=timeout)
-        alive = [p for p in alive if _is_running(p)]
+        # Not psutil.wait_procs: the killed main is a child of ``standalone``, which never reaps it, so it
+        # stays a zombie; _is_running() counts zombies as gone.
+        alive = _wait_gone(tree, timeout)
         if alive:
             for proc in alive:
                 with contextlib.suppress(psutil.Error):
@@ -1037,10 +1141,10 @@ class AirflowStandalone:
         return pids
 
     def start_triggerer(self) -> subprocess.Popen[bytes]:
-        """Start a replacement ``airflow triggerer`` in the instance's process group, same environment.
+        """Start a replacement ``airflow triggerer`` with the instance's environment, in a new session.
 
-        Its output goes to ``triggerer-<n>.log`` in the home (included in :meth:`log_tail`); the
-        group kill at :meth:`stop` stops it too.
+        Its session joins :attr:`sessions`, so :meth:`processes`, :meth:`stop` and the watchdog cover
+        it. Its output goes to ``triggerer-<n>.log`` in the home (included in :meth:`log_tail`).
         """
         log_path = self.home / f"triggerer-{len(self._extra_procs) + 1}.log"
         with open(log_path, "ab") as log:
@@ -1051,11 +1155,32 @@ class AirflowStandalone:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                process_group=self.pgid,
+                start_new_session=True,
             )
         self._extra_procs.append(proc)
+        self.sessions.append(proc.pid)
         self._extra_logs.append(log_path)
         return proc
+
+    def ensure_triggerer(self, *, timeout: float = 60.0) -> psutil.Process:
+        """Return the running triggerer; if there is none, start one and wait until its job heartbeats."""
+        main = self.find_triggerer()
+        if main is not None:
+            return main
+        before = {int(j["id"]) for j in self.client.list_jobs("TriggererJob")}
+        proc = self.start_triggerer()
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise HarnessError(f"triggerer exited with {proc.returncode}\n{self.log_tail()}")
+            jobs = self.client.list_jobs("TriggererJob", alive_only=True)
+            return any(int(j["id"]) not in before for j in jobs)
+
+        wait_until(ready, timeout=timeout, interval=0.5, message="new triggerer not heartbeating")
+        found = self.find_triggerer()
+        if found is None:
+            raise HarnessError("triggerer started but not found:\n" + self.process_tree_text())
+        return found
 
     def restart_triggerer(self, sig: signal.Signals = signal.SIGKILL, *, timeout: float = 60.0) -> tuple[int, int]:
         """Kill the triggerer with ``sig``, start a replacement, wait until its job heartbeats.
@@ -1160,7 +1285,7 @@ class AirflowStandalone:
         wait_until(
             lambda: not _is_running(proc), timeout=30, interval=0.1, message=f"{_describe(proc)} survived {sig.name}"
         )
-        return proc.pid
+        return int(proc.pid)
 
     # DAG files -------------------------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ def test_airflow_dags_test_runs_the_quickstart(tmp_path: Path) -> None:
     airflow = [sys.executable, "-m", "airflow"]
     subprocess.run([*airflow, "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
     run = subprocess.run(
-        [*airflow, "dags", "test", "tao_quickstart"], env=env, capture_output=True, text=True, timeout=300
+        [*airflow, "dags", "test", "tao_quickstart"], env=env, capture_output=True, text=True, timeout=300, check=False
     )
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
@@ -54,7 +54,12 @@ def test_readme_quickstart_command(tmp_path: Path) -> None:
     """The README's one-command quickstart, exactly as a new user runs it (own venv, own AIRFLOW_HOME)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "VIRTUAL_ENV"))}
     run = subprocess.run(
-        ["bash", str(REPO / "scripts" / "quickstart.sh")], env=env, capture_output=True, text=True, timeout=900
+        ["bash", str(REPO / "scripts" / "quickstart.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
     )
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     assert "Done. Results of the training job:" in run.stdout

@@ -21,8 +21,7 @@ with DAG(
     wait = DateTimeSensorAsync(
         task_id="wait",
         target_time=(
-            "{{ (dag_run.run_after + macros.timedelta(seconds=dag_run.conf.get('wait_seconds', 20)))"
-            ".isoformat() }}"
+            "{{ (dag_run.run_after + macros.timedelta(seconds=dag_run.conf.get('wait_seconds', 20))).isoformat() }}"
         ),
     )
 

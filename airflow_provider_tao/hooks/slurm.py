@@ -1,0 +1,751 @@
+"""The ``slurm`` platform: jobs staged on a cluster's shared filesystem and submitted with ``sbatch`` over SSH.
+
+Connection type ``tao_slurm``: host = login host(s), comma-separated for failover in order; port; login; password
+(optional); extras ``key_file`` | ``private_key`` (+ ``private_key_passphrase``), ``host_key`` (checked by default;
+``no_host_key_check: true`` is the explicit opt-out), ``partition``, ``account``, ``results_root``,
+``container_runtime`` (``pyxis`` | ``oci`` | ``none``), ``time_hours`` (4), ``timeout_hours`` (time - 0.2 h),
+``max_time_hours`` (4), ``gpus_per_node`` (8), ``cpus_per_task`` (16), ``max_resubmits`` (3), ``oci_bundle``,
+``container_mounts`` (``/lustre``), ``use_sqsh`` (true), ``sqsh_cache_dir``, ``force_reconvert_latest`` (false).
+Environment fallbacks: SLURM_USER, SLURM_HOSTNAME, SLURM_PARTITION, SLURM_ACCOUNT, SLURM_BASE_RESULTS_DIR,
+SSH_KEY_PATH.
+
+``backend_details`` (per job): ``partition``, ``account``, ``time_hours`` | ``time_minutes``, ``timeout_hours``,
+``cpus_per_task``, ``gpus_per_node``, ``container_runtime``, ``oci_bundle``, ``container_mounts``, ``nodelist``,
+``exclude``, ``qos``, ``constraint``, ``reservation``, ``mem``, ``master_port``, ``max_resubmits``, ``use_sqsh``,
+``force_reconvert_latest``, ``inputs`` (cluster paths checked with ``test -e`` before submission).
+
+Cost: a submission is ONE SSH connection and two commands (preflight, then stage + sbatch). In the triggerer,
+every job of a connection shares ONE cached asyncssh connection; each poll interval costs one command (``squeue``
+for every watched job, plus the new log bytes of the running ones) and, only when jobs left the queue or failed,
+one ``sacct``. The file layout and every script are in :mod:`~airflow_provider_tao.hooks.slurm_script`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import shlex
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_provider_tao.failures import FailureFacts, classify
+from airflow_provider_tao.hooks import slurm_script as ss
+from airflow_provider_tao.hooks.base import JobValidationError, TAOPlatformHook
+from airflow_provider_tao.hooks.slurm_ssh import AsyncPool, Result, SlurmTransportError, SSHSettings, SyncSession
+from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
+
+BACKEND_KEYS = frozenset(
+    {
+        "partition", "account", "time_hours", "time_minutes", "timeout_hours", "cpus_per_task", "gpus_per_node",
+        "container_runtime", "oci_bundle", "container_mounts", "nodelist", "exclude", "qos", "constraint",
+        "reservation", "mem", "master_port", "max_resubmits", "use_sqsh", "force_reconvert_latest", "inputs",
+        "backend_type", "cluster_name",
+    }
+)  # fmt: skip
+_DIRECTIVES = {"nodelist": "--nodelist", "exclude": "--exclude", "qos": "--qos", "constraint": "--constraint",
+               "reservation": "--reservation", "mem": "--mem"}  # fmt: skip
+#: How long a job squeue shows as failed may wait for its accounting record (exit code) before being reported.
+ACCOUNTING_GRACE_SECONDS = 20.0
+RESUBMITTABLE = frozenset({ErrClass.ERR_INFRA, ErrClass.ERR_PREEMPTED})
+
+
+def _truthy(value: Any) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+class SlurmHook(TAOPlatformHook):
+    """Submits, watches and cancels jobs on a SLURM cluster through its login node(s).
+
+    :param conn_id: a ``tao_slurm`` connection, or None to use the environment variables only.
+    """
+
+    platform = "slurm"
+    conn_type = "tao_slurm"
+    default_conn_name = "tao_slurm_default"
+    hook_name = "TAO SLURM"
+    supports_multi_node = True
+    name_pattern = ss.NAME_PATTERN
+    name_rule = ss.NAME_RULE
+    env_fallbacks = {
+        "login": "SLURM_USER",
+        "host": "SLURM_HOSTNAME",
+        "partition": "SLURM_PARTITION",
+        "account": "SLURM_ACCOUNT",
+        "results_root": "SLURM_BASE_RESULTS_DIR",
+        "key_file": "SSH_KEY_PATH",
+    }
+
+    def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(conn_id=conn_id, **kwargs)
+        self._session: SyncSession | None = None
+        self._preflights: dict[str, dict[str, Any]] = {}
+
+    # ----------------------------------------------------------------- settings
+
+    def setting(self, name: str, default: Any = None) -> Any:
+        if self._extras is None:  # worker side: read the connection on first use (the triggerer awaits it first)
+            self.load_connection()
+        return super().setting(name, default)
+
+    def ssh_settings(self) -> SSHSettings:
+        hosts = tuple(h.strip() for h in str(self.setting("host", "")).split(",") if h.strip())
+        if not hosts:
+            raise JobValidationError("host", "no login host configured", "Set the connection host or SLURM_HOSTNAME")
+        user = self.setting("login")
+        if not user:
+            raise JobValidationError("login", "no login user configured", "Set the connection login or SLURM_USER")
+        host_key, no_check = self.setting("host_key"), _truthy(self.setting("no_host_key_check", False))
+        if host_key and no_check:
+            raise JobValidationError(
+                "host_key", "is set together with no_host_key_check", "Remove one of them (checking is the default)"
+            )
+        return SSHSettings(
+            hosts=hosts,
+            port=int(self.setting("port", 22)),
+            username=str(user),
+            key_file=self.setting("key_file"),
+            private_key=self.setting("private_key"),
+            passphrase=self.setting("private_key_passphrase"),
+            password=self.setting("password"),
+            host_key=host_key,
+            no_host_key_check=no_check,
+        )
+
+    @property
+    def results_root(self) -> str:
+        root = str(self.setting("results_root", "")).rstrip("/")
+        root = ss.cluster_path(root) or root
+        if not root or not ss.SAFE_PATH.match(root):
+            raise JobValidationError(
+                "results_root",
+                f"{root!r} is not an absolute cluster path of plain characters" if root else "is not set",
+                "Set the connection extra results_root (or SLURM_BASE_RESULTS_DIR) to a shared-filesystem folder",
+            )
+        return root
+
+    def layout(self, job_id: str, name: str) -> ss.JobLayout:
+        return ss.JobLayout(self.results_root, job_id, name)
+
+    def _detail(self, spec: JobSpec, name: str, default: Any = None) -> Any:
+        value = spec.backend_details.get(name)
+        return self.setting(name, default) if value in (None, "") else value
+
+    def _pool_key(self) -> str:
+        return self.conn_id or f"env:{self.ssh_settings().fingerprint}"
+
+    # ----------------------------------------------------------------- transport
+
+    def session(self) -> SyncSession:
+        """The worker-side SSH connection, opened on first use and reused by every later call of this hook."""
+        self.load_connection()
+        if self._session is None:
+            self._session = SyncSession(self.ssh_settings())
+        return self._session
+
+    def run(self, command: str, stdin: bytes | None = None, timeout: float = 300.0) -> Result:
+        return self.session().run(command, stdin=stdin, timeout=timeout)
+
+    async def _entry(self) -> Any:
+        await self.aload_connection()
+        return AsyncPool.entry(self._pool_key(), self.ssh_settings())
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+
+    def test_connection(self) -> tuple[bool, str]:
+        try:
+            result = self.run("sinfo -h -o %P", timeout=30)
+        except Exception as exc:
+            return False, str(exc)
+        if result.rc != 0:
+            return False, f"connected, but sinfo failed: {result.err_text}"
+        session = self.session()
+        return True, f"Connected to {session.host} as {session.settings.username}; partitions: {result.text.split()}"
+
+    # ----------------------------------------------------------------- validation (before submission)
+
+    def plan(self, spec: JobSpec) -> ss.SbatchPlan:
+        """Every scheduling decision for ``spec``; bad input raises :class:`JobValidationError`."""
+        unknown = set(spec.backend_details) - BACKEND_KEYS
+        if unknown:
+            raise JobValidationError(
+                "backend_details", f"unknown key(s) {sorted(unknown)}", f"Use: {', '.join(sorted(BACKEND_KEYS))}"
+            )
+        runtime = str(self._detail(spec, "container_runtime", "pyxis")).lower()
+        if runtime not in ss.RUNTIMES:
+            raise JobValidationError("container_runtime", f"{runtime!r} is not supported", f"Use {ss.RUNTIMES}")
+        words = {key: self._detail(spec, key) for key in ("partition", "account", *_DIRECTIVES)}
+        for key, value in words.items():
+            if value is not None and not ss.SAFE_WORD.match(str(value)):
+                raise JobValidationError(key, f"{value!r} has characters Slurm names never have", "Fix the value")
+        gpus_per_node = int(self._detail(spec, "gpus_per_node", 8))
+        nodes, per_node, exclusive = spec.num_nodes, spec.gpu_count, False
+        if spec.gpu_count == -1:
+            per_node, exclusive = gpus_per_node, gpus_per_node > 0
+        elif spec.gpu_count > 0 and gpus_per_node <= 0:
+            raise JobValidationError(
+                "gpu_count", f"asked for {spec.gpu_count} GPU(s) but gpus_per_node is {gpus_per_node}",
+                "Use gpu_count=0 on a CPU-only cluster, or set the connection's gpus_per_node",
+            )  # fmt: skip
+        elif gpus_per_node > 0 and spec.gpu_count >= gpus_per_node:
+            # The seeds' rule: a request of at least a full node is exclusive, in whole nodes of GPUs.
+            nodes = max(spec.num_nodes, math.ceil(spec.gpu_count / gpus_per_node))
+            per_node, exclusive = gpus_per_node, True
+        cpus = int(self._detail(spec, "cpus_per_task", 16))
+        if cpus < 1:
+            raise JobValidationError("cpus_per_task", f"{cpus} is not allowed", "Use 1 or more")
+        minutes = self._time_minutes(spec)
+        timeout = self._detail(spec, "timeout_hours")
+        inner = float(timeout) * 60 if timeout not in (None, "") else minutes - 12
+        inner = min(inner, minutes - 12)  # the inner guard must fire before Slurm's own kill
+        directives = tuple((flag, str(words[key])) for key, flag in _DIRECTIVES.items() if words[key] is not None)
+        container, mounts, env_names, sqsh, enroot = self._container(spec, runtime)
+        return ss.SbatchPlan(
+            nodes=nodes,
+            gpus_per_node=max(per_node, 0),
+            cpus_per_task=cpus,
+            time_minutes=minutes,
+            timeout_minutes=inner if inner >= 1 else None,
+            runtime=runtime,
+            partition=words["partition"],
+            account=words["account"],
+            exclusive=exclusive,
+            container=container,
+            container_mounts=mounts,
+            container_env=env_names,
+            sqsh_cache=sqsh,
+            enroot_uri=enroot,
+            force_reconvert=bool(
+                sqsh and spec.image and spec.image.endswith(":latest")
+                and _truthy(self._detail(spec, "force_reconvert_latest", False))
+            ),
+            master_port=int(self._detail(spec, "master_port", 29500)),
+            directives=directives,
+        )  # fmt: skip
+
+    def _time_minutes(self, spec: JobSpec) -> float:
+        if spec.backend_details.get("time_minutes") not in (None, ""):
+            minutes = float(spec.backend_details["time_minutes"])
+        else:
+            minutes = float(self._detail(spec, "time_hours", 4)) * 60
+        max_hours = float(self.setting("max_time_hours", 4))
+        if minutes <= 0:
+            raise JobValidationError("time_hours", f"{minutes / 60:g} h is not allowed", "Use a positive wall time")
+        if minutes > max_hours * 60:
+            raise JobValidationError(
+                "time_hours",
+                f"{minutes / 60:g} h is above this connection's max_time_hours ({max_hours:g} h)",
+                "Ask for less time, or use a connection / partition that allows longer jobs",
+            )
+        return minutes
+
+    def _container(self, spec: JobSpec, runtime: str) -> tuple[Any, ...]:
+        """(container, mounts, env names for pyxis, sqsh cache file, enroot URI) of the runtime."""
+        if runtime == "none":
+            if spec.image:
+                self.log.info("container_runtime=none: image %r is not used; the job runs on the nodes' OS", spec.image)
+            return None, (), (), None, None
+        if runtime == "oci":
+            bundle = self._detail(spec, "oci_bundle") or (spec.image if spec.image and spec.image.startswith("/") else None)
+            if not bundle or not ss.SAFE_PATH.match(str(bundle)):
+                raise JobValidationError(
+                    "oci_bundle",
+                    f"container_runtime=oci needs an OCI bundle folder on the cluster (got {bundle!r})",
+                    "Pass image='/path/to/bundle' or backend_details={'oci_bundle': '/path/to/bundle'}",
+                )
+            return str(bundle), (), (), None, None
+        if not spec.image:
+            raise JobValidationError("image", "container_runtime=pyxis needs an image", "Give the image")
+        image = ss.pyxis_image(spec.image)
+        if any(c in image for c in "\n'\"`$\\ ;"):
+            raise JobValidationError("image", f"{spec.image!r} is not an image reference", "Fix the image")
+        mounts = [m.strip() for m in str(self._detail(spec, "container_mounts", "/lustre")).split(",") if m.strip()]
+        root = self.results_root
+        if not any(root == m.split(":")[0] or root.startswith(m.split(":")[0].rstrip("/") + "/") for m in mounts):
+            mounts.append(f"{root}:{root}")
+        for mount in mounts:
+            if not all(ss.SAFE_PATH.match(p) or p in ("ro", "rw") for p in mount.split(":")):
+                raise JobValidationError("container_mounts", f"{mount!r} is not SRC[:DST[:ro]]", "Fix the mount")
+        names = tuple(sorted(self._job_env_names(spec)))
+        if image.startswith("/") or not _truthy(self._detail(spec, "use_sqsh", True)):
+            return image, tuple(mounts), names, None, None
+        cache_dir = str(self.setting("sqsh_cache_dir") or f"{root}/.sqsh")
+        return image, tuple(mounts), names, f"{cache_dir}/{ss.sqsh_cache_name(image)}", f"docker://{image}"
+
+    def _job_env_names(self, spec: JobSpec) -> set[str]:
+        names = {*spec.env, *spec.secret_env, "TAO_JOB_ID", "TAO_JOB_NAME", "TAO_JOB_FILES", "PYTHONUNBUFFERED"}
+        names |= {"TAO_RESULTS_URI"} if (spec.results_uri or "").startswith("s3://") else {"TAO_RESULTS_ROOT"}
+        if spec.num_nodes > 1:
+            names |= {"WORLD_SIZE", "NNODES", "NODE_RANK", "NUM_GPU_PER_NODE", "MASTER_ADDR", "MASTER_PORT"}
+        return names
+
+    def _results(self, spec: JobSpec) -> tuple[str, str, str]:
+        """(env name, env value, results_dir) for the job's results location."""
+        uri = spec.results_uri
+        if not uri:
+            parent = f"{self.results_root}/results"
+            return "TAO_RESULTS_ROOT", parent, f"{parent}/{spec.job_id}"
+        if uri.startswith("s3://"):
+            return "TAO_RESULTS_URI", uri, uri.rstrip("/")
+        path = ss.cluster_path(uri)
+        if path is None or not ss.SAFE_PATH.match(path):
+            raise JobValidationError(
+                "results_uri",
+                f"{uri!r} is not a folder on the cluster",
+                "SLURM jobs cannot write to the Airflow worker: use lustre:///abs/path, an absolute cluster path, "
+                "or s3://bucket/prefix",
+            )
+        return "TAO_RESULTS_ROOT", path.rstrip("/"), f"{path.rstrip('/')}/{spec.job_id}"
+
+    def _inputs(self, spec: JobSpec) -> list[str]:
+        """Cluster paths of the declared inputs (``backend_details['inputs']``); local paths are rejected."""
+        inputs = spec.backend_details.get("inputs") or []
+        if isinstance(inputs, str) or not isinstance(inputs, list | tuple):
+            raise JobValidationError("backend_details['inputs']", f"{inputs!r} is not a list", "Pass a list of URIs")
+        paths = []
+        for uri in inputs:
+            paths += [p for p in [self._cluster_input(str(uri))] if p]
+        return paths
+
+    def _cluster_input(self, uri: str) -> str | None:
+        path = ss.cluster_path(uri)
+        if path is not None:
+            if not ss.SAFE_PATH.match(path):
+                raise JobValidationError("inputs", f"{uri!r} has characters this platform does not stage", "Rename it")
+            return path
+        if uri.startswith(("s3://", "hf_model://", "hf_dataset://", "ngc://")):
+            return None  # fetched by the in-job runner, not a cluster path
+        raise JobValidationError(
+            "inputs",
+            f"{uri!r} is a path on the Airflow worker, which SLURM jobs cannot see"
+            if uri.startswith("file://") or not uri.startswith(("/",)) and "://" not in uri
+            else f"{uri!r} has an unsupported scheme",
+            "Stage the data on the cluster's shared filesystem and use lustre:///abs/path or an absolute cluster path",
+        )
+
+    def validate_spec(self, spec: JobSpec) -> None:
+        super().validate_spec(spec)
+        plan = self.plan(spec)
+        self._results(spec)
+        inputs = self._inputs(spec)
+        if spec.job_id in self._preflights:
+            return
+        uses_runner = "script_runner.py" in spec.files
+        needs_s3 = "s3://" in spec.files.get("runner.json", "") or (spec.results_uri or "").startswith("s3://")
+        checked = [*inputs, *([f"{plan.container}/config.json"] if plan.runtime == "oci" else [])]
+        partitions = [p for p in (plan.partition or "").split(",") if p] or None
+        command = ss.preflight_command(partitions, checked, plan.runtime == "none" and uses_runner, needs_s3)
+        result = ss.parse_preflight(self.run(command, timeout=60).text)
+        self._check_preflight(result, plan, checked, inputs, needs_s3)
+        self._preflights[spec.job_id] = result
+
+    def _check_preflight(
+        self, result: dict[str, Any], plan: ss.SbatchPlan, checked: list[str], inputs: list[str], needs_s3: bool
+    ) -> None:
+        parts: dict[str, tuple[float | None, bool]] = result["partitions"]
+        wanted = [p for p in (plan.partition or "").split(",") if p] or [n for n, (_, d) in parts.items() if d]
+        missing = [p for p in wanted if p not in parts]
+        if missing or not wanted:
+            raise JobValidationError(
+                "partition",
+                f"partition(s) {missing or '(cluster default)'} not found on the cluster "
+                f"(sinfo: {sorted(parts) or result['sinfo_errors']})",
+                "Use an existing partition",
+            )
+        limits = [parts[p][0] for p in wanted]
+        if all(limit is not None and plan.time_minutes > limit for limit in limits):
+            shown = ", ".join(f"{p} {ss.format_slurm_time(parts[p][0] or 0)}" for p in wanted)
+            raise JobValidationError(
+                "time_hours",
+                f"{plan.time_minutes / 60:g} h is above the partition maximum ({shown}); Slurm would keep the job "
+                "PENDING (PartitionTimeLimit) forever",
+                "Ask for less time or use a partition that allows it",
+            )
+        absent = [path for index, path in enumerate(checked) if not result["inputs"].get(index)]
+        if absent:
+            what = "input(s)" if set(absent) <= set(inputs) else "path(s)"
+            raise JobValidationError(
+                "inputs", f"{what} not found on the cluster: {absent}", "Stage them on the shared filesystem first"
+            )
+        python = result["python"]
+        if python is not None:
+            version = tuple(int(x) for x in python.split(".")[:2]) if python[:1].isdigit() else None
+            if version is None or version < (3, 8):
+                raise JobValidationError(
+                    "container_runtime",
+                    f"the nodes have no python3 >= 3.8 (login node: {python}); the TAO runner needs it on bare metal",
+                    "Install python3 >= 3.8 on the cluster, or run in a container (pyxis / oci)",
+                )
+            if needs_s3 and result["boto3"] is False:
+                raise JobValidationError(
+                    "container_runtime",
+                    "the nodes' python3 has no boto3, which S3 inputs/outputs need on bare metal",
+                    "pip install --user boto3 on the cluster, or run in a container that has it",
+                )
+
+    # ----------------------------------------------------------------- submit
+
+    def create_job(self, spec: JobSpec, try_number: int = 1) -> JobHandle:
+        self.validate_spec(spec)
+        plan = self.plan(spec)
+        layout = self.layout(spec.job_id, spec.name)
+        env_name, env_value, results_dir = self._results(spec)
+        env = {**spec.env, **spec.secret_env}
+        env |= {
+            "TAO_JOB_ID": spec.job_id,
+            "TAO_JOB_NAME": spec.name,
+            "TAO_JOB_FILES": layout.files_dir,
+            env_name: env_value,
+            "PYTHONUNBUFFERED": "1",
+        }
+        if plan.nodes > 1:
+            nodes = str(plan.nodes)
+            env |= {"WORLD_SIZE": nodes, "NNODES": nodes, "NUM_GPU_PER_NODE": str(plan.gpus_per_node)}
+        handle = JobHandle(
+            platform=self.platform,
+            conn_id=self.conn_id,
+            job_id=spec.job_id,
+            name=spec.name,
+            results_dir=results_dir,
+            try_number=try_number,
+        )
+        rel = {
+            f"specs/{spec.job_id}.json": json.dumps(spec.to_json(), indent=1, default=str),
+            f"env/{spec.job_id}.env": ss.render_env_file(env),
+            f"meta/{spec.job_id}.json": json.dumps(handle.to_json()),
+            "meta/max_resubmits": str(int(self._detail(spec, "max_resubmits", 3))),
+            f"sbatch/job_{spec.job_id}.sbatch": ss.render_sbatch(layout, plan, spec.name),
+            "launch.sh": ss.render_launcher(layout, plan.nodes > 1),
+            **ss.render_command(spec.command),
+            **{f"files/{name}": text for name, text in spec.files.items()},
+        }
+        try:
+            archive = ss.stage_archive(rel)
+        except ValueError as exc:
+            raise JobValidationError("files", str(exc), "Use relative names inside the job folder") from exc
+        script = ss.submit_script(layout, results_dir if env_name == "TAO_RESULTS_ROOT" else None, try_number)
+        started = time.monotonic()
+        result = self.run(f"/bin/sh -c {shlex.quote(script)}", stdin=archive, timeout=120)
+        slurm_id = next((ln.split()[1] for ln in result.text.splitlines() if ln.startswith("@@SUBMITTED ")), "")
+        if result.rc != 0 or not slurm_id:
+            raise SlurmTransportError(
+                f"submitting job {spec.job_id} failed (rc={result.rc}): {result.err_text or result.text.strip()}"
+            )
+        self.log.info(
+            "Submitted Slurm job %s for %s (%s) in %.2f s; job folder %s",
+            slurm_id, spec.job_id, spec.name, time.monotonic() - started, layout.job_dir,
+        )  # fmt: skip
+        return JobHandle(**{**handle.to_json(), "backend_job_id": slurm_id})
+
+    def find_job(self, name: str) -> JobHandle | None:
+        layout = self.layout("_", name)
+        found = ss.parse_find_job(self.run(ss.find_job_command(layout), timeout=60).text)
+        if found is None:
+            return None
+        job_id, meta, slurm_id, same_named = found
+        if not slurm_id:  # the submitter died before recording the id: find it by the job's comment
+            slurm_id = next((sid for sid, c in same_named.items() if c == f"tao:{job_id}"), "")
+        if not meta:
+            return None
+        return JobHandle(**{**JobHandle.from_json(meta).to_json(), "backend_job_id": slurm_id})
+
+    # ----------------------------------------------------------------- status (worker side)
+
+    def get_job_status(self, handle: JobHandle) -> JobStatus:
+        return self.get_job_statuses([handle])[handle.job_id]
+
+    def get_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
+        ids = sorted({h.backend_job_id for h in handles if h.backend_job_id})
+        queue: dict[str, ss.SlurmRecord] = {}
+        if ids:
+            result = self.run(ss.squeue_command(ids), timeout=60)
+            if result.rc == 0:
+                queue = ss.parse_squeue(result.text)
+            elif not ss.squeue_says_gone(result.rc, result.err_text):
+                return {h.job_id: JobStatus.unknown(f"squeue failed: {result.err_text}") for h in handles}
+        acct: dict[str, ss.SlurmRecord] = {}
+        need = [i for i in ids if i not in queue or queue[i].state in ss.NEEDS_ACCOUNTING]
+        for attempt in range(4):  # sacct lags squeue by a few seconds at both ends of a job
+            if not need:
+                break
+            result = self.run(ss.sacct_command(need), timeout=60)
+            acct |= ss.parse_sacct(result.text) if result.rc == 0 else {}
+            need = [i for i in need if i in queue and (i not in acct or acct[i].state != queue[i].state)]
+            if need and attempt < 3:
+                time.sleep(1.0)
+        return {h.job_id: self._status(h, queue, acct) for h in handles}
+
+    @staticmethod
+    def _status(
+        handle: JobHandle, queue: dict[str, ss.SlurmRecord], acct: dict[str, ss.SlurmRecord] | None
+    ) -> JobStatus:
+        if not handle.backend_job_id:
+            return JobStatus(JobState.UNKNOWN, "no Slurm job id recorded", raw_state="NOT_FOUND")
+        sid = handle.backend_job_id
+        if sid not in queue and acct is None:
+            return JobStatus.unknown("sacct failed")
+        return ss.status_of(queue.get(sid), (acct or {}).get(sid))
+
+    # ----------------------------------------------------------------- status (triggerer side, batched)
+
+    async def aget_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
+        """ONE command for every job (``squeue`` + the new log bytes of running jobs), plus ONE ``sacct`` only
+        when some jobs left the queue or failed. Log bytes read here are handed to :meth:`aget_job_logs`."""
+        entry = await self._entry()
+        ids = sorted({h.backend_job_id for h in handles if h.backend_job_id})
+        readers = [
+            h for h in handles
+            if h.job_id in entry.log_offsets
+            and entry.states.get(h.job_id) in (JobState.PENDING, JobState.RUNNING, JobState.PAUSED)
+        ]  # fmt: skip
+        requests = [line for i, h in enumerate(readers) for line in self._log_requests(h, entry, f"p{i}")]
+        command = ss.squeue_command(ids) + "; printf '@@SQ %d\\n' $?" if ids else "printf '@@SQ 0\\n'"
+        if requests:
+            command += "; " + ss.log_reader_command()
+        result = await entry.run(command, stdin="\n".join(requests).encode() + b"\n" if requests else None)
+        queue_text, _, rest = result.out.partition(ss.SQUEUE_MARK)
+        rc_text, _, log_data = rest.partition(b"\n")
+        squeue_rc = int(rc_text or b"255")
+        if squeue_rc == 0:
+            queue = ss.parse_squeue(queue_text.decode(errors="replace"))
+        elif ss.squeue_says_gone(squeue_rc, result.err_text):
+            queue = {}
+        else:
+            return {h.job_id: JobStatus.unknown(f"squeue failed: {result.err_text[:300]}") for h in handles}
+        now = time.monotonic()
+        need = [i for i in ids if i not in queue or queue[i].state in ss.NEEDS_ACCOUNTING]
+        acct: dict[str, ss.SlurmRecord] | None = {}
+        if need:
+            acct_result = await entry.run(ss.sacct_command(need))
+            acct = ss.parse_sacct(acct_result.text) if acct_result.rc == 0 else None
+        statuses = {}
+        for handle in handles:
+            status = self._status(handle, queue, acct)
+            record = queue.get(handle.backend_job_id)
+            if (
+                status.state is JobState.ERROR and record is not None and status.exit_code is None
+                and record.state == "FAILED"
+            ):  # fmt: skip
+                first = entry.terminal_seen.setdefault(handle.job_id, now)
+                if now - first < ACCOUNTING_GRACE_SECONDS:
+                    status = JobStatus(JobState.RUNNING, "FAILED; waiting for Slurm's accounting record (exit code)")
+            statuses[handle.job_id] = status
+            entry.states[handle.job_id] = status.state
+        chunks = ss.parse_log_chunks(log_data)
+        for i, handle in enumerate(readers):
+            offset = entry.log_offsets[handle.job_id]
+            final = statuses[handle.job_id].state.is_terminal
+            text, new = ss.merge_log_chunks(chunks, f"p{i}", offset, final)
+            entry.log_cache[handle.job_id] = (offset, text, new, final)
+        return statuses
+
+    def _log_requests(self, handle: JobHandle, entry: Any, tag: str) -> list[str]:
+        return ss.log_requests(self.layout(handle.job_id, handle.name), entry.log_offsets[handle.job_id], tag)
+
+    # ----------------------------------------------------------------- logs
+
+    def get_job_logs(self, handle: JobHandle, offset: int = 0, tail: int | None = None) -> tuple[str, int]:
+        layout = self.layout(handle.job_id, handle.name)
+        if tail is not None:
+            return self._parse_tail(self.run(self._tail_command(layout, tail), timeout=60).out)
+        requests = "\n".join(ss.log_requests(layout, offset, "s")) + "\n"
+        result = self.run(ss.log_reader_command(), stdin=requests.encode(), timeout=120)
+        return ss.merge_log_chunks(ss.parse_log_chunks(result.out), "s", offset, final=True)
+
+    @staticmethod
+    def _tail_command(layout: ss.JobLayout, lines: int) -> str:
+        q = shlex.quote
+        return "; ".join(
+            f"printf '@@T %s\\n' \"$(wc -c < {q(path)} 2>/dev/null || echo 0)\"; tail -n {int(lines)} {q(path)} "
+            "2>/dev/null"
+            for path in (layout.out_file, layout.err_file)
+        ) + "; exit 0"
+
+    @staticmethod
+    def _parse_tail(data: bytes) -> tuple[str, int]:
+        sections = data.split(b"@@T ")[1:]
+        texts, sizes = [], []
+        for section in sections:
+            size, _, body = section.partition(b"\n")
+            sizes.append(int(size.strip() or 0))
+            texts.append(body.decode(errors="replace"))
+        while len(sizes) < 2:
+            sizes.append(0)
+        text = "".join(t if t.endswith("\n") or not t else t + "\n" for t in texts)
+        return text, ss.pack_offset(sizes[0], sizes[1])
+
+    async def aget_job_logs(self, handle: JobHandle, offset: int = 0, tail: int | None = None) -> tuple[str, int]:
+        """New log text, mostly for free: the poller already read it in its status command. Pending jobs have no
+        log yet (no command at all); other reads of the same moment are batched into one command."""
+        entry = await self._entry()
+        layout = self.layout(handle.job_id, handle.name)
+        if tail is not None:
+            return self._parse_tail((await entry.run(self._tail_command(layout, tail))).out)
+        job = handle.job_id
+        cached = entry.log_cache.pop(job, None)
+        state = entry.states.get(job)
+        if cached is not None and cached[0] == offset:
+            _, text, new, final = cached
+            if final and not text:  # the last read of a finished job: forget it
+                for table in (entry.states, entry.log_offsets, entry.terminal_seen):
+                    table.pop(job, None)
+                return "", new
+            if final:
+                entry.log_cache[job] = (new, "", new, True)
+            entry.log_offsets[job] = new
+            return text, new
+        entry.log_offsets[job] = offset
+        if state is JobState.PENDING:
+            return "", offset
+        final = state is not None and state.is_terminal
+        text, new = await _batched_read(entry, ss.log_requests(layout, offset, "{tag}"), offset, final)
+        entry.log_offsets[job] = new
+        if final:
+            entry.log_cache[job] = (new, "", new, True)
+        return text, new
+
+    # ----------------------------------------------------------------- cancel, failure facts, resubmission
+
+    def _cancel(self, handle: JobHandle) -> bool:
+        if not handle.backend_job_id:
+            return True
+        result = self.run(f"scancel {shlex.quote(handle.backend_job_id)}", timeout=60)
+        if result.rc == 0 or any(w in result.err_text.lower() for w in ("invalid job id", "already complet")):
+            return True
+        raise SlurmTransportError(f"scancel {handle.backend_job_id} failed: {result.err_text}")
+
+    def failure_facts(self, handle: JobHandle) -> FailureFacts:
+        layout = self.layout(handle.job_id, handle.name)
+        command = ss.failure_facts_command(layout, handle.backend_job_id or "0")
+        return self._facts(handle, self.run(command, timeout=60).text)
+
+    def _facts(self, handle: JobHandle, text: str) -> FailureFacts:
+        acct_text, _, rest = text.partition("@@SQ 0\n")
+        queue_text, _, rest = rest.partition("@@OUT\n")
+        out_text, _, err_text = rest.partition("\n@@ERR\n")
+        sid = handle.backend_job_id
+        queue, acct = ss.parse_squeue(queue_text), ss.parse_sacct(acct_text)
+        status = ss.status_of(queue.get(sid), acct.get(sid))
+        record = acct.get(sid) or queue.get(sid)
+        exit_code = ss.exit_code_of(acct[sid].exit_code) if sid in acct else status.exit_code
+        lines = [*out_text.splitlines(), *err_text.splitlines()]
+        return FailureFacts(
+            exit_code=exit_code,
+            raw_state=record.raw if record else status.raw_state,
+            canceled=record is not None and record.state == "CANCELLED",
+            timed_out=exit_code == ss.INNER_TIMEOUT_EXIT and any(ss.INNER_TIMEOUT_MARK in ln for ln in lines),
+            log_tail=lines,
+            message=status.message,
+            details={
+                "slurm_job_id": sid,
+                "nodes": record.nodes if record else "",
+                "reason": record.reason if record else "",
+                "log": layout_logs(self.layout(handle.job_id, handle.name)),
+            },
+        )
+
+    def resubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
+        if status.state is not JobState.ERROR or not handle.backend_job_id:
+            return None
+        analysis = classify(self.failure_facts(handle))
+        if analysis.err_class not in RESUBMITTABLE:
+            return None
+        command = ss.resubmit_command(self.layout(handle.job_id, handle.name), handle.backend_job_id, self._max())
+        return self._resubmit_verdict(handle, analysis, self.run(command, timeout=60).text)
+
+    async def aresubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
+        """Requeue (same Slurm id, same staged script) a job that ended with a retriable infrastructure failure;
+        the attempt count is kept on the cluster, so no restart of the triggerer ever resubmits twice."""
+        if status.state is not JobState.ERROR or not handle.backend_job_id:
+            return None
+        entry = await self._entry()
+        layout = self.layout(handle.job_id, handle.name)
+        facts = self._facts(handle, (await entry.run(ss.failure_facts_command(layout, handle.backend_job_id))).text)
+        analysis = classify(facts)
+        if analysis.err_class not in RESUBMITTABLE:
+            return None
+        result = await entry.run(ss.resubmit_command(layout, handle.backend_job_id, self._max()))
+        note = self._resubmit_verdict(handle, analysis, result.text)
+        if note is not None:
+            entry.states[handle.job_id] = JobState.PENDING
+            entry.terminal_seen.pop(handle.job_id, None)
+        return note
+
+    def _max(self) -> int:
+        """The connection's bound; a job's own bound (backend_details) was staged in meta/max_resubmits."""
+        return int(self.setting("max_resubmits", 3))
+
+    def _resubmit_verdict(self, handle: JobHandle, analysis: Any, text: str) -> str | None:
+        line = next((ln for ln in text.splitlines() if ln.startswith("@@RS ")), "@@RS FAILED no answer")
+        verdict, *rest = line[5:].split(" ")
+        why = f"{analysis.err_class.value}: {analysis.evidence[0] if analysis.evidence else analysis.suggestion}"
+        if verdict == "REQUEUED":
+            used, limit, state = rest[:3]
+            return (
+                f"Slurm job {handle.backend_job_id} ended {state} with a retriable infrastructure failure ({why}); "
+                f"requeued it (resubmission {used} of {limit}, same job id and staged script)"
+            )
+        if verdict == "ACTIVE":
+            return f"Slurm job {handle.backend_job_id} was already requeued (now {' '.join(rest)})"
+        self.log.warning(
+            "Not resubmitting Slurm job %s (%s): %s", handle.backend_job_id, why, " ".join([verdict, *rest])
+        )
+        return None
+
+    # ----------------------------------------------------------------- paths and marks
+
+    def check_path(self, uri: str) -> bool:
+        path = self._cluster_input(uri)
+        if path is None:
+            raise JobValidationError("uri", f"{uri!r} is not a cluster path", "Check remote objects with their hook")
+        return self.run(f"test -e {shlex.quote(path)}", timeout=60).rc == 0
+
+    def list_path(self, uri: str) -> list[str]:
+        path = self._cluster_input(uri)
+        if path is None:
+            raise JobValidationError("uri", f"{uri!r} is not a cluster path", "List remote objects with their hook")
+        result = self.run(f"[ -d {shlex.quote(path)} ] && ls -1A -- {shlex.quote(path)}; exit 0", timeout=60)
+        return sorted(result.text.splitlines())
+
+    def read_marks(self, handle: JobHandle) -> dict[str, Any]:
+        result = self.run(ss.marks_read_command(self.layout(handle.job_id, handle.name)), timeout=60)
+        return dict(line.split("=", 1) for line in result.text.splitlines() if "=" in line)
+
+    def write_mark(self, handle: JobHandle, key: str, value: Any) -> None:
+        result = self.run(ss.mark_write_command(self.layout(handle.job_id, handle.name), key, str(value)), timeout=60)
+        if result.rc != 0:
+            raise SlurmTransportError(f"writing mark {key} of job {handle.job_id} failed: {result.err_text}")
+
+
+def layout_logs(layout: ss.JobLayout) -> str:
+    return f"{layout.out_file} | {layout.err_file}"
+
+
+async def _batched_read(entry: Any, requests: list[str], offset: int, final: bool) -> tuple[str, int]:
+    """Read one job's logs; reads asked for in the same moment share one remote command."""
+    future: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
+    entry.pending_reads.append(((requests, offset, final), future))
+    if entry.read_task is None or entry.read_task.done():
+        entry.read_task = asyncio.create_task(_flush_reads(entry))
+    return await future
+
+
+async def _flush_reads(entry: Any) -> None:
+    await asyncio.sleep(0.02)
+    batch, entry.pending_reads = entry.pending_reads, []
+    lines = [r.format(tag=f"b{i}") for i, ((requests, _, _), _) in enumerate(batch) for r in requests]
+    try:
+        result = await entry.run(ss.log_reader_command(), stdin=("\n".join(lines) + "\n").encode())
+        chunks = ss.parse_log_chunks(result.out)
+    except Exception as exc:
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(exc)
+        return
+    for i, ((_, offset, final), future) in enumerate(batch):
+        if not future.done():
+            future.set_result(ss.merge_log_chunks(chunks, f"b{i}", offset, final))
+

@@ -1,0 +1,152 @@
+"""Fixtures for end-to-end tests against a real ``airflow standalone`` (see ``airflow_harness.py``).
+
+Fixtures:
+
+* ``airflow_standalone_config`` (module scope): the :class:`StandaloneConfig` a test module wants.
+  The default points at ``tests/e2e/dags`` with no extra environment. A module (or a conftest
+  below this one) overrides it by defining a fixture of the same name, e.g.::
+
+      @pytest.fixture(scope="module")
+      def airflow_standalone_config(tmp_path_factory) -> StandaloneConfig:
+          return StandaloneConfig(dags_folder=E2E_DAGS, extra_env={"AIRFLOW_CONN_TAO_LOCAL": "..."})
+
+* ``airflow_standalone`` (module scope, backed by one session-wide pool): a running, healthy
+  :class:`AirflowStandalone` for that config. Modules with equal configs share one instance for
+  the whole session; a module with a different config stops the running instance and starts
+  another (only one runs at a time: each takes about 1 GiB PSS). Teardown (at session end or on a
+  switch) kills the process group and fails if anything of the instance survives.
+* ``airflow_client``: ``airflow_standalone.client`` (an :class:`AirflowClient`).
+
+Every test under ``tests/e2e`` gets the ``e2e`` marker. The terminal summary reports, per instance,
+the time to healthy and peak memory, and the duration of each e2e test.
+
+Modules import the harness as ``from airflow_harness import ...`` (this file puts its folder on
+``sys.path`` whatever pytest's import mode).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+E2E_DIR = Path(__file__).resolve().parent
+if str(E2E_DIR) not in sys.path:
+    sys.path.insert(0, str(E2E_DIR))
+
+from airflow_harness import (  # noqa: E402
+    AirflowClient,
+    AirflowStandalone,
+    StandaloneConfig,
+)
+
+E2E_DAGS = E2E_DIR / "dags"
+"""The DAGs folder shared by the e2e tests."""
+
+_POOL_KEY = pytest.StashKey["StandalonePool"]()
+
+
+class StandalonePool:
+    """Hands out running standalone instances; keeps at most one alive and reuses it for equal configs."""
+
+    def __init__(self, base_dir: Path) -> None:
+        self.base_dir = base_dir
+        self.current: AirflowStandalone | None = None
+        self.history: list[AirflowStandalone] = []
+
+    def acquire(self, config: StandaloneConfig) -> AirflowStandalone:
+        """Return a healthy instance for ``config``, starting one (and stopping another) if needed."""
+        if self.current is not None and self.current.config == config and self.current.is_running():
+            return self.current
+        self.release()
+        instance = AirflowStandalone(config, base_dir=self.base_dir)
+        self.history.append(instance)
+        instance.start()
+        self.current = instance
+        return instance
+
+    def release(self) -> None:
+        """Stop the running instance, if any (raises if processes of it survive)."""
+        instance, self.current = self.current, None
+        if instance is not None:
+            instance.stop()
+
+
+@pytest.fixture(scope="session")
+def airflow_standalone_pool(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[StandalonePool]:
+    """Session-wide owner of the running standalone instance(s)."""
+    pool = StandalonePool(tmp_path_factory.mktemp("airflow"))
+    request.config.stash[_POOL_KEY] = pool
+    yield pool
+    pool.release()
+
+
+#: Jobs and results folders of the ``tao_e2e`` local connection, shared by every e2e module (one instance).
+TAO_E2E_ROOT = Path(tempfile.mkdtemp(prefix="tao-e2e-"))
+TAO_E2E_CONN = json.dumps(
+    {
+        "conn_type": "tao_local",
+        "extra": {
+            "jobs_dir": str(TAO_E2E_ROOT / "jobs"),
+            "results_root": str(TAO_E2E_ROOT / "results"),
+            "cancel_grace_seconds": 5,
+        },
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def airflow_standalone_config() -> StandaloneConfig:
+    """Default config: the shared ``tests/e2e/dags`` folder and the ``tao_e2e`` connection. Override per module."""
+    return StandaloneConfig(dags_folder=E2E_DAGS, extra_env={"AIRFLOW_CONN_TAO_E2E": TAO_E2E_CONN})
+
+
+@pytest.fixture(scope="module")
+def airflow_standalone(
+    airflow_standalone_pool: StandalonePool, airflow_standalone_config: StandaloneConfig
+) -> AirflowStandalone:
+    """A running, healthy ``airflow standalone`` for this module's config (shared while configs are equal)."""
+    return airflow_standalone_pool.acquire(airflow_standalone_config)
+
+
+@pytest.fixture
+def airflow_client(airflow_standalone: AirflowStandalone) -> AirflowClient:
+    """REST client of the running standalone."""
+    return airflow_standalone.client
+
+
+_e2e_nodeids: set[str] = set()
+_durations: dict[str, float] = {}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_DIR in item.path.resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+            _e2e_nodeids.add(item.nodeid)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.nodeid in _e2e_nodeids:
+        _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
+    pool = config.stash.get(_POOL_KEY, None)
+    if pool is None:
+        return
+    terminalreporter.section("airflow standalone (e2e harness)")
+    for index, instance in enumerate(pool.history, 1):
+        terminalreporter.write_line(
+            f"instance {index}: dags={instance.config.dags_folder} home={instance.home}\n    {instance.stats.summary()}"
+        )
+        for line in instance.stats.killed_at_stop:
+            terminalreporter.write_line(f"    killed at stop: {line}")
+    for nodeid, seconds in _durations.items():
+        terminalreporter.write_line(f"{seconds:7.1f}s  {nodeid}  (setup+call+teardown)")
