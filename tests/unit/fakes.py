@@ -24,12 +24,21 @@ class FakeHook(TAOPlatformHook):
     jobs: dict[str, dict[str, Any]] = {}
     status_calls: list[list[str]] = []
     logs: dict[str, str] = {}
+    resubmit_budget: int = 0
 
     @classmethod
     def reset(cls) -> None:
         cls.jobs = {}
         cls.status_calls = []
         cls.logs = {}
+        cls.resubmit_budget = 0
+
+    def resubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
+        if type(self).resubmit_budget <= 0:
+            return None
+        type(self).resubmit_budget -= 1
+        self.jobs[handle.job_id]["state"] = JobState.RUNNING
+        return "infrastructure failure: resubmitted"
 
     def create_job(self, spec: JobSpec, try_number: int = 1) -> JobHandle:
         handle = JobHandle(

@@ -58,6 +58,22 @@ async def test_terminal_states_map_to_outcomes(fake_platform: type[FakeHook], st
     assert (await _first_event(_trigger(handle)))["status"] == outcome
 
 
+async def test_retriable_failure_is_resubmitted_by_the_trigger_and_watched_on(
+    fake_platform: type[FakeHook], capsys: pytest.CaptureFixture[str]
+) -> None:
+    handle = _submit(fake_platform)
+    fake_platform.jobs[handle.job_id]["state"] = JobState.ERROR
+    fake_platform.resubmit_budget = 1
+
+    async def finish() -> None:
+        await asyncio.sleep(0.2)
+        fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
+
+    asyncio.get_running_loop().create_task(finish())
+    assert (await _first_event(_trigger(handle)))["status"] == "complete"
+    assert "infrastructure failure: resubmitted" in capsys.readouterr().out
+
+
 async def test_many_triggers_share_one_status_call_per_interval(fake_platform: type[FakeHook]) -> None:
     handles = [_submit(fake_platform) for _ in range(50)]
     tasks = [asyncio.ensure_future(_first_event(_trigger(h, poll_interval=0.05, stream_logs=False))) for h in handles]
