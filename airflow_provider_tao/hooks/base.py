@@ -172,6 +172,20 @@ class TAOPlatformHook(BaseHook):
     def get_job_results_dir(self, handle: JobHandle) -> str:
         return handle.results_dir
 
+    def default_results_root(self) -> str | None:
+        """The platform's persistent results root, exported into jobs as ``TAO_RESULTS_ROOT``; None if none."""
+        return None
+
+    def results_dir_for(self, spec: JobSpec) -> str:
+        """Where a job's results land -- the in-job runner's order: an explicit root (``results_uri``), the
+        platform's persistent root, ``s3://$S3_BUCKET_NAME/results``, else the job's own ``/results``."""
+        root = spec.results_uri or self.default_results_root()
+        if root:
+            return f"{root.rstrip('/')}/{spec.job_id}"
+        if bucket := spec.env.get("S3_BUCKET_NAME"):
+            return f"s3://{bucket.removeprefix('s3://').strip('/')}/results/{spec.job_id}"
+        return f"/results/{spec.job_id}"
+
     def check_path(self, uri: str) -> bool:
         raise NotImplementedError
 

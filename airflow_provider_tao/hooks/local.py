@@ -27,6 +27,7 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,9 @@ class LocalHook(TAOPlatformHook):
         self.load_connection()
         return float(self.setting("cancel_grace_seconds", 10))
 
+    def default_results_root(self) -> str:
+        return str(self.results_root)
+
     def _job_dir(self, handle: JobHandle) -> Path:
         return self.jobs_dir / handle.job_id
 
@@ -138,11 +142,11 @@ class LocalHook(TAOPlatformHook):
                 f"asked for {spec.gpu_count} GPU(s) but this worker host has {len(gpus)} visible",
                 "Use gpu_count=0 to run without GPUs, -1 for all visible GPUs, or a platform that has GPUs",
             )
-        if spec.results_uri and "://" in spec.results_uri and not spec.results_uri.startswith("file://"):
+        if spec.results_uri and not (spec.results_uri.startswith(("s3://", "file://", "/"))):
             raise JobValidationError(
                 "results_uri",
-                f"{spec.results_uri!r} is not a local folder",
-                "On the local platform use an absolute path or file:// URI",
+                f"{spec.results_uri!r} is neither a local folder nor an s3:// URI",
+                "On the local platform use an absolute path, a file:// URI, or s3:// with storage_conn_id",
             )
         if spec.image:
             self.log.warning("image=%r is ignored on the local platform: the job runs on the worker host", spec.image)
@@ -160,9 +164,13 @@ class LocalHook(TAOPlatformHook):
         job_dir.mkdir(mode=0o700)
         for sub in ("marks", "files", "work"):
             (job_dir / sub).mkdir(mode=0o700)
-        results_root = Path(spec.results_uri.removeprefix("file://")) if spec.results_uri else self.results_root
-        results_dir = results_root / spec.job_id
-        results_dir.mkdir(parents=True, exist_ok=True)
+        spec = replace(spec, results_uri=spec.results_uri and spec.results_uri.removeprefix("file://"))
+        results_dir = self.results_dir_for(spec)
+        # A local results root is TAO_RESULTS_ROOT; an s3:// one is uploaded to by the in-job runner.
+        results_root = Path(spec.results_uri) if spec.results_uri and spec.results_uri.startswith("/") else None
+        results_root = results_root or self.results_root
+        if not results_dir.startswith("s3://"):
+            Path(results_dir).mkdir(parents=True, exist_ok=True)
         for name, content in spec.files.items():
             target = (job_dir / "files" / name).resolve()
             if not target.is_relative_to((job_dir / "files").resolve()):
@@ -175,7 +183,7 @@ class LocalHook(TAOPlatformHook):
             conn_id=self.conn_id,
             job_id=spec.job_id,
             name=spec.name,
-            results_dir=str(results_dir),
+            results_dir=results_dir,
             try_number=try_number,
             console_url=(job_dir / "job.log").as_uri(),
         )

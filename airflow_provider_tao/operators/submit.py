@@ -32,13 +32,14 @@ from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook, platform_fo
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESULTS_DIR, TAOJobLink
+from airflow_provider_tao.operators.staging import S3StagingMixin
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_provider_tao.hooks.base import TAOPlatformHook
 
-#: ``task_state_store`` key of this task instance's job: ``{"handle": {...}, "consumed": bool}``.
+#: ``task_state_store`` key of this task instance's job: ``{"handle": {...}, "consumed": bool, "outputs": {...}}``.
 STATE_KEY = "tao_job"
 #: How long the platform may stay unanswerable before the task gives up on this try.
 MAX_UNKNOWN_SECONDS = 600.0
@@ -48,10 +49,15 @@ def _readable(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-class TAOSubmitOperator(BaseOperator):
+class TAOSubmitOperator(S3StagingMixin, BaseOperator):
     """Run a (TAO or any) GPU training job on a TAO platform and wait until it ends.
 
-    :param command: what the job runs: a string (run by exactly one ``/bin/bash -c``) or an argv list.
+    With ``specs``, ``args``, ``inputs``, ``outputs`` or ``storage_conn_id`` the job runs through the in-job runner,
+    which downloads the inputs, writes the spec, runs the command and commits the outputs with a manifest (modes as
+    in the TAO SDK: ``specs`` -> config, ``args`` -> args, neither -> passthrough).
+
+    :param command: what the job runs: a string (run by exactly one ``/bin/bash -c``) or an argv list. Only the
+        placeholders ``{config_path}``, ``{results_dir}`` and ``{job_id}`` are replaced (runner jobs only).
     :param conn_id: a ``tao_*`` Airflow connection; its type decides the platform. Optional for ``local``.
     :param platform: the platform name (``local``, ...); optional when ``conn_id`` is given, checked against it.
     :param image: container image: a ``versions.yaml`` key such as ``tao_toolkit.pyt`` or an image URI.
@@ -60,7 +66,17 @@ class TAOSubmitOperator(BaseOperator):
     :param num_nodes: nodes for a multi-node job (platforms that support it).
     :param env: environment variables of the job (values must be strings).
     :param backend_details: platform-specific settings (partition, instance type, ``mem_limit``, ...).
-    :param results_uri: where results go; wins over the platform's default results location.
+    :param specs: config mode: the nested spec written at ``{config_path}`` (dicts, not flat dotted keys).
+    :param args: args mode: ``{name: value}`` appended to the command as ``--name value``.
+    :param inputs: config/args mode: dotted spec paths / arg names whose URIs are downloaded into the job;
+        passthrough: ``{container_path: uri}``. Every input is checked to exist before submission.
+    :param outputs: config/args mode: dotted spec paths / arg names to commit; passthrough: container paths.
+    :param config_format: ``yaml``, ``toml`` or ``json``.
+    :param upload_excludes: fnmatch patterns of output files not to upload.
+    :param storage_conn_id: an ``aws`` connection for S3 inputs / outputs; its credentials reach the job as
+        secret environment variables only.
+    :param results_uri: results root (absolute path or ``s3://``); the job's results land in
+        ``<results_uri>/<job_id>``. Wins over the platform's default results location.
     :param job_name: a readable prefix of the job name; the platform name is ``<job_name>-<id>`` where ``<id>``
         is derived from dag, task, run and map index, so every try of one task instance finds the same job.
     :param deferrable: wait in the triggerer instead of on a worker (default ``[operators] default_deferrable``).
@@ -69,8 +85,25 @@ class TAOSubmitOperator(BaseOperator):
     :param cancel_on_kill: cancel the job when the task is killed, marked failed/success, cleared or times out.
     """
 
-    template_fields: Sequence[str] = ("command", "image", "env", "job_name", "results_uri", "backend_details")
-    template_fields_renderers = {"command": "bash", "env": "json", "backend_details": "json"}
+    template_fields: Sequence[str] = (
+        "command",
+        "image",
+        "env",
+        "job_name",
+        "results_uri",
+        "backend_details",
+        "specs",
+        "args",
+        "inputs",
+        "outputs",
+    )
+    template_fields_renderers = {
+        "command": "bash",
+        "env": "json",
+        "backend_details": "json",
+        "specs": "json",
+        "args": "json",
+    }
     operator_extra_links = (TAOJobLink(),)
     ui_color = "#76b900"
 
@@ -85,6 +118,13 @@ class TAOSubmitOperator(BaseOperator):
         num_nodes: int = 1,
         env: dict[str, str] | None = None,
         backend_details: dict[str, Any] | None = None,
+        specs: dict[str, Any] | None = None,
+        args: dict[str, Any] | None = None,
+        inputs: dict[str, Any] | list[str] | None = None,
+        outputs: dict[str, Any] | list[str] | None = None,
+        config_format: str = "yaml",
+        upload_excludes: list[str] | None = None,
+        storage_conn_id: str | None = None,
         results_uri: str | None = None,
         job_name: str | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
@@ -102,6 +142,13 @@ class TAOSubmitOperator(BaseOperator):
         self.num_nodes = num_nodes
         self.env = env or {}
         self.backend_details = backend_details or {}
+        self.specs = specs
+        self.args = args
+        self.inputs = inputs
+        self.outputs = outputs
+        self.config_format = config_format
+        self.upload_excludes = upload_excludes
+        self.storage_conn_id = storage_conn_id
         self.results_uri = results_uri
         self.job_name = job_name
         self.deferrable = deferrable
@@ -222,7 +269,7 @@ class TAOSubmitOperator(BaseOperator):
     def _run(self, context: Context, *, reattach: bool) -> dict[str, Any]:
         try:
             hook = self._hook()
-            spec = self._job_spec(context, hook)
+            spec, outputs = self.stage(self._job_spec(context, hook), hook)
             hook.validate_spec(spec)
         except JobValidationError as exc:
             raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
@@ -242,7 +289,8 @@ class TAOSubmitOperator(BaseOperator):
             handle = hook.create_job(spec, try_number=try_number)
             self.log.info("Submitted %s job %s (%s)", hook.platform, handle.job_id, handle.name)
         self._handle = handle
-        context["task_state_store"].set(STATE_KEY, {"handle": handle.to_json(), "consumed": False})
+        record: dict[str, Any] = {"handle": handle.to_json(), "consumed": False, "outputs": outputs}
+        context["task_state_store"].set(STATE_KEY, record)
         self._publish(context, handle)
         if self.deferrable:
             from airflow_provider_tao.triggers.job import TAOJobTrigger
@@ -364,8 +412,11 @@ class TAOSubmitOperator(BaseOperator):
         return self._fail(hook, handle, status)
 
     def _succeed(self, context: Context, handle: JobHandle, status: JobStatus) -> dict[str, Any]:
+        store = context["task_state_store"]
+        record = store.get(STATE_KEY)
+        outputs = record.get("outputs") if isinstance(record, dict) else None
         # Mark the job's result as used, so clearing a successful task runs the job again instead of reusing it.
-        context["task_state_store"].set(STATE_KEY, {"handle": handle.to_json(), "consumed": True})
+        store.set(STATE_KEY, {"handle": handle.to_json(), "consumed": True, "outputs": outputs or {}})
         self.log.info("Job %s completed; results in %s", handle.job_id, handle.results_dir)
         return {
             "job_id": handle.job_id,
@@ -375,7 +426,7 @@ class TAOSubmitOperator(BaseOperator):
             "state": status.state.value,
             "exit_code": status.exit_code,
             "results_dir": handle.results_dir,
-            "outputs": [],
+            "outputs": outputs or {},
             "console_url": handle.console_url,
         }
 

@@ -20,29 +20,20 @@ Fixtures:
 Every test under ``tests/e2e`` gets the ``e2e`` marker. The terminal summary reports, per instance,
 the time to healthy and peak memory, and the duration of each e2e test.
 
-Modules import the harness as ``from airflow_harness import ...`` (this file puts its folder on
-``sys.path`` whatever pytest's import mode).
+Modules import the harness as ``from tests.e2e.airflow_harness import ...``.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-E2E_DIR = Path(__file__).resolve().parent
-if str(E2E_DIR) not in sys.path:
-    sys.path.insert(0, str(E2E_DIR))
+from tests.e2e.airflow_harness import AirflowClient, AirflowStandalone, StandaloneConfig
+from tests.e2e.tao_connection import TAO_E2E_CONN
 
-from airflow_harness import (  # noqa: E402
-    AirflowClient,
-    AirflowStandalone,
-    StandaloneConfig,
-)
+E2E_DIR = Path(__file__).resolve().parent
 
 E2E_DAGS = E2E_DIR / "dags"
 """The DAGs folder shared by the e2e tests."""
@@ -85,20 +76,6 @@ def airflow_standalone_pool(
     request.config.stash[_POOL_KEY] = pool
     yield pool
     pool.release()
-
-
-#: Jobs and results folders of the ``tao_e2e`` local connection, shared by every e2e module (one instance).
-TAO_E2E_ROOT = Path(tempfile.mkdtemp(prefix="tao-e2e-"))
-TAO_E2E_CONN = json.dumps(
-    {
-        "conn_type": "tao_local",
-        "extra": {
-            "jobs_dir": str(TAO_E2E_ROOT / "jobs"),
-            "results_root": str(TAO_E2E_ROOT / "results"),
-            "cancel_grace_seconds": 5,
-        },
-    }
-)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from airflow_harness import HEALTH_COMPONENTS, AirflowStandalone, HarnessError, StandaloneConfig, wait_until
+
+from tests.e2e.airflow_harness import HEALTH_COMPONENTS, AirflowStandalone, HarnessError, StandaloneConfig, wait_until
 
 DEFERRED_DAG = "e2e_smoke_deferred"
 KILL_DAG = "e2e_smoke_worker_kill"

@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from airflow_harness import AirflowClient, AirflowStandalone, wait_until
-from conftest import TAO_E2E_CONN
 
 from airflow_provider_tao.hooks.local import LocalHook
 from airflow_provider_tao.jobs import JobHandle, JobState
+from tests.e2e.airflow_harness import AirflowClient, AirflowStandalone, wait_until
+from tests.e2e.tao_connection import TAO_E2E_CONN
 
 TASK = "train"
 

@@ -48,7 +48,7 @@ def test_submit_stores_handle_pushes_links_then_defers(fake_platform: type[FakeH
     assert deferred.timeout is None  # the trigger owns the deadline, so the job is canceled at timeout
     (job,) = fake_platform.jobs.values()
     handle = job["handle"]
-    assert store.data[STATE_KEY] == {"handle": handle.to_json(), "consumed": False}
+    assert store.data[STATE_KEY] == {"handle": handle.to_json(), "consumed": False, "outputs": {}}
     pushed = {c.kwargs["key"]: c.kwargs["value"] for c in context["ti"].xcom_push.call_args_list}
     assert pushed == {
         XCOM_JOB_ID: handle.job_id,

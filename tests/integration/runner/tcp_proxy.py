@@ -1,0 +1,60 @@
+"""A loopback TCP proxy a test can kill mid-transfer (the S3 endpoint "dies" under the runner)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+
+
+class TcpProxy:
+    """Forwards loopback TCP to a target; ``kill()`` resets every connection and stops listening."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.alive = True
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while self.alive:
+            try:
+                client, _ = self.listener.accept()
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                return
+            with self.lock:
+                self.sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def kill(self) -> None:
+        self.alive = False
+        self.listener.close()
+        with self.lock:
+            for sock in self.sockets:
+                try:  # RST, not FIN: the client sees "connection reset", as when an endpoint dies
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    sock.close()
+                except OSError:
+                    pass
