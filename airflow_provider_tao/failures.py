@@ -78,7 +78,8 @@ LOG_SIGNATURES: tuple[_Signature, ...] = (
         r"Insufficient (?:nvidia\.com/gpu|gpu|capacity)|no capacity|out of capacity|QOSMaxGRESPerUser",
         ErrClass.ERR_CAPACITY,
     ),
-    _sig(r"DUE TO TIME LIMIT|DUE TO PREEMPTION", ErrClass.ERR_TIMEOUT),
+    _sig(r"DUE TO PREEMPTION", ErrClass.ERR_PREEMPTED),
+    _sig(r"DUE TO TIME LIMIT", ErrClass.ERR_TIMEOUT),
 )
 
 # The platform's own words for a state, upper-cased (SLURM, Kubernetes, Docker, Lepton, Brev).
@@ -149,7 +150,7 @@ def runner_verdict(lines: Sequence[str]) -> tuple[ErrClass, str] | None:
         try:
             payload = json.loads(line[start + len(RUNNER_FAILURE_PREFIX) :])
             return ErrClass(payload["err_class"]), str(payload.get("message", ""))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # the job's own text: anything can be there
             continue
     return None
 

@@ -234,6 +234,8 @@ class TAOPlatformHook(BaseHook):
                 "Not canceling job %s: try %s owns it now (this is try %s)", handle.job_id, owner, handle.try_number
             )
             return False
+        if self.get_job_status(handle).state.is_terminal:
+            return True  # nothing to stop, and a finished job keeps its own verdict (not "canceled")
         self.write_mark(handle, MARK_CANCEL, handle.try_number)
         self.log.info("Canceling job %s (%s) on %s", handle.job_id, handle.backend_job_id, self.platform)
         return self._cancel(handle)

@@ -131,6 +131,17 @@ class LocalHook(TAOPlatformHook):
     def _job_dir(self, handle: JobHandle) -> Path:
         return self.jobs_dir / handle.job_id
 
+    def test_connection(self) -> tuple[bool, str]:
+        """The UI's "Test" button: the jobs and results folders must be writable."""
+        try:
+            for folder in (self.jobs_dir, self.results_root):
+                folder.mkdir(parents=True, exist_ok=True)
+                if not os.access(folder, os.W_OK | os.X_OK):
+                    return False, f"{folder} is not writable by the worker user"
+        except Exception as exc:
+            return False, str(exc)
+        return True, f"jobs in {self.jobs_dir}, results in {self.results_root}; {len(visible_gpus())} GPU(s) visible"
+
     # ----------------------------------------------------------------- validation
 
     def validate_spec(self, spec: JobSpec) -> None:
@@ -148,6 +159,9 @@ class LocalHook(TAOPlatformHook):
                 f"{spec.results_uri!r} is neither a local folder nor an s3:// URI",
                 "On the local platform use an absolute path, a file:// URI, or s3:// with storage_conn_id",
             )
+        for name in spec.files:
+            if Path(name).is_absolute() or ".." in Path(name).parts:
+                raise JobValidationError("files", f"{name!r} points outside the job folder", "Use relative names")
         if spec.image:
             self.log.warning("image=%r is ignored on the local platform: the job runs on the worker host", spec.image)
 
@@ -172,9 +186,7 @@ class LocalHook(TAOPlatformHook):
         if not results_dir.startswith("s3://"):
             Path(results_dir).mkdir(parents=True, exist_ok=True)
         for name, content in spec.files.items():
-            target = (job_dir / "files" / name).resolve()
-            if not target.is_relative_to((job_dir / "files").resolve()):
-                raise JobValidationError("files", f"{name!r} points outside the job folder", "Use relative names")
+            target = job_dir / "files" / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content)
             target.chmod(0o600)
@@ -207,6 +219,8 @@ class LocalHook(TAOPlatformHook):
                 close_fds=True,
             )
         handle = JobHandle(**{**handle.to_json(), "backend_job_id": str(proc.pid)})
+        meta = {**(_read_json(job_dir / "meta.json") or {}), **handle.to_json()}
+        supervisor.write_json_atomic(job_dir / "meta.json", meta)
         self.log.info(
             "Started local job %s (%s) as process group %s; log: %s",
             spec.job_id,
@@ -282,8 +296,7 @@ class LocalHook(TAOPlatformHook):
                 f"within {LAUNCH_TIMEOUT_SECONDS:.0f} s (the submitting worker died?)",
                 raw_state="LOST",
             )
-        # The supervisor leads its own process group; the group is alive while any non-zombie member is.
-        if int(pid["pgid"]) in live:
+        if _group_alive(pid, live):
             state = JobState.CANCELING if canceling else JobState.RUNNING
             return JobStatus(state, f"process group {pid['pgid']}", raw_state="RUNNING")
         # Dead: look again for the exit file, which the supervisor may have written just before exiting.
@@ -328,19 +341,24 @@ class LocalHook(TAOPlatformHook):
                 data = log.read(LOG_CHUNK_BYTES)
         except FileNotFoundError:
             return "", offset
+        data = data[: _utf8_safe_end(data)]  # a character cut by the chunk boundary comes with the next chunk
         return data.decode(errors="replace"), offset + len(data)
 
     # ----------------------------------------------------------------- cancel / failure analysis
 
     def _cancel(self, handle: JobHandle) -> bool:
         job_dir = self._job_dir(handle)
-        pid = _read_json(job_dir / "pid")
+        # The cancel mark is already written: a supervisor that has not recorded itself yet will see it and not
+        # start the command; one that has is killed below.
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_SECONDS
+        while (pid := _read_json(job_dir / "pid")) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         if pid is None or self._finished(handle) is not None:
             return True
         pgid = int(pid["pgid"])
         for sig, grace in ((signal.SIGTERM, self.cancel_grace_seconds), (signal.SIGKILL, 5.0)):
-            if not supervisor.group_members(pgid):
-                return True
+            if not _group_alive(pid, supervisor.live_groups()):
+                return True  # gone -- or the number now belongs to another program, which we must not signal
             try:
                 os.killpg(pgid, sig)
             except ProcessLookupError:
@@ -385,3 +403,27 @@ class LocalHook(TAOPlatformHook):
         tmp = marks / f".{key}.{uuid.uuid4().hex}"
         tmp.write_text(str(value))
         os.replace(tmp, marks / key)
+
+
+def _group_alive(pid: dict[str, Any], live: set[int]) -> bool:
+    """Whether the job's process group still runs -- and is still the job's: after a reboot or pid wrap-around
+    the recorded number may belong to another program (its leader then has another start time)."""
+    if pid.get("boot_id") and pid["boot_id"] != supervisor.boot_id():
+        return False
+    if int(pid["pgid"]) not in live:
+        return False
+    ticks = supervisor.start_ticks(int(pid["pid"]))
+    # Leader gone but members left: the kernel never hands out a pid still in use as a process group id.
+    # A record without a start time was not written by our supervisor and cannot be verified.
+    return ticks is None or (pid.get("start_ticks") is not None and ticks == pid["start_ticks"])
+
+
+def _utf8_safe_end(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` that does not end inside a UTF-8 sequence."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:  # a continuation byte: keep looking for its lead byte
+            continue
+        need = 1 if byte < 0x80 else 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
+        return len(data) if need <= back else len(data) - back
+    return len(data)

@@ -17,18 +17,36 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 STRAGGLER_GRACE_SECONDS = 2.0
 
 
-def write_json_atomic(path: Path, data: dict[str, object]) -> None:
+def write_json_atomic(path: Path, data: Mapping[str, object]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as handle:
         json.dump(data, handle)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+def start_ticks(pid: int) -> int | None:
+    """Start time of a process in clock ticks since boot (field 22 of /proc/<pid>/stat): with the boot id it
+    tells a recorded process from a later one that got the same pid."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _live_processes() -> list[tuple[int, int]]:
@@ -70,11 +88,20 @@ def _stop_stragglers(pgid: int) -> None:
             time.sleep(0.05)
 
 
+def _run(argv: list[str], cwd: str, log: BinaryIO, stop_requested: list[int]) -> int:
+    try:
+        child = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    except OSError as exc:
+        log.write(f"tao-local: cannot start {argv[0]!r}: {exc}\n".encode())
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+    if stop_requested:  # the signal came while the child was being created, before it was in our group
+        child.terminate()
+    return child.wait()
+
+
 def main(job_dir: str) -> int:
     job = Path(job_dir)
     pid = os.getpid()
-    write_json_atomic(job / "pid", {"pid": pid, "pgid": os.getpgid(0)})
-    launch = json.loads((job / "launch.json").read_text())
     stop_requested: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -83,16 +110,17 @@ def main(job_dir: str) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
+    # Record ourselves first, then look for a cancel: a cancel that came before this point finds no pid file
+    # and waits for it, so either it sees the mark here or it kills our group afterwards.
+    identity = {"pid": pid, "pgid": os.getpgid(0), "start_ticks": start_ticks(pid), "boot_id": boot_id()}
+    write_json_atomic(job / "pid", identity)
+    launch = json.loads((job / "launch.json").read_text())
     with open(job / "job.log", "ab", buffering=0) as log:
-        try:
-            child = subprocess.Popen(
-                launch["argv"], cwd=launch["cwd"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-            )
-        except OSError as exc:
-            log.write(f"tao-local: cannot start {launch['argv'][0]!r}: {exc}\n".encode())
-            returncode = 127 if isinstance(exc, FileNotFoundError) else 126
+        if (job / "marks" / "cancel_requested_by").exists() or stop_requested:
+            log.write(b"tao-local: canceled before the command started\n")
+            returncode = -signal.SIGTERM
         else:
-            returncode = child.wait()
+            returncode = _run(list(launch["argv"]), str(launch["cwd"]), log, stop_requested)
     _stop_stragglers(os.getpgid(0))
     write_json_atomic(job / "exit_code", {"exit_code": returncode, "finished_at": time.time()})
     return 0

@@ -40,7 +40,7 @@ def marks(tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def dags(airflow_standalone: AirflowStandalone) -> Iterator[AirflowClient]:
     client = airflow_standalone.client
-    for dag_id in ("tao_e2e_deferred", "tao_e2e_sync"):
+    for dag_id in ("tao_e2e_deferred", "tao_e2e_sync", "tao_e2e_keep"):
         client.wait_for_dag(dag_id, timeout=90)
         client.unpause_dag(dag_id)
     yield client
@@ -99,8 +99,15 @@ def _wait_watched(client: AirflowClient, dag_id: str, run_id: str) -> None:
 def test_a_deferred_run_succeeds_through_the_triggerer_and_links_resolve_while_deferred(
     dags: AirflowClient, marks: Path
 ) -> None:
-    run_id = _start(dags, "tao_e2e_deferred", marks, seconds=6)
+    run_id = _start(dags, "tao_e2e_deferred", marks, seconds=10)
     dags.wait_for_task_instance("tao_e2e_deferred", run_id, TASK, ["deferred"], timeout=90)
+    # the job's own log lines reach the task log while the task is still deferred
+    wait_until(
+        lambda: "[job] tick 2" in dags.get_task_log_safe("tao_e2e_deferred", run_id, TASK, 1),
+        timeout=30,
+        interval=0.5,
+        message="no job log lines in the task log while deferred",
+    )
 
     links = dags.get_task_instance_links("tao_e2e_deferred", run_id, TASK)
     job_id = dags.get_xcom("tao_e2e_deferred", run_id, TASK, "tao_job_id")
@@ -191,3 +198,21 @@ def test_e_worker_killed_right_after_submission_then_retry_runs_exactly_one_job(
     log = dags.get_task_log("tao_e2e_sync", run_id, TASK, 2)
     assert f"Reattached to job {job_id}" in log
     assert dags.get_xcom("tao_e2e_sync", run_id, TASK, "return_value")["job_id"] == job_id
+
+
+def test_mark_success_with_cancel_on_kill_false_leaves_the_job_running(dags: AirflowClient, marks: Path) -> None:
+    run_id = _start(dags, "tao_e2e_keep", marks, seconds=300)
+    dags.wait_for_task_instance("tao_e2e_keep", run_id, TASK, ["deferred"], timeout=90)
+    (job_id,) = _wait_started(marks)
+    _wait_watched(dags, "tao_e2e_keep", run_id)
+
+    dags.mark_task_instance_success("tao_e2e_keep", run_id, TASK)
+    dags.wait_for_task_instance("tao_e2e_keep", run_id, TASK, ["success"], timeout=30)
+    time.sleep(8)  # well past the ~2 s after which on_kill runs
+    try:
+        assert _job_processes([job_id]), "the job was killed although cancel_on_kill=False"
+        assert "cancel_on_kill=False: leaving job" in dags.get_task_log_safe("tao_e2e_keep", run_id, TASK, 1)
+    finally:
+        handle = _handle(dags, "tao_e2e_keep", run_id)
+        LocalHook("tao_e2e").cancel_job(handle)
+    assert not _job_processes([job_id])

@@ -19,7 +19,11 @@ JOB = (
 )
 ENV = {"MARK_DIR": "{{ dag_run.conf['mark_dir'] }}", "RUN_SECONDS": "{{ dag_run.conf.get('seconds', 8) }}"}
 
-for dag_id, deferrable in (("tao_e2e_deferred", True), ("tao_e2e_sync", False)):
+for dag_id, deferrable, cancel_on_kill in (
+    ("tao_e2e_deferred", True, True),
+    ("tao_e2e_sync", False, True),
+    ("tao_e2e_keep", True, False),
+):
     with DAG(
         dag_id=dag_id,
         schedule=None,
@@ -34,5 +38,6 @@ for dag_id, deferrable in (("tao_e2e_deferred", True), ("tao_e2e_sync", False)):
             gpu_count=0,
             env=ENV,
             deferrable=deferrable,
+            cancel_on_kill=cancel_on_kill,
             poll_interval=1,
         )
