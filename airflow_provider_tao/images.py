@@ -35,16 +35,17 @@ def versions_file() -> Path:
 
 
 def load_versions(path: Path | None = None) -> dict[str, Any]:
-    """Parse a versions file (cached per path and modification time, so edits are seen).
+    """Parse a versions file (cached per path, modification time, size and inode, so edits are seen).
 
     :param path: the file; defaults to :func:`versions_file`.
     """
     path = path or versions_file()
-    return _load(path, path.stat().st_mtime_ns)
+    stat = path.stat()
+    return _load(path, (stat.st_mtime_ns, stat.st_size, stat.st_ino))
 
 
 @lru_cache(maxsize=8)
-def _load(path: Path, _mtime_ns: int) -> dict[str, Any]:
+def _load(path: Path, _version: tuple[int, int, int]) -> dict[str, Any]:
     import yaml
 
     data = yaml.safe_load(path.read_text()) or {}
