@@ -17,7 +17,8 @@ LEARNING_RATE = float(os.environ.get("LEARNING_RATE", "0.05"))
 
 
 def main() -> None:
-    rows = [(float(x), float(y)) for x, y in csv.reader(open(os.environ["TRAIN_CSV"]))]
+    with open(os.environ["TRAIN_CSV"]) as data:
+        rows = [(float(x), float(y)) for x, y in csv.reader(data)]
     out = Path(os.environ["TAO_RESULTS_ROOT"]) / os.environ["TAO_JOB_ID"]
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     w = b = 0.0
