@@ -201,6 +201,36 @@ class TAOPlatformHook(BaseHook):
 
     # ----------------------------------------------------------------- shared behaviour
 
+    def tao_env(self, spec: JobSpec, *, files_dir: str, results_root: str | None) -> dict[str, str]:
+        """The plain environment every job gets: the spec's ``env`` plus the TAO variables (``TAO_JOB_ID`` --
+        equal to the task's XCom ``job_id`` --, ``TAO_JOB_NAME``, ``TAO_JOB_FILES``, ``TAO_RESULTS_ROOT``).
+        Secrets are not in it: each platform hands ``spec.secret_env`` over its own private channel."""
+        env = {
+            **spec.env,
+            "TAO_JOB_ID": spec.job_id,
+            "TAO_JOB_NAME": spec.name,
+            "TAO_JOB_FILES": files_dir,
+            "PYTHONUNBUFFERED": "1",
+        }
+        if results_root:
+            env["TAO_RESULTS_ROOT"] = results_root
+        return env
+
+    def new_handle(
+        self, spec: JobSpec, try_number: int, *, backend_job_id: str = "", console_url: str = ""
+    ) -> JobHandle:
+        """The handle of a job being submitted from ``spec`` by try ``try_number``."""
+        return JobHandle(
+            platform=self.platform,
+            conn_id=self.conn_id,
+            job_id=spec.job_id,
+            name=spec.name,
+            backend_job_id=backend_job_id,
+            results_dir=self.results_dir_for(spec),
+            try_number=try_number,
+            console_url=console_url,
+        )
+
     def get_failure_analysis(self, handle: JobHandle) -> FailureAnalysis | None:
         """Classify a failed job; None while it has not failed."""
         status = self.get_job_status(handle)

@@ -190,15 +190,7 @@ class LocalHook(TAOPlatformHook):
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content)
             target.chmod(0o600)
-        handle = JobHandle(
-            platform=self.platform,
-            conn_id=self.conn_id,
-            job_id=spec.job_id,
-            name=spec.name,
-            results_dir=results_dir,
-            try_number=try_number,
-            console_url=(job_dir / "job.log").as_uri(),
-        )
+        handle = self.new_handle(spec, try_number, console_url=(job_dir / "job.log").as_uri())
         # Findable by name before the process exists: a worker killed mid-submit must not cause a duplicate.
         supervisor.write_json_atomic(
             job_dir / "meta.json",
@@ -231,19 +223,11 @@ class LocalHook(TAOPlatformHook):
         return handle
 
     def _job_env(self, spec: JobSpec, results_root: Path, job_dir: Path) -> dict[str, str]:
+        """A clean environment: a few host variables, the TAO ones, the secrets (private to the job's user)."""
         env = {key: os.environ[key] for key in INHERITED_ENV if key in os.environ}
-        env.update(spec.env)
+        env.update(self.tao_env(spec, files_dir=str(job_dir / "files"), results_root=str(results_root)))
         env.update(spec.secret_env)
-        env.update(
-            {
-                "TAO_JOB_ID": spec.job_id,
-                "TAO_JOB_NAME": spec.name,
-                "TAO_RESULTS_ROOT": str(results_root),
-                "TAO_JOB_FILES": str(job_dir / "files"),
-                "CUDA_VISIBLE_DEVICES": self._gpu_env(spec.gpu_count),
-                "PYTHONUNBUFFERED": "1",
-            }
-        )
+        env["CUDA_VISIBLE_DEVICES"] = self._gpu_env(spec.gpu_count)
         return env
 
     def _index_name(self, name: str, job_id: str) -> None:
