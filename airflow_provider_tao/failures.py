@@ -69,6 +69,8 @@ LOG_SIGNATURES: tuple[_Signature, ...] = (
         r"no CUDA-capable device is detected|CUDA driver version is insufficient|Failed to initialize NVML",
         ErrClass.ERR_INFRA,
     ),
+    # two more of the TAO SDK's SLURM node-fault patterns that never come from the program itself
+    _sig(r"Unable to determine the device handle for GPU|NVIDIA driver on your system is too old", ErrClass.ERR_INFRA),
     _sig(
         r"ImagePullBackOff|ErrImagePull|manifest unknown|pull access denied|failed to pull image",
         ErrClass.ERR_IMAGE_PULL,

@@ -42,9 +42,13 @@ def _slurm_connection_type() -> dict[str, Any]:
             "container_mounts": _field("Container mounts", "Pyxis --container-mounts (default /lustre)."),
             "time_hours": _field("Wall time (h)", "Default --time of a job (4).", kind="number"),
             "timeout_hours": _field(
-                "Inner timeout (h)", "The command is stopped after this long (default: wall time - 0.2 h).", kind="number"
+                "Inner timeout (h)",
+                "The command is stopped after this long (default: wall time - 0.2 h).",
+                kind="number",
             ),
-            "max_time_hours": _field("Max wall time (h)", "Longer requests are rejected before submission (4).", kind="number"),
+            "max_time_hours": _field(
+                "Max wall time (h)", "Longer requests are rejected before submission (4).", kind="number"
+            ),
             "gpus_per_node": _field("GPUs per node", "GPUs of one node (8); 0 for a CPU-only cluster.", kind="integer"),
             "cpus_per_task": _field("CPUs per task", "--cpus-per-task of the one task per node (16).", kind="integer"),
             "max_resubmits": _field(

@@ -51,8 +51,11 @@ def moto_server() -> Iterator[str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     try:
         for _ in range(200):
@@ -71,8 +74,12 @@ def moto_server() -> Iterator[str]:
 
 def make_client(endpoint: str, concurrency: int) -> Any:
     return boto3.session.Session().client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bench",
-        aws_secret_access_key="bench", config=Config(max_pool_connections=concurrency + 4),
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="bench",
+        config=Config(max_pool_connections=concurrency + 4),
     )
 
 
@@ -92,10 +99,16 @@ def run_runner(ep: Any, endpoint: str, work: Path, env: dict[str, str]) -> tuple
     for name, text in ep.files.items():
         (files / name).write_text(text, encoding="utf-8")
     job_env = {k: v for k, v in os.environ.items() if not k.startswith(("TAO_", "AWS_", "S3_"))}
-    job_env.update(CREDS, AWS_ENDPOINT_URL=endpoint, TAO_JOB_FILES=str(files),
-                   TAO_JOB_ID=f"bench-{uuid.uuid4().hex[:8]}",
-                   TAO_WORK_DIR=str(work / "work"), TAO_LOCAL_RESULTS_BASE=str(work / "results"),
-                   PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""), **env)
+    job_env.update(
+        CREDS,
+        AWS_ENDPOINT_URL=endpoint,
+        TAO_JOB_FILES=str(files),
+        TAO_JOB_ID=f"bench-{uuid.uuid4().hex[:8]}",
+        TAO_WORK_DIR=str(work / "work"),
+        TAO_LOCAL_RESULTS_BASE=str(work / "results"),
+        PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+        **env,
+    )
     started = time.perf_counter()
     proc = subprocess.run(ep.command, env=job_env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
@@ -104,8 +117,12 @@ def run_runner(ep: Any, endpoint: str, work: Path, env: dict[str, str]) -> tuple
     phase = 0.0
     for line in proc.stdout.splitlines():
         event = parse_progress(line)
-        if event and event.get("status") == "complete" and event["phase"] in ("download", "upload") \
-                and event.get("files"):
+        if (
+            event
+            and event.get("status") == "complete"
+            and event["phase"] in ("download", "upload")
+            and event.get("files")
+        ):
             phase = float(event["elapsed_s"])
     return wall, phase
 
@@ -125,12 +142,15 @@ def runner_upload(endpoint: str, bucket: str, src: Path, work: Path, concurrency
 # ---------------------------------------------------------------------------------------------------- boto3 TM
 def tm_download(client: Any, bucket: str, prefix: str, dest: Path, concurrency: int) -> float:
     started = time.perf_counter()
-    keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
-            for o in page.get("Contents", [])]
+    keys = [
+        o["Key"]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+        for o in page.get("Contents", [])
+    ]
     with TransferManager(client, TransferConfig(max_request_concurrency=concurrency)) as tm:
         futures = []
         for key in keys:
-            target = dest / key[len(prefix) + 1:]
+            target = dest / key[len(prefix) + 1 :]
             target.parent.mkdir(parents=True, exist_ok=True)
             futures.append(tm.download(bucket, key, str(target)))
         for future in futures:
@@ -202,12 +222,14 @@ class Bench:
         seed = f"seed-{count}"
         c, b, work = self.concurrency, self.bucket, self.tmp / "work"
         tm_upload(self.client, b, src, seed, c)  # the download source (and a warm-up)
-        fetch = functools.partial(runner_download, self.endpoint, b, seed, self.tmp / "dl-runner", work,
-                                  concurrency=c)
+        fetch = functools.partial(runner_download, self.endpoint, b, seed, self.tmp / "dl-runner", work, concurrency=c)
         r_dl = best(fetch, self.repeat, self.reset_download)
         assert total_bytes(self.tmp / "dl-runner") == nbytes
-        t_dl = best(functools.partial(tm_download, self.client, b, seed, self.tmp / "dl-tm", c), self.repeat,
-                    self.reset_download)
+        t_dl = best(
+            functools.partial(tm_download, self.client, b, seed, self.tmp / "dl-tm", c),
+            self.repeat,
+            self.reset_download,
+        )
         assert total_bytes(self.tmp / "dl-tm") == nbytes
         self.reset_download()
         r_ul = best(functools.partial(runner_upload, self.endpoint, b, src, work, c), self.repeat, self.reset_upload)
@@ -215,9 +237,17 @@ class Bench:
         self.reset_upload()
         shutil.rmtree(src)
         self.delete_prefix(seed + "/")
-        return [{"case": label, "direction": direction, "mb": nbytes / 1e6, "runner_wall_s": runner_t[0],
-                 "runner_phase_s": runner_t[1], "tm_s": tm_t}
-                for direction, runner_t, tm_t in (("download", r_dl, t_dl), ("upload", r_ul, t_ul))]
+        return [
+            {
+                "case": label,
+                "direction": direction,
+                "mb": nbytes / 1e6,
+                "runner_wall_s": runner_t[0],
+                "runner_phase_s": runner_t[1],
+                "tm_s": tm_t,
+            }
+            for direction, runner_t, tm_t in (("download", r_dl, t_dl), ("upload", r_ul, t_ul))
+        ]
 
 
 def main() -> None:
@@ -226,8 +256,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="best of N for each measurement")
     parser.add_argument("--concurrency", type=int, default=10, help="threads for both (boto3's default is 10)")
     opts = parser.parse_args()
-    cases = [("1 x 64 MiB" if opts.small else "1 x 512 MiB", 1, (64 if opts.small else 512) * MiB),
-             ("200 x 64 KiB" if opts.small else "2000 x 64 KiB", 200 if opts.small else 2000, 64 * 1024)]
+    cases = [
+        ("1 x 64 MiB" if opts.small else "1 x 512 MiB", 1, (64 if opts.small else 512) * MiB),
+        ("200 x 64 KiB" if opts.small else "2000 x 64 KiB", 200 if opts.small else 2000, 64 * 1024),
+    ]
     tmp = Path(tempfile.mkdtemp(prefix="tao-bench-"))
     rows: list[dict[str, Any]] = []
     try:
@@ -238,8 +270,10 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"\nStaging throughput vs moto S3 on loopback (concurrency {opts.concurrency}, best of {opts.repeat}; "
-          f"runner timed as a whole process incl. start-up, sha256 + manifests)")
+    print(
+        f"\nStaging throughput vs moto S3 on loopback (concurrency {opts.concurrency}, best of {opts.repeat}; "
+        f"runner timed as a whole process incl. start-up, sha256 + manifests)"
+    )
     header = f"{'case':<16}{'direction':<10}{'runner MB/s':>12}{'(phase)':>10}{'boto3 TM MB/s':>15}{'ratio':>8}"
     print(header)
     print("-" * len(header))
@@ -248,8 +282,10 @@ def main() -> None:
         phase_mbs = row["mb"] / row["runner_phase_s"] if row["runner_phase_s"] else float("nan")
         tm_mbs = row["mb"] / row["tm_s"]
         row.update(runner_mb_s=runner_mbs, runner_phase_mb_s=phase_mbs, tm_mb_s=tm_mbs, ratio=runner_mbs / tm_mbs)
-        print(f"{row['case']:<16}{row['direction']:<10}{runner_mbs:>12.1f}{phase_mbs:>10.1f}{tm_mbs:>15.1f}"
-              f"{row['ratio']:>8.2f}")
+        print(
+            f"{row['case']:<16}{row['direction']:<10}{runner_mbs:>12.1f}{phase_mbs:>10.1f}{tm_mbs:>15.1f}"
+            f"{row['ratio']:>8.2f}"
+        )
     print("\nJSON:", json.dumps(rows))
 
 

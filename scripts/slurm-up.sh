@@ -17,7 +17,7 @@
 #   SLURM_CI_ROOT      root of the CI cluster files            (default /var/tmp/slurm-ci)
 #                        shared/  results root ("shared filesystem"), owned by the CI user
 #                        ssh/     client key pair + dedicated sshd host key + known_hosts
-#                        oci/     OCI bundles (busybox, busybox-py)
+#                        oci/     OCI bundles for --container (busybox, python)
 #                        env.sh   connection facts (source it)
 #   SLURM_CI_USER      unprivileged login user                 (default slurmci)
 #   SLURM_CI_SSH_PORT  sshd port on 127.0.0.1                  (default 2222)
@@ -26,6 +26,32 @@
 #   SLURM_CI_SKIP_APT  1 = never call apt-get (fail if a package is missing)   (default 0)
 #   SLURM_CI_SMOKE     1 = after starting anything, submit one job over ssh    (default 1)
 #   SLURM_CI_KEY_OWNER uid that may read the client private key (default $SUDO_UID or 0)
+#
+# Partitions: debug (default, MaxTime 4 h) | held (State=DOWN: PENDING, Reason=PartitionDown) |
+#   short (MaxTime 1 min: TIMEOUT) | preempt (PriorityTier 1, PreemptMode=REQUEUE: victims) |
+#   urgent (PriorityTier 10, MaxTime 30 min: preempts `preempt` jobs only, never debug/short).
+#
+# Behaviour measured on this cluster (Slurm 22.05.8; sacct -X State|ExitCode):
+#   exit 3                          -> FAILED 3:0        killed by signal 9 -> FAILED 0:9
+#   --output in a missing folder    -> FAILED 0:53 before the command runs; Slurm never creates it
+#   TIMEOUT (short, --time=1)       -> TIMEOUT 0:0 after ~63 s (batch step CANCELLED 0:15, or
+#                                      FAILED 15:0 if the script traps TERM); log line
+#                                      "*** JOB n ON c1 CANCELLED AT ... DUE TO TIME LIMIT ***"
+#   node down (`scontrol update nodename=c2 state=down reason=x`, as root, while the job runs):
+#       without --requeue           -> NODE_FAIL 0:0 ("... DUE TO NODE FAILURE, SEE SLURMCTLD LOG ...")
+#       with --requeue              -> requeued: PENDING (BeginTime) ~20 s, runs again with
+#                                      SLURM_RESTART_COUNT=1; sacct -D shows NODE_FAIL then COMPLETED
+#       (ReturnToService=2: the node is back to idle at once; EVERY job on it is hit)
+#   preemption (job in `preempt`, then an `urgent` job needing its CPUs):
+#       without --requeue           -> PREEMPTED 0:0 ("... DUE TO PREEMPTION ***")
+#       with --requeue              -> requeued as above; sacct -D shows PREEMPTED then COMPLETED
+#   scontrol requeue <id>           -> REQUEUED 0:0 then a new run (SLURM_RESTART_COUNT=1);
+#                                      refused ("Requested operation is presently disabled") for a
+#                                      job without --requeue, because JobRequeue=0
+#   scancel of a PENDING job        -> sacct State "CANCELLED by <uid>" 0:0
+#   --time above partition MaxTime  -> accepted, then PENDING (PartitionTimeLimit) forever
+#   squeue -j <finished job>        -> prints nothing (add -t all; finished jobs stay 600 s)
+#   sacct right after sbatch        -> a PENDING job is unknown to sacct for ~4-5 s
 set -euo pipefail
 
 ROOT="${SLURM_CI_ROOT:-/var/tmp/slurm-ci}"
@@ -382,18 +408,18 @@ if [ -n "$sshd_changed" ] || ! pid_alive "$RUN/sshd.pid" || ! port_open "$SSH_PO
 fi
 
 # ------------------------------------------------------------------ 8. OCI bundles
-# busybox:    rootfs = busybox-static only (the required "no registry" image)
-# busybox-py: same rootfs plus the host's /usr bind-mounted read-only, so python3 (the in-job
-#             runner) works inside the container
+# busybox: rootfs = busybox-static only (the "no registry" image)
+# python:  empty rootfs + the host's /usr bind-mounted read-only (/bin, /lib... are symlinks into
+#          it), so python3 (the in-job runner) and the host's tools work inside the container
 # Both bind-mount $ROOT/shared at the same path (read-write) so jobs can write results.
 build_bundle() {  # build_bundle <dir> <with-host-usr 0|1>
-  local b=$1 py=$2 d
-  [ -s "$b/config.json" ] && [ -x "$b/rootfs/bin/sh" -o -L "$b/rootfs/bin" ] && return 0
+  local b=$1 py=$2 d stamp="v1 uid=$CIUID gid=$CIGID root=$ROOT py=$2"
+  [ -s "$b/config.json" ] && [ "$(cat "$b/.built" 2>/dev/null)" = "$stamp" ] && return 0
   rm -rf "$b"; install -d -m 755 "$b/rootfs"
   for d in proc sys dev etc root run var "${ROOT#/}/shared"; do install -d -m 755 "$b/rootfs/$d"; done
   install -d -m 1777 "$b/rootfs/tmp"    # slurmstepd bind-mounts job files under /tmp
   if [ "$py" = 1 ]; then
-    install -d -m 755 "$b/rootfs/usr" "$b/rootfs/opt/busybox/bin"
+    install -d -m 755 "$b/rootfs/usr"
     for d in bin lib lib64 sbin; do ln -s "usr/$d" "$b/rootfs/$d"; done
   else
     install -d -m 755 "$b/rootfs/bin" "$b/rootfs/sbin" "$b/rootfs/usr/bin" "$b/rootfs/usr/sbin"
@@ -406,7 +432,7 @@ build_bundle() {  # build_bundle <dir> <with-host-usr 0|1>
   chown "$CIUID:$CIGID" "$b"
   # rootless config: the uid/gid maps must name the submitting user's host ids -> generate AS that user
   (cd "$b" && runuser -u "$CIUSER" -- runc spec --rootless)
-  python3 - "$b/config.json" "$ROOT/shared" "$py" <<'PY'
+  /usr/bin/python3 - "$b/config.json" "$ROOT/shared" "$py" <<'PY'
 import json, sys
 path, shared, py = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 cfg = json.load(open(path))
@@ -415,7 +441,7 @@ cfg["process"]["args"] = ["/bin/sh"]
 env = [e for e in cfg["process"].get("env", []) if not e.startswith("PATH=")]
 env.append("PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
 cfg["process"]["env"] = env
-cfg["hostname"] = "oci-" + ("busybox-py" if py else "busybox")
+cfg["hostname"] = "oci-" + ("python" if py else "busybox")
 mounts = cfg.setdefault("mounts", [])
 mounts.append({"destination": shared, "type": "bind", "source": shared,
                "options": ["rbind", "rw", "nosuid", "nodev"]})
@@ -425,13 +451,14 @@ if py:
 json.dump(cfg, open(path, "w"), indent=2)
 PY
   chown "$CIUID:$CIGID" "$b/config.json"
+  echo "$stamp" > "$b/.built"
 }
 build_bundle "$ROOT/oci/busybox" 0
-build_bundle "$ROOT/oci/busybox-py" 1
+build_bundle "$ROOT/oci/python" 1
 
 # ------------------------------------------------------------------ 9. env file
 HOST=127.0.0.1
-PYJSON=$(python3 - "$HOST" "$SSH_PORT" "$CIUSER" "$ROOT/ssh/id_ed25519" "$HOSTKEY" "$ACCOUNT" "$ROOT/shared" <<'PY'
+PYJSON=$(/usr/bin/python3 - "$HOST" "$SSH_PORT" "$CIUSER" "$ROOT/ssh/id_ed25519" "$HOSTKEY" "$ACCOUNT" "$ROOT/shared" <<'PY'
 import json, sys
 host, port, user, key, hostkey, account, results = sys.argv[1:8]
 print(json.dumps({
@@ -464,7 +491,7 @@ export SLURM_CI_PARTITION_URGENT='urgent'
 export SLURM_CI_NODES='c1,c2'
 export SLURM_CI_CPUS_PER_NODE='$CPUS'
 export SLURM_CI_OCI_BUNDLE='$ROOT/oci/busybox'
-export SLURM_CI_OCI_BUNDLE_PY='$ROOT/oci/busybox-py'
+export SLURM_CI_OCI_BUNDLE_PY='$ROOT/oci/python'
 export SLURM_CI_SLURM_VERSION='$SLURM_VERSION'
 export SLURM_CI_LOG_DIR='$LOGDIR'
 export SLURM_CI_SSHD_LOG='$LOGDIR/sshd.log'

@@ -14,9 +14,10 @@ SSH_KEY_PATH.
 ``exclude``, ``qos``, ``constraint``, ``reservation``, ``mem``, ``master_port``, ``max_resubmits``, ``use_sqsh``,
 ``force_reconvert_latest``, ``inputs`` (cluster paths checked with ``test -e`` before submission).
 
-Cost: a submission is ONE SSH connection and two commands (preflight, then stage + sbatch). In the triggerer,
-every job of a connection shares ONE cached asyncssh connection; each poll interval costs one command (``squeue``
-for every watched job, plus the new log bytes of the running ones) and, only when jobs left the queue or failed,
+Cost: a submission is ONE SSH connection (paramiko through the ssh provider's ``SSHHook``, TCP_NODELAY) and two
+commands -- preflight, then stage + sbatch -- plus the operator's find-by-name. In the triggerer, every job of a
+connection shares ONE cached asyncssh connection; each poll interval costs one command (``squeue`` for every
+watched job, plus the new log bytes of the jobs that may be writing) and, only when jobs left the queue or failed,
 one ``sacct``. The file layout and every script are in :mod:`~airflow_provider_tao.hooks.slurm_script`.
 """
 
@@ -249,7 +250,9 @@ class SlurmHook(TAOPlatformHook):
                 self.log.info("container_runtime=none: image %r is not used; the job runs on the nodes' OS", spec.image)
             return None, (), (), None, None
         if runtime == "oci":
-            bundle = self._detail(spec, "oci_bundle") or (spec.image if spec.image and spec.image.startswith("/") else None)
+            bundle = self._detail(spec, "oci_bundle") or (
+                spec.image if spec.image and spec.image.startswith("/") else None
+            )
             if not bundle or not ss.SAFE_PATH.match(str(bundle)):
                 raise JobValidationError(
                     "oci_bundle",
@@ -277,19 +280,24 @@ class SlurmHook(TAOPlatformHook):
 
     def _job_env_names(self, spec: JobSpec) -> set[str]:
         names = {*spec.env, *spec.secret_env, "TAO_JOB_ID", "TAO_JOB_NAME", "TAO_JOB_FILES", "PYTHONUNBUFFERED"}
-        names |= {"TAO_RESULTS_URI"} if (spec.results_uri or "").startswith("s3://") else {"TAO_RESULTS_ROOT"}
+        names |= {"TAO_RESULTS_URI"} if spec.results_uri else set()
+        names |= set() if (spec.results_uri or "").startswith("s3://") else {"TAO_RESULTS_ROOT"}
         if spec.num_nodes > 1:
             names |= {"WORLD_SIZE", "NNODES", "NODE_RANK", "NUM_GPU_PER_NODE", "MASTER_ADDR", "MASTER_PORT"}
         return names
 
-    def _results(self, spec: JobSpec) -> tuple[str, str, str]:
-        """(env name, env value, results_dir) for the job's results location."""
+    def default_results_root(self) -> str:
+        """``<results_root>/results`` on the shared filesystem (``TAO_RESULTS_ROOT`` of every job)."""
+        return f"{self.results_root}/results"
+
+    def results_root_for(self, spec: JobSpec) -> str:
+        """The results root of ``spec``: its ``results_uri`` (a cluster path or ``s3://``), else the default.
+        Worker-local places (``file://``, relative paths) are rejected: the job cannot see them."""
         uri = spec.results_uri
         if not uri:
-            parent = f"{self.results_root}/results"
-            return "TAO_RESULTS_ROOT", parent, f"{parent}/{spec.job_id}"
+            return self.default_results_root()
         if uri.startswith("s3://"):
-            return "TAO_RESULTS_URI", uri, uri.rstrip("/")
+            return uri.rstrip("/")
         path = ss.cluster_path(uri)
         if path is None or not ss.SAFE_PATH.match(path):
             raise JobValidationError(
@@ -298,7 +306,10 @@ class SlurmHook(TAOPlatformHook):
                 "SLURM jobs cannot write to the Airflow worker: use lustre:///abs/path, an absolute cluster path, "
                 "or s3://bucket/prefix",
             )
-        return "TAO_RESULTS_ROOT", path.rstrip("/"), f"{path.rstrip('/')}/{spec.job_id}"
+        return path.rstrip("/")
+
+    def results_dir_for(self, spec: JobSpec) -> str:
+        return f"{self.results_root_for(spec)}/{spec.job_id}"
 
     def _inputs(self, spec: JobSpec) -> list[str]:
         """Cluster paths of the declared inputs (``backend_details['inputs']``); local paths are rejected."""
@@ -321,7 +332,7 @@ class SlurmHook(TAOPlatformHook):
         raise JobValidationError(
             "inputs",
             f"{uri!r} is a path on the Airflow worker, which SLURM jobs cannot see"
-            if uri.startswith("file://") or not uri.startswith(("/",)) and "://" not in uri
+            if uri.startswith("file://") or (not uri.startswith(("/",)) and "://" not in uri)
             else f"{uri!r} has an unsupported scheme",
             "Stage the data on the cluster's shared filesystem and use lustre:///abs/path or an absolute cluster path",
         )
@@ -329,7 +340,7 @@ class SlurmHook(TAOPlatformHook):
     def validate_spec(self, spec: JobSpec) -> None:
         super().validate_spec(spec)
         plan = self.plan(spec)
-        self._results(spec)
+        self.results_root_for(spec)
         inputs = self._inputs(spec)
         if spec.job_id in self._preflights:
             return
@@ -392,26 +403,17 @@ class SlurmHook(TAOPlatformHook):
         self.validate_spec(spec)
         plan = self.plan(spec)
         layout = self.layout(spec.job_id, spec.name)
-        env_name, env_value, results_dir = self._results(spec)
-        env = {**spec.env, **spec.secret_env}
-        env |= {
-            "TAO_JOB_ID": spec.job_id,
-            "TAO_JOB_NAME": spec.name,
-            "TAO_JOB_FILES": layout.files_dir,
-            env_name: env_value,
-            "PYTHONUNBUFFERED": "1",
-        }
+        root, results_dir = self.results_root_for(spec), self.results_dir_for(spec)
+        on_cluster = not results_dir.startswith("s3://")
+        # The standard TAO variables; an explicit results_uri is the runner's TAO_RESULTS_URI (the final folder).
+        env = self.tao_env(spec, files_dir=layout.files_dir, results_root=root if on_cluster else None)
+        if spec.results_uri:
+            env["TAO_RESULTS_URI"] = results_dir
         if plan.nodes > 1:
             nodes = str(plan.nodes)
             env |= {"WORLD_SIZE": nodes, "NNODES": nodes, "NUM_GPU_PER_NODE": str(plan.gpus_per_node)}
-        handle = JobHandle(
-            platform=self.platform,
-            conn_id=self.conn_id,
-            job_id=spec.job_id,
-            name=spec.name,
-            results_dir=results_dir,
-            try_number=try_number,
-        )
+        env |= spec.secret_env  # only ever written to the 0600 env file
+        handle = self.new_handle(spec, try_number)
         rel = {
             f"specs/{spec.job_id}.json": json.dumps(spec.to_json(), indent=1, default=str),
             f"env/{spec.job_id}.env": ss.render_env_file(env),
@@ -426,7 +428,7 @@ class SlurmHook(TAOPlatformHook):
             archive = ss.stage_archive(rel)
         except ValueError as exc:
             raise JobValidationError("files", str(exc), "Use relative names inside the job folder") from exc
-        script = ss.submit_script(layout, results_dir if env_name == "TAO_RESULTS_ROOT" else None, try_number)
+        script = ss.submit_script(layout, results_dir if on_cluster else None, try_number)
         started = time.monotonic()
         result = self.run(f"/bin/sh -c {shlex.quote(script)}", stdin=archive, timeout=120)
         slurm_id = next((ln.split()[1] for ln in result.text.splitlines() if ln.startswith("@@SUBMITTED ")), "")
@@ -466,16 +468,11 @@ class SlurmHook(TAOPlatformHook):
                 queue = ss.parse_squeue(result.text)
             elif not ss.squeue_says_gone(result.rc, result.err_text):
                 return {h.job_id: JobStatus.unknown(f"squeue failed: {result.err_text}") for h in handles}
-        acct: dict[str, ss.SlurmRecord] = {}
+        acct: dict[str, ss.SlurmRecord] | None = {}
         need = [i for i in ids if i not in queue or queue[i].state in ss.NEEDS_ACCOUNTING]
-        for attempt in range(4):  # sacct lags squeue by a few seconds at both ends of a job
-            if not need:
-                break
+        if need:  # sacct lags squeue by seconds: a just-failed job may have no exit code yet (failure_facts has it)
             result = self.run(ss.sacct_command(need), timeout=60)
-            acct |= ss.parse_sacct(result.text) if result.rc == 0 else {}
-            need = [i for i in need if i in queue and (i not in acct or acct[i].state != queue[i].state)]
-            if need and attempt < 3:
-                time.sleep(1.0)
+            acct = ss.parse_sacct(result.text) if result.rc == 0 else None
         return {h.job_id: self._status(h, queue, acct) for h in handles}
 
     @staticmethod
@@ -496,10 +493,15 @@ class SlurmHook(TAOPlatformHook):
         when some jobs left the queue or failed. Log bytes read here are handed to :meth:`aget_job_logs`."""
         entry = await self._entry()
         ids = sorted({h.backend_job_id for h in handles if h.backend_job_id})
+        # New log bytes of every job whose trigger streams its log and that may be writing one; a job seen for the
+        # first time is read from 0 once, so the trigger's first read is served from this poll too.
         readers = [
             h for h in handles
-            if h.job_id in entry.log_offsets
-            and entry.states.get(h.job_id) in (JobState.PENDING, JobState.RUNNING, JobState.PAUSED)
+            if h.job_id not in entry.seen
+            or (
+                h.job_id in entry.log_offsets
+                and entry.states.get(h.job_id) in (JobState.PENDING, JobState.RUNNING, JobState.PAUSED)
+            )
         ]  # fmt: skip
         requests = [line for i, h in enumerate(readers) for line in self._log_requests(h, entry, f"p{i}")]
         command = ss.squeue_command(ids) + "; printf '@@SQ %d\\n' $?" if ids else "printf '@@SQ 0\\n'"
@@ -534,16 +536,30 @@ class SlurmHook(TAOPlatformHook):
                     status = JobStatus(JobState.RUNNING, "FAILED; waiting for Slurm's accounting record (exit code)")
             statuses[handle.job_id] = status
             entry.states[handle.job_id] = status.state
+        self._forget_unwatched(entry, handles)
         chunks = ss.parse_log_chunks(log_data)
         for i, handle in enumerate(readers):
-            offset = entry.log_offsets[handle.job_id]
+            offset = entry.log_offsets.get(handle.job_id, 0)
             final = statuses[handle.job_id].state.is_terminal
             text, new = ss.merge_log_chunks(chunks, f"p{i}", offset, final)
             entry.log_cache[handle.job_id] = (offset, text, new, final)
         return statuses
 
+    @staticmethod
+    def _forget_unwatched(entry: Any, handles: Sequence[JobHandle]) -> None:
+        """Drop the per-job state of jobs no poll has asked about for a while (their triggers ended)."""
+        entry.polls += 1
+        for handle in handles:
+            entry.seen[handle.job_id] = entry.polls
+        if entry.polls % 50:
+            return
+        stale = [job for job, last in entry.seen.items() if last < entry.polls - 50]
+        for job in stale:
+            for table in (entry.seen, entry.states, entry.log_offsets, entry.log_cache, entry.terminal_seen):
+                table.pop(job, None)
+
     def _log_requests(self, handle: JobHandle, entry: Any, tag: str) -> list[str]:
-        return ss.log_requests(self.layout(handle.job_id, handle.name), entry.log_offsets[handle.job_id], tag)
+        return ss.log_requests(self.layout(handle.job_id, handle.name), entry.log_offsets.get(handle.job_id, 0), tag)
 
     # ----------------------------------------------------------------- logs
 
@@ -558,11 +574,14 @@ class SlurmHook(TAOPlatformHook):
     @staticmethod
     def _tail_command(layout: ss.JobLayout, lines: int) -> str:
         q = shlex.quote
-        return "; ".join(
-            f"printf '@@T %s\\n' \"$(wc -c < {q(path)} 2>/dev/null || echo 0)\"; tail -n {int(lines)} {q(path)} "
-            "2>/dev/null"
-            for path in (layout.out_file, layout.err_file)
-        ) + "; exit 0"
+        return (
+            "; ".join(
+                f"printf '@@T %s\\n' \"$(wc -c < {q(path)} 2>/dev/null || echo 0)\"; tail -n {int(lines)} {q(path)} "
+                "2>/dev/null"
+                for path in (layout.out_file, layout.err_file)
+            )
+            + "; exit 0"
+        )
 
     @staticmethod
     def _parse_tail(data: bytes) -> tuple[str, int]:
@@ -589,12 +608,12 @@ class SlurmHook(TAOPlatformHook):
         state = entry.states.get(job)
         if cached is not None and cached[0] == offset:
             _, text, new, final = cached
-            if final and not text:  # the last read of a finished job: forget it
+            if text is None:  # the trigger's last read of a finished job (nothing after the final chunk): forget it
                 for table in (entry.states, entry.log_offsets, entry.terminal_seen):
                     table.pop(job, None)
                 return "", new
             if final:
-                entry.log_cache[job] = (new, "", new, True)
+                entry.log_cache[job] = (new, None, new, True)
             entry.log_offsets[job] = new
             return text, new
         entry.log_offsets[job] = offset
@@ -604,10 +623,18 @@ class SlurmHook(TAOPlatformHook):
         text, new = await _batched_read(entry, ss.log_requests(layout, offset, "{tag}"), offset, final)
         entry.log_offsets[job] = new
         if final:
-            entry.log_cache[job] = (new, "", new, True)
+            entry.log_cache[job] = (new, None, new, True)
         return text, new
 
     # ----------------------------------------------------------------- cancel, failure facts, resubmission
+
+    async def acancel_job(self, handle: JobHandle) -> bool:
+        """The shared cancel routine (ownership check, mark, ``scancel``) in a thread, on its own short-lived
+        connection, closed afterwards: a triggerer must not collect idle paramiko transports."""
+        try:
+            return await asyncio.to_thread(self.cancel_job, handle)
+        finally:
+            await asyncio.to_thread(self.close)
 
     def _cancel(self, handle: JobHandle) -> bool:
         if not handle.backend_job_id:
@@ -631,7 +658,7 @@ class SlurmHook(TAOPlatformHook):
         status = ss.status_of(queue.get(sid), acct.get(sid))
         record = acct.get(sid) or queue.get(sid)
         exit_code = ss.exit_code_of(acct[sid].exit_code) if sid in acct else status.exit_code
-        lines = [*out_text.splitlines(), *err_text.splitlines()]
+        lines = [*ss.last_run(out_text.splitlines()), *ss.last_run(err_text.splitlines())]
         return FailureFacts(
             exit_code=exit_code,
             raw_state=record.raw if record else status.raw_state,
@@ -688,8 +715,8 @@ class SlurmHook(TAOPlatformHook):
                 f"Slurm job {handle.backend_job_id} ended {state} with a retriable infrastructure failure ({why}); "
                 f"requeued it (resubmission {used} of {limit}, same job id and staged script)"
             )
-        if verdict == "ACTIVE":
-            return f"Slurm job {handle.backend_job_id} was already requeued (now {' '.join(rest)})"
+        if verdict == "NOT_FAILED":  # requeued by someone else meanwhile, or the status was stale: keep watching
+            return f"Slurm job {handle.backend_job_id} is no longer failed (now {' '.join(rest)}); not resubmitting"
         self.log.warning(
             "Not resubmitting Slurm job %s (%s): %s", handle.backend_job_id, why, " ".join([verdict, *rest])
         )
@@ -748,4 +775,3 @@ async def _flush_reads(entry: Any) -> None:
     for i, ((_, offset, final), future) in enumerate(batch):
         if not future.done():
             future.set_result(ss.merge_log_chunks(chunks, f"b{i}", offset, final))
-

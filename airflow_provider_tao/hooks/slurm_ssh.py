@@ -6,8 +6,9 @@
   a submission -- preflight, staging, sbatch -- as channels of that connection.
 * Triggerer side: :class:`AsyncPool` keeps ONE asyncssh connection per (event loop, connection) at module level,
   shared by every trigger, poll, log read and resubmission of that connection. A dropped connection is reopened on
-  the next call, with exponential backoff between failed attempts (no call ever sleeps: a call during the backoff
-  window fails at once, and the poller reports Unknown). Concurrent channels are capped (sshd ``MaxSessions``).
+  the next call, with a short exponential backoff between failed attempts (no call ever sleeps: a call during
+  the backoff window fails at once, and the poller reports Unknown and backs off by itself). Concurrent
+  channels are capped (sshd ``MaxSessions``).
 
 Commands never carry environment values; data (staged files, log requests, mark values) travels on stdin.
 """
@@ -26,7 +27,9 @@ from typing import Any, ClassVar
 STATS: dict[str, int] = {"sync_connects": 0, "sync_commands": 0, "async_connects": 0, "async_commands": 0}
 CONNECT_TIMEOUT = 15.0
 MAX_CHANNELS = 8
-MAX_RECONNECT_BACKOFF = 30.0
+#: A failed connect makes calls of the next moments fail at once (no herd of connects), but never for long: the
+#: status poller backs off by itself, and a long window here would only delay noticing that the login node is back.
+MAX_RECONNECT_BACKOFF = 2.0
 
 
 class SlurmTransportError(ConnectionError):
@@ -170,7 +173,6 @@ def _paramiko_host_key(text: str) -> Any:
     import base64
 
     import paramiko
-
     from airflow.providers.ssh.hooks.ssh import SSHHook
 
     parts = text.strip().split()
@@ -202,8 +204,11 @@ class _Entry:
         # Per-job state of the status poller and log reader (see SlurmHook.aget_job_statuses / aget_job_logs).
         self.states: dict[str, Any] = {}
         self.log_offsets: dict[str, int] = {}
-        self.log_cache: dict[str, tuple[int, str, int, bool]] = {}
+        # job -> (offset read from, text or None once drained, offset after it, final)
+        self.log_cache: dict[str, tuple[int, str | None, int, bool]] = {}
         self.terminal_seen: dict[str, float] = {}
+        self.seen: dict[str, int] = {}
+        self.polls = 0
         self.pending_reads: list[tuple[Any, Any]] = []
         self.read_task: asyncio.Task[None] | None = None
 
@@ -222,7 +227,7 @@ class _Entry:
                 self.conn = await self._connect()
             except Exception as exc:
                 self.failures += 1
-                delay = min(MAX_RECONNECT_BACKOFF, 0.5 * 2**self.failures) * random.uniform(0.8, 1.2)
+                delay = min(MAX_RECONNECT_BACKOFF, 0.25 * 2**self.failures) * random.uniform(0.8, 1.2)
                 self.retry_at = time.monotonic() + delay
                 self.last_error = str(exc) or type(exc).__name__
                 raise SlurmTransportError(f"cannot reach the login node: {self.last_error}") from exc
@@ -262,7 +267,7 @@ class _Entry:
         for host in s.hosts:
             try:
                 return await asyncssh.connect(host, **options)
-            except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
+            except (TimeoutError, OSError, asyncssh.Error) as exc:
                 errors.append(f"{host}: {exc}")
         raise SlurmTransportError("; ".join(errors))
 
@@ -277,7 +282,7 @@ class _Entry:
                 result = await asyncio.wait_for(
                     conn.run(command, input=stdin, encoding=None, check=False), timeout=timeout
                 )
-            except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
+            except (TimeoutError, OSError, asyncssh.Error) as exc:
                 self.drop(conn)
                 raise SlurmTransportError(f"command failed on the login node: {exc or type(exc).__name__}") from exc
         rc = result.exit_status if result.exit_status is not None else 255

@@ -28,7 +28,7 @@ from airflow_provider_tao.jobs import JobHandle, JobState, JobStatus
 DEFAULT_MAX_UNKNOWN_SECONDS = 600.0
 #: Upper bound of one batched status call; a hung backend must not hang the trigger.
 STATUS_CALL_TIMEOUT = 60.0
-MAX_BACKOFF_SECONDS = 120.0
+MAX_BACKOFF_SECONDS = 30.0  # after an outage the first good poll must not come much later
 
 
 class TriggerOutcome:

@@ -1,0 +1,137 @@
+"""Run ``TAOSubmitOperator`` tasks against the real cluster the way Airflow does, without an Airflow server.
+
+* :class:`Triggerer` is one event loop in a background thread, like the triggerer process: every trigger of the
+  test session runs there, so they share the per-connection status poller and the cached SSH connection.
+* :func:`start` runs ``execute`` (worker side) until the task defers, round-trips the trigger through
+  ``serialize()`` as the triggerer does, and starts its ``run()`` on the triggerer loop.
+* :func:`finish` waits for the trigger's event and resumes the task with ``execute_complete`` (worker side).
+* :func:`kill` is "mark the task failed while deferred": the triggerer cancels ``run()`` and calls ``on_kill()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import importlib
+import threading
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_provider_tao.operators.submit import TAOSubmitOperator
+from airflow_provider_tao.triggers.job import TAOJobTrigger
+from tests.unit.fakes import Store, make_context
+
+
+class Triggerer:
+    """A background event loop standing in for the triggerer process."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="triggerer", daemon=True)
+        self.thread.start()
+
+    def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, coro: Any, timeout: float = 60) -> Any:
+        return self.submit(coro).result(timeout)
+
+    def close(self) -> None:
+        async def _shutdown() -> None:
+            from airflow_provider_tao.hooks.slurm_ssh import AsyncPool
+
+            AsyncPool.drop_connections()
+
+        self.call(_shutdown(), timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+
+async def first_event(trigger: TAOJobTrigger) -> dict[str, Any]:
+    events = cast("AsyncGenerator[Any, None]", trigger.run())
+    try:
+        event = await events.__anext__()
+    finally:
+        await events.aclose()
+    return event.payload
+
+
+@dataclass
+class TaskRun:
+    op: TAOSubmitOperator
+    context: dict[str, Any]
+    store: Store
+    deferred: TaskDeferred
+    trigger: TAOJobTrigger
+    future: concurrent.futures.Future[dict[str, Any]]
+    triggerer: Triggerer
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def handle(self) -> dict[str, Any]:
+        return self.trigger.handle.to_json()
+
+    @property
+    def job_id(self) -> str:
+        return self.trigger.handle.job_id
+
+    @property
+    def slurm_id(self) -> str:
+        return self.trigger.handle.backend_job_id
+
+
+def make_operator(**kwargs: Any) -> TAOSubmitOperator:
+    defaults: dict[str, Any] = {
+        "task_id": "train",
+        "conn_id": "tao_slurm_ci",
+        "gpu_count": 0,
+        "deferrable": True,
+        "poll_interval": 1.0,
+    }
+    return TAOSubmitOperator(**{**defaults, **kwargs})
+
+
+def start(
+    triggerer: Triggerer,
+    op: TAOSubmitOperator,
+    *,
+    store: Store | None = None,
+    try_number: int = 1,
+    run_id: str | None = None,
+) -> TaskRun:
+    store = store or Store()
+    context = make_context(store, try_number, run_id or f"manual__{uuid.uuid4().hex[:10]}")
+    try:
+        op.execute(context)  # type: ignore[arg-type]
+    except TaskDeferred as deferred:
+        classpath, kwargs = deferred.trigger.serialize()
+        module, _, name = classpath.rpartition(".")
+        trigger = getattr(importlib.import_module(module), name)(**kwargs)  # what the triggerer rebuilds
+        future = triggerer.submit(first_event(trigger))
+        return TaskRun(op, context, store, deferred, trigger, future, triggerer)
+    raise AssertionError("the operator did not defer")
+
+
+def event_of(run: TaskRun, timeout: float = 120) -> dict[str, Any]:
+    if not run.events:
+        run.events.append(run.future.result(timeout))
+    return run.events[0]
+
+
+def finish(run: TaskRun, timeout: float = 120) -> Any:
+    """The trigger's event, then ``execute_complete`` on a fresh operator (as a worker resumes the task)."""
+    event = event_of(run, timeout)
+    resumed = copy.copy(run.op)  # a worker resumes with a fresh operator: nothing from execute() survives
+    resumed._handle = None
+    return getattr(resumed, run.deferred.method_name)(run.context, event=event)
+
+
+def kill(run: TaskRun) -> None:
+    """The task is marked failed while deferred: the triggerer cancels ``run()`` and calls ``on_kill()``."""
+    run.future.cancel()
+    run.triggerer.call(run.trigger.on_kill(), timeout=60)
