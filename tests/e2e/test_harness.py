@@ -151,7 +151,7 @@ def test_find_and_kill_task_runner_then_retry(smoke: AirflowStandalone) -> None:
     assert os.getpgid(runner.pid) == runner.pid  # the runner leads its own process group
     supervisor = runner.parent()
     assert supervisor is not None
-    assert " ".join(supervisor.cmdline()).endswith(f"LocalExecutor: {ti['id']}")
+    assert " ".join(supervisor.cmdline()).strip().endswith(f"LocalExecutor: {ti['id']}")
 
     killed = smoke.kill_task_runner(KILL_DAG, run_id, "sleepy")
     assert killed == runner.pid

@@ -69,10 +69,13 @@ def test_held_partition_keeps_job_pending_with_reason(slurm_cluster):
     try:
         assert slurm_cluster.squeue(job) == ("PENDING", "PartitionDown")
         # slurmctld hands the record to slurmdbd asynchronously: sacct may not know a job that
-        # squeue already shows, for a moment after sbatch
-        deadline = time.monotonic() + 15
-        while (rec := slurm_cluster.sacct(job)) is None and time.monotonic() < deadline:
-            time.sleep(0.2)
+        # squeue already shows for a moment after sbatch, and then shows reason "None" until the update lands
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            rec = slurm_cluster.sacct(job)
+            if rec is not None and rec.reason != "None":
+                break
+            time.sleep(0.5)
         assert rec is not None and (rec.state, rec.reason) == ("PENDING", "PartitionDown")
     finally:
         slurm_cluster.ssh(f"scancel {job}")
