@@ -11,40 +11,16 @@
 #   SLURM_CI_PURGE_USER  1 = also delete the CI user and its home                    (default 0)
 set -uo pipefail
 
-ROOT="${SLURM_CI_ROOT:-/var/tmp/slurm-ci}"
-CIUSER="${SLURM_CI_USER:-slurmci}"
+SCRIPT=slurm-down
+# shellcheck source=scripts/slurm-common.sh
+. "$(dirname "$0")/slurm-common.sh"
 KEEP="${SLURM_CI_KEEP_STATE:-0}"
 PURGE_USER="${SLURM_CI_PURGE_USER:-0}"
-RUN=/run/slurm-ci
-LOGDIR=/var/log/slurm-ci
-SPOOL=/var/spool/slurm-ci
-SSHD_CONF=/etc/ssh/sshd_config_slurm_ci
-MYSQL_SOCK=/run/mysqld/mysqld.sock
-MUNGE_PID=/run/munge/munged-slurm-ci.pid
-MYSQL_PID=/run/mysqld/mariadbd-slurm-ci.pid
-LOCK=/run/lock/slurm-ci.lock
 
-[ "$(id -u)" = 0 ] || { echo "slurm-down: must run as root" >&2; exit 1; }
-T_START=$(date +%s%N)
-log() { printf '[slurm-down %6sms] %s\n' "$(( ($(date +%s%N) - T_START) / 1000000 ))" "$*"; }
 
 install -d -m 755 /run/lock
 exec 9>"$LOCK"
 flock -w 600 9 || { echo "slurm-down: could not get $LOCK" >&2; exit 1; }
-
-alive() { local st; st=$(sed -n 's/^.*) \([A-Za-z]\) .*$/\1/p' "/proc/$1/stat" 2>/dev/null); [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]; }
-stop_pidfile() {  # TERM the PID named in the file, wait, then KILL
-  local f=$1 secs=${2:-20} pid
-  [ -s "$f" ] || { rm -f "$f"; return 0; }
-  pid=$(cat "$f")
-  if alive "$pid"; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 $((secs * 5))); do alive "$pid" || break; sleep 0.2; done
-    if alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; log "killed -9 $f ($pid)"; fi
-    log "stopped $(basename "$f" .pid) ($pid)"
-  fi
-  rm -f "$f"
-}
 
 # 1. let Slurm end every job itself (slurmd/slurmstepd kill the job steps and OCI containers)
 if [ -s "$RUN/slurmctld.pid" ] && alive "$(cat "$RUN/slurmctld.pid")"; then

@@ -54,8 +54,9 @@
 #   sacct right after sbatch        -> a PENDING job is unknown to sacct for ~4-5 s
 set -euo pipefail
 
-ROOT="${SLURM_CI_ROOT:-/var/tmp/slurm-ci}"
-CIUSER="${SLURM_CI_USER:-slurmci}"
+SCRIPT=slurm-up
+# shellcheck source=scripts/slurm-common.sh
+. "$(dirname "$0")/slurm-common.sh"
 SSH_PORT="${SLURM_CI_SSH_PORT:-2222}"
 CPUS="${SLURM_CI_CPUS:-2}"
 MEM_MB="${SLURM_CI_MEM_MB:-2048}"
@@ -68,22 +69,8 @@ ACCOUNT=ci
 NODES="c1 c2"
 NODELIST="c[1-2]"
 SLURMD_PORT_BASE=6830            # node cK listens on 6830+K
-RUN=/run/slurm-ci                # pid files + markers of what THIS script started
-LOGDIR=/var/log/slurm-ci
-SPOOL=/var/spool/slurm-ci
-SSHD_CONF=/etc/ssh/sshd_config_slurm_ci
-MYSQL_SOCK=/run/mysqld/mysqld.sock
-# daemons that drop to their own user keep their pid file in their own run dir
-MUNGE_PID=/run/munge/munged-slurm-ci.pid
-MYSQL_PID=/run/mysqld/mariadbd-slurm-ci.pid
-LOCK=/run/lock/slurm-ci.lock
 
-[ "$(id -u)" = 0 ] || { echo "slurm-up: must run as root" >&2; exit 1; }
-case "$ROOT" in /*) ;; *) echo "slurm-up: SLURM_CI_ROOT must be absolute" >&2; exit 1;; esac
 
-T_START=$(date +%s%N)
-ms_since() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
-log() { printf '[slurm-up %6sms] %s\n' "$(ms_since "$T_START")" "$*"; }
 die() { echo "slurm-up: $*" >&2; exit 1; }
 
 # one caller at a time (tests of several engineers may start it at once); fd 9 is closed for
@@ -100,20 +87,8 @@ wait_for() {  # wait_for <seconds> <description> <command...>
     sleep 0.2
   done
 }
-# alive PID: exists and is not a zombie (PID 1 of this VM does not always reap, so kill -0 lies)
-alive() { local st; st=$(sed -n 's/^.*) \([A-Za-z]\) .*$/\1/p' "/proc/$1/stat" 2>/dev/null); [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]; }
+# a pid file whose process is alive (see alive() in slurm-common.sh)
 pid_alive() { [ -s "$1" ] && alive "$(cat "$1")"; }
-stop_pidfile() {  # TERM only the PID named in the file, wait, KILL
-  local f=$1 secs=${2:-20} pid
-  [ -s "$f" ] || { rm -f "$f"; return 0; }
-  pid=$(cat "$f")
-  if alive "$pid"; then
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 $((secs * 5))); do alive "$pid" || break; sleep 0.2; done
-    alive "$pid" && kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$f"
-}
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # install_if_changed <src-tmpfile> <dest> <mode> [owner]: prints "changed" when dest was replaced
 install_if_changed() {
