@@ -1517,32 +1517,14 @@ class Job:
             if kind == "file":
                 local_root = os.path.join(local_root, os.path.basename(key) or "data")
         if kind == "file":
-            obj_key, size, etag = listing[0]
-            objects.append(
-                S3Object(
-                    bucket,
-                    obj_key,
-                    size,
-                    etag,
-                    local=local_root,
-                    meta=self._meta(bucket, obj_key) if use_cache else None,
-                )
-            )
+            targets = [(listing[0], local_root)]
         else:
             prefix = key if (not key or key.endswith("/")) else key + "/"
             os.makedirs(local_root, exist_ok=True)
-            for obj_key, size, etag in listing:
-                rel = _safe_relpath(obj_key[len(prefix) :])
-                objects.append(
-                    S3Object(
-                        bucket,
-                        obj_key,
-                        size,
-                        etag,
-                        local=os.path.join(local_root, rel),
-                        meta=self._meta(bucket, obj_key) if use_cache else None,
-                    )
-                )
+            targets = [(entry, os.path.join(local_root, _safe_relpath(entry[0][len(prefix) :]))) for entry in listing]
+        for (obj_key, size, etag), local in targets:
+            meta = self._meta(bucket, obj_key) if use_cache else None
+            objects.append(S3Object(bucket, obj_key, size, etag, local=local, meta=meta))
         value = local_root + ("/" if item.uri.endswith("/") and kind == "folder" else "")
         if self.mode == "passthrough" and use_cache and item.target:
             return functools.partial(_link_or_copy, local_root, item.target)
