@@ -332,10 +332,13 @@ class LocalHook(TAOPlatformHook):
 
     def _cancel(self, handle: JobHandle) -> bool:
         job_dir = self._job_dir(handle)
+        meta = _read_json(job_dir / "meta.json")
+        if meta is None:
+            return True  # no such job
         # The cancel mark is already written: a supervisor that has not recorded itself yet will see it and not
-        # start the command; one that has is killed below.
-        deadline = time.monotonic() + LAUNCH_TIMEOUT_SECONDS
-        while (pid := _read_json(job_dir / "pid")) is None and time.monotonic() < deadline:
+        # start the command; one that has is killed below. Only a job still in its launch window is waited for.
+        deadline = float(meta.get("submitted_at", 0)) + LAUNCH_TIMEOUT_SECONDS
+        while (pid := _read_json(job_dir / "pid")) is None and time.time() < deadline:
             time.sleep(0.05)
         if pid is None or self._finished(handle) is not None:
             return True
