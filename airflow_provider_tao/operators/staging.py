@@ -166,9 +166,18 @@ def _input_uris(entrypoint: Entrypoint) -> list[tuple[str, str]]:
 
 
 def _s3_exists(hook: Any, uri: str) -> bool:
-    """A key, or a prefix with at least one object under it ("folder")."""
+    """A key, or a prefix with at least one object under it ("folder").
+
+    Keys are listed in order and a key sorts before every longer key it prefixes, so one listing of ``key``
+    answers "is there an object at exactly this key" and one of ``key/`` answers "is it a folder" -- however many
+    siblings such as ``train.csv`` / ``train2.csv`` share the prefix.
+    """
     bucket, _, key = uri.removeprefix("s3://").partition("/")
     client = hook.get_conn()
-    listing = client.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=2)
-    names = [item["Key"] for item in listing.get("Contents", [])]
-    return any(name == key or name.startswith(key.rstrip("/") + "/") or not key for name in names)
+
+    def first(prefix: str) -> str | None:
+        contents = client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("Contents", [])
+        return contents[0]["Key"] if contents else None
+
+    folder = key.rstrip("/") + "/" if key.rstrip("/") else ""
+    return (bool(key) and not key.endswith("/") and first(key) == key) or first(folder) is not None

@@ -159,3 +159,23 @@ def test_flat_dotted_spec_keys_fail_before_submission(connections: Path) -> None
     )
     with pytest.raises(AirflowFailException, match=r"specs.*\{\"train\": \{\"epochs\": 3\}\}|specs.*'train'"):
         op.execute(make_context(Store()))
+
+
+def test_s3_input_check_finds_a_folder_behind_siblings_with_the_same_prefix(
+    s3: Any, bucket: str, connections: Path
+) -> None:
+    from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+    from airflow_provider_tao.operators.staging import _s3_exists
+
+    # "-" and "." sort before "/": with two such siblings a short listing of "data/train" never reaches the folder
+    for key in ("data/train-a.csv", "data/train.csv", "data/train/a.csv", "exact.bin"):
+        s3.put_object(Bucket=bucket, Key=key, Body=b"x")
+    hook = S3Hook(aws_conn_id="s3_t")
+    assert _s3_exists(hook, f"s3://{bucket}/data/train/")
+    assert _s3_exists(hook, f"s3://{bucket}/data/train")
+    assert _s3_exists(hook, f"s3://{bucket}/data/train.csv")
+    assert _s3_exists(hook, f"s3://{bucket}/exact.bin")
+    assert _s3_exists(hook, f"s3://{bucket}")
+    assert not _s3_exists(hook, f"s3://{bucket}/data/tra")
+    assert not _s3_exists(hook, f"s3://{bucket}/data/nope/")
