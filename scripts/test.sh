@@ -19,7 +19,7 @@ apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends procps
 step "Python packages into $VENV"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/pip" install -q -U pip
-"$VENV/bin/pip" install -q -c constraints.txt -e ".[test,s3,slurm]"
+"$VENV/bin/pip" install -q -c constraints.txt -e ".[test,all]"
 export PATH=$VENV/bin:$PATH
 
 step "ruff, mypy"
