@@ -90,7 +90,8 @@ class JobSpec(_JsonValue):
     :param num_nodes: number of nodes (multi-node where the platform supports it).
     :param env: plain environment variables.
     :param secret_env: environment variables holding secrets; never logged, never on a command line.
-    :param files: ``relative name -> text`` staged by the platform into a folder exported as ``TAO_JOB_FILES``.
+    :param files: ``relative name -> bytes`` staged by the platform into a folder exported as ``TAO_JOB_FILES``
+        (sizes are known up front, so a platform can pick its channel: a Kubernetes ConfigMap holds 1 MiB).
     :param backend_details: platform-specific keyword arguments.
     :param results_uri: explicit results location; wins over every platform default.
     :param deadline: absolute epoch seconds after which the job must not keep running.
@@ -104,7 +105,7 @@ class JobSpec(_JsonValue):
     num_nodes: int = 1
     env: dict[str, str] = field(default_factory=dict)
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)
-    files: dict[str, str] = field(default_factory=dict, repr=False)
+    files: dict[str, bytes] = field(default_factory=dict, repr=False)
     backend_details: dict[str, Any] = field(default_factory=dict)
     results_uri: str | None = None
     deadline: float | None = None
@@ -113,11 +114,18 @@ class JobSpec(_JsonValue):
         """JSON form *without* secret values (only their names survive), safe to store or log."""
         data = super().to_json()
         data["secret_env"] = dict.fromkeys(self.secret_env, "***")
+        data["files"] = self.file_sizes()
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobSpec:
-        return cls(**cls._known(data))
+        known = cls._known(data)
+        known.pop("files", None)  # the JSON form keeps sizes only
+        return cls(**known)
+
+    def file_sizes(self) -> dict[str, int]:
+        """``name -> size in bytes`` of the staged files."""
+        return {name: len(content) for name, content in self.files.items()}
 
 
 @dataclass(frozen=True)
@@ -163,6 +171,8 @@ class JobStatus(_JsonValue):
     :param exit_code: the program's exit code once known (negative = killed by that signal).
     :param raw_state: the platform's own word for the state.
     :param updated_at: epoch seconds; the backend's time where it reports one.
+    :param not_found: the platform answered and does not know the job (state is ``Unknown``): it never ran,
+        was deleted, or aged out of the platform's history.
     """
 
     state: JobState
@@ -170,6 +180,7 @@ class JobStatus(_JsonValue):
     exit_code: int | None = None
     raw_state: str = ""
     updated_at: float = field(default_factory=time.time)
+    not_found: bool = False
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobStatus:
@@ -179,7 +190,13 @@ class JobStatus(_JsonValue):
 
     @classmethod
     def unknown(cls, message: str) -> JobStatus:
+        """The platform could not be asked (an outage): never a failure by itself."""
         return cls(state=JobState.UNKNOWN, message=message)
+
+    @classmethod
+    def missing(cls, message: str) -> JobStatus:
+        """The platform answered that it does not know the job."""
+        return cls(state=JobState.UNKNOWN, message=message, not_found=True)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ INHERITED_ENV = (
 #: How long a job may show no supervisor before it counts as never started.
 LAUNCH_TIMEOUT_SECONDS = 30.0
 LOG_CHUNK_BYTES = 1 << 20
+_HOST = os.uname().nodename
 
 
 def visible_gpus() -> list[str]:
@@ -98,6 +99,8 @@ class LocalHook(TAOPlatformHook):
     hook_name = "TAO local"
     name_pattern = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
     name_rule = "letters, digits, '_', '.' and '-', at most 128 characters, starting with a letter or digit"
+    name_max_length = 128
+    marks_storage = "small files in the job's folder (marks/)"
 
     # ----------------------------------------------------------------- settings
 
@@ -144,6 +147,9 @@ class LocalHook(TAOPlatformHook):
 
     # ----------------------------------------------------------------- validation
 
+    def image_required(self, spec: JobSpec) -> str | None:
+        return None  # the job runs on the worker host
+
     def validate_spec(self, spec: JobSpec) -> None:
         super().validate_spec(spec)
         gpus = visible_gpus()
@@ -188,13 +194,14 @@ class LocalHook(TAOPlatformHook):
         for name, content in spec.files.items():
             target = job_dir / "files" / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content)
+            target.write_bytes(content)
             target.chmod(0o600)
-        handle = self.new_handle(spec, try_number, console_url=(job_dir / "job.log").as_uri())
+        # The log's file URI names the host: only a process on that host can watch or cancel the job.
+        handle = self.new_handle(spec, try_number, console_url=f"file://{_HOST}{job_dir / 'job.log'}")
         # Findable by name before the process exists: a worker killed mid-submit must not cause a duplicate.
         supervisor.write_json_atomic(
             job_dir / "meta.json",
-            {**handle.to_json(), "submitter_pid": os.getpid(), "submitter_host": os.uname().nodename},
+            {**handle.to_json(), "submitter_pid": os.getpid(), "submitter_host": _HOST},
         )
         self._index_name(spec.name, spec.job_id)
         self.write_mark(handle, "owner_try", try_number)
@@ -262,9 +269,7 @@ class LocalHook(TAOPlatformHook):
         job_dir = self._job_dir(handle)
         meta = _read_json(job_dir / "meta.json")
         if meta is None:
-            return JobStatus(
-                JobState.UNKNOWN, f"no local job {handle.job_id} under {self.jobs_dir}", raw_state="NOT_FOUND"
-            )
+            return JobStatus.missing(f"no local job {handle.job_id} under {self.jobs_dir}")
         if (done := self._finished(handle)) is not None:
             return done
         pid = _read_json(job_dir / "pid")
@@ -311,7 +316,9 @@ class LocalHook(TAOPlatformHook):
 
     # ----------------------------------------------------------------- logs
 
-    def get_job_logs(self, handle: JobHandle, offset: int = 0, tail: int | None = None) -> tuple[str, int]:
+    def get_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
+        """The cursor is the byte offset in ``job.log`` as a decimal string."""
+        offset = int(cursor) if cursor else 0
         path = self._job_dir(handle) / "job.log"
         try:
             with open(path, "rb") as log:
@@ -320,13 +327,13 @@ class LocalHook(TAOPlatformHook):
                     start = max(0, size - LOG_CHUNK_BYTES)
                     log.seek(start)
                     lines = log.read().decode(errors="replace").splitlines()
-                    return "\n".join(lines[-tail:]) + ("\n" if lines else ""), size
+                    return "\n".join(lines[-tail:]) + ("\n" if lines else ""), str(size)
                 log.seek(offset)
                 data = log.read(LOG_CHUNK_BYTES)
         except FileNotFoundError:
-            return "", offset
+            return "", str(offset)
         data = data[: _utf8_safe_end(data)]  # a character cut by the chunk boundary comes with the next chunk
-        return data.decode(errors="replace"), offset + len(data)
+        return data.decode(errors="replace"), str(offset + len(data))
 
     # ----------------------------------------------------------------- cancel / failure analysis
 
@@ -383,6 +390,18 @@ class LocalHook(TAOPlatformHook):
         except OSError:
             return {}
 
+    def watch_problem(self, handle: JobHandle) -> str | None:
+        """A local job can only be watched and canceled from the host that runs it."""
+        host = _host_of(handle)
+        if not host or host == _HOST:
+            return None
+        return (
+            f"local job {handle.job_id} runs on worker host {host!r}, but it is being watched from host {_HOST!r} "
+            "(a triggerer or worker on another machine, e.g. docker-compose or Celery) which can neither see nor "
+            "cancel it. Use deferrable=False for the local platform on such deployments, run the triggerer on the "
+            "worker's host (as `airflow standalone` does), or use the docker or slurm platform"
+        )
+
     def write_mark(self, handle: JobHandle, key: str, value: Any) -> None:
         marks = self._job_dir(handle) / "marks"
         if not marks.is_dir():
@@ -390,6 +409,11 @@ class LocalHook(TAOPlatformHook):
         tmp = marks / f".{key}.{uuid.uuid4().hex}"
         tmp.write_text(str(value))
         os.replace(tmp, marks / key)
+
+
+def _host_of(handle: JobHandle) -> str:
+    """The host in the handle's ``file://host/...`` log URI ("" for handles of older versions)."""
+    return handle.console_url.removeprefix("file://").split("/", 1)[0] if handle.console_url else ""
 
 
 def _group_alive(pid: dict[str, Any], live: set[int]) -> bool:

@@ -33,7 +33,13 @@ from typing import Any
 
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks import slurm_script as ss
-from airflow_provider_tao.hooks.base import JobValidationError, TAOPlatformHook
+from airflow_provider_tao.hooks.base import (
+    MULTI_NODE_VARS,
+    JobValidationError,
+    TAOPlatformHook,
+    multi_node_env,
+    render_env_file,
+)
 from airflow_provider_tao.hooks.slurm_ssh import AsyncPool, Result, SlurmTransportError, SSHSettings, SyncSession
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
@@ -69,6 +75,8 @@ class SlurmHook(TAOPlatformHook):
     supports_multi_node = True
     name_pattern = ss.NAME_PATTERN
     name_rule = ss.NAME_RULE
+    name_max_length = 128
+    marks_storage = "small files in the job's folder on the shared filesystem (marks/)"
     env_fallbacks = {
         "login": "SLURM_USER",
         "host": "SLURM_HOSTNAME",
@@ -168,9 +176,14 @@ class SlurmHook(TAOPlatformHook):
 
     # ----------------------------------------------------------------- validation (before submission)
 
+    def image_required(self, spec: JobSpec) -> str | None:
+        """Only pyxis needs an image: ``none`` runs on the nodes' OS, ``oci`` runs a bundle folder."""
+        runtime = str(self._detail(spec, "container_runtime", "pyxis")).lower()
+        return "is required with container_runtime=pyxis" if runtime == "pyxis" else None
+
     def plan(self, spec: JobSpec) -> ss.SbatchPlan:
         """Every scheduling decision for ``spec``; bad input raises :class:`JobValidationError`."""
-        unknown = set(spec.backend_details) - BACKEND_KEYS
+        unknown = set(self.platform_details(spec)) - BACKEND_KEYS
         if unknown:
             raise JobValidationError(
                 "backend_details", f"unknown key(s) {sorted(unknown)}", f"Use: {', '.join(sorted(BACKEND_KEYS))}"
@@ -283,7 +296,7 @@ class SlurmHook(TAOPlatformHook):
         names |= {"TAO_RESULTS_URI"} if spec.results_uri else set()
         names |= set() if (spec.results_uri or "").startswith("s3://") else {"TAO_RESULTS_ROOT"}
         if spec.num_nodes > 1:
-            names |= {"WORLD_SIZE", "NNODES", "NODE_RANK", "NUM_GPU_PER_NODE", "MASTER_ADDR", "MASTER_PORT"}
+            names |= set(MULTI_NODE_VARS)
         return names
 
     def default_results_root(self) -> str:
@@ -344,8 +357,8 @@ class SlurmHook(TAOPlatformHook):
         inputs = self._inputs(spec)
         if spec.job_id in self._preflights:
             return
-        uses_runner = "script_runner.py" in spec.files
-        needs_s3 = "s3://" in spec.files.get("runner.json", "") or (spec.results_uri or "").startswith("s3://")
+        uses_runner = "runner.json" in spec.files
+        needs_s3 = b"s3://" in spec.files.get("runner.json", b"") or (spec.results_uri or "").startswith("s3://")
         checked = [*inputs, *([f"{plan.container}/config.json"] if plan.runtime == "oci" else [])]
         partitions = [p for p in (plan.partition or "").split(",") if p] or None
         command = ss.preflight_command(partitions, checked, plan.runtime == "none" and uses_runner, needs_s3)
@@ -409,14 +422,13 @@ class SlurmHook(TAOPlatformHook):
         env = self.tao_env(spec, files_dir=layout.files_dir, results_root=root if on_cluster else None)
         if spec.results_uri:
             env["TAO_RESULTS_URI"] = results_dir
-        if plan.nodes > 1:
-            nodes = str(plan.nodes)
-            env |= {"WORLD_SIZE": nodes, "NNODES": nodes, "NUM_GPU_PER_NODE": str(plan.gpus_per_node)}
+        if plan.nodes > 1:  # NODE_RANK and MASTER_ADDR are only known inside the allocation (launch.sh)
+            env |= multi_node_env(plan.nodes, plan.gpus_per_node, master_port=plan.master_port)
         env |= spec.secret_env  # only ever written to the 0600 env file
         handle = self.new_handle(spec, try_number)
-        rel = {
+        rel: dict[str, str | bytes] = {
             f"specs/{spec.job_id}.json": json.dumps(spec.to_json(), indent=1, default=str),
-            f"env/{spec.job_id}.env": ss.render_env_file(env),
+            f"env/{spec.job_id}.env": render_env_file(env),
             f"meta/{spec.job_id}.json": json.dumps(handle.to_json()),
             "meta/max_resubmits": str(int(self._detail(spec, "max_resubmits", 3))),
             f"sbatch/job_{spec.job_id}.sbatch": ss.render_sbatch(layout, plan, spec.name),
@@ -480,7 +492,7 @@ class SlurmHook(TAOPlatformHook):
         handle: JobHandle, queue: dict[str, ss.SlurmRecord], acct: dict[str, ss.SlurmRecord] | None
     ) -> JobStatus:
         if not handle.backend_job_id:
-            return JobStatus(JobState.UNKNOWN, "no Slurm job id recorded", raw_state="NOT_FOUND")
+            return JobStatus.missing("no Slurm job id recorded")
         sid = handle.backend_job_id
         if sid not in queue and acct is None:
             return JobStatus.unknown("sacct failed")
@@ -493,15 +505,13 @@ class SlurmHook(TAOPlatformHook):
         when some jobs left the queue or failed. Log bytes read here are handed to :meth:`aget_job_logs`."""
         entry = await self._entry()
         ids = sorted({h.backend_job_id for h in handles if h.backend_job_id})
-        # New log bytes of every job whose trigger streams its log and that may be writing one; a job seen for the
-        # first time is read from 0 once, so the trigger's first read is served from this poll too.
+        # New log bytes of every job whose trigger streams its log (it has read once, from its stored cursor) and
+        # that may be writing one. A job nobody reads (stream_logs=False) or whose trigger has not asked yet costs
+        # nothing here: a restarted triggerer never re-reads a log from 0 inside the status call.
         readers = [
             h for h in handles
-            if h.job_id not in entry.seen
-            or (
-                h.job_id in entry.log_offsets
-                and entry.states.get(h.job_id) in (JobState.PENDING, JobState.RUNNING, JobState.PAUSED)
-            )
+            if h.job_id in entry.log_offsets
+            and entry.states.get(h.job_id) in (JobState.PENDING, JobState.RUNNING, JobState.PAUSED)
         ]  # fmt: skip
         requests = [line for i, h in enumerate(readers) for line in self._log_requests(h, entry, f"p{i}")]
         command = ss.squeue_command(ids) + "; printf '@@SQ %d\\n' $?" if ids else "printf '@@SQ 0\\n'"
@@ -563,13 +573,16 @@ class SlurmHook(TAOPlatformHook):
 
     # ----------------------------------------------------------------- logs
 
-    def get_job_logs(self, handle: JobHandle, offset: int = 0, tail: int | None = None) -> tuple[str, int]:
+    def get_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
+        """The cursor is the packed (main.out, main.err) byte offsets as a decimal string."""
         layout = self.layout(handle.job_id, handle.name)
         if tail is not None:
             return self._parse_tail(self.run(self._tail_command(layout, tail), timeout=60).out)
+        offset = _offset(cursor)
         requests = "\n".join(ss.log_requests(layout, offset, "s")) + "\n"
         result = self.run(ss.log_reader_command(), stdin=requests.encode(), timeout=120)
-        return ss.merge_log_chunks(ss.parse_log_chunks(result.out), "s", offset, final=True)
+        text, new = ss.merge_log_chunks(ss.parse_log_chunks(result.out), "s", offset, final=True)
+        return text, str(new)
 
     @staticmethod
     def _tail_command(layout: ss.JobLayout, lines: int) -> str:
@@ -584,7 +597,7 @@ class SlurmHook(TAOPlatformHook):
         )
 
     @staticmethod
-    def _parse_tail(data: bytes) -> tuple[str, int]:
+    def _parse_tail(data: bytes) -> tuple[str, str]:
         sections = data.split(b"@@T ")[1:]
         texts, sizes = [], []
         for section in sections:
@@ -594,15 +607,20 @@ class SlurmHook(TAOPlatformHook):
         while len(sizes) < 2:
             sizes.append(0)
         text = "".join(t if t.endswith("\n") or not t else t + "\n" for t in texts)
-        return text, ss.pack_offset(sizes[0], sizes[1])
+        return text, str(ss.pack_offset(sizes[0], sizes[1]))
 
-    async def aget_job_logs(self, handle: JobHandle, offset: int = 0, tail: int | None = None) -> tuple[str, int]:
+    async def aget_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
         """New log text, mostly for free: the poller already read it in its status command. Pending jobs have no
         log yet (no command at all); other reads of the same moment are batched into one command."""
         entry = await self._entry()
         layout = self.layout(handle.job_id, handle.name)
         if tail is not None:
             return self._parse_tail((await entry.run(self._tail_command(layout, tail))).out)
+        text, new = await self._aread_log(entry, handle, _offset(cursor))
+        return text, str(new)
+
+    async def _aread_log(self, entry: Any, handle: JobHandle, offset: int) -> tuple[str, int]:
+        layout = self.layout(handle.job_id, handle.name)
         job = handle.job_id
         cached = entry.log_cache.pop(job, None)
         state = entry.states.get(job)
@@ -628,21 +646,35 @@ class SlurmHook(TAOPlatformHook):
 
     # ----------------------------------------------------------------- cancel, failure facts, resubmission
 
-    async def acancel_job(self, handle: JobHandle) -> bool:
-        """The shared cancel routine (ownership check, mark, ``scancel``) in a thread, on its own short-lived
-        connection, closed afterwards: a triggerer must not collect idle paramiko transports."""
-        try:
-            return await asyncio.to_thread(self.cancel_job, handle)
-        finally:
-            await asyncio.to_thread(self.close)
-
     def _cancel(self, handle: JobHandle) -> bool:
         if not handle.backend_job_id:
             return True
-        result = self.run(f"scancel {shlex.quote(handle.backend_job_id)}", timeout=60)
+        return self._canceled(handle, self.run(f"scancel {shlex.quote(handle.backend_job_id)}", timeout=60))
+
+    async def _acancel(self, handle: JobHandle) -> bool:
+        if not handle.backend_job_id:
+            return True
+        entry = await self._entry()
+        return self._canceled(handle, await entry.run(f"scancel {shlex.quote(handle.backend_job_id)}"))
+
+    @staticmethod
+    def _canceled(handle: JobHandle, result: Result) -> bool:
         if result.rc == 0 or any(w in result.err_text.lower() for w in ("invalid job id", "already complet")):
             return True
         raise SlurmTransportError(f"scancel {handle.backend_job_id} failed: {result.err_text}")
+
+    def cleanup_job(self, handle: JobHandle) -> None:
+        """Delete the job's 0600 env file (it holds the secrets) once the job has ended for good."""
+        env_file = self.layout(handle.job_id, handle.name).env_file
+        try:
+            self.run(f"rm -f -- {shlex.quote(env_file)}", timeout=60)
+        except Exception as exc:  # best effort: the file stays private to the cluster user
+            self.log.warning("Could not delete %s of job %s: %s", env_file, handle.job_id, exc)
+
+    async def aclose(self) -> None:
+        """Close this event loop's SSH connection of this cluster and forget its per-job state."""
+        await self.aload_connection()
+        AsyncPool.release(self._pool_key())
 
     def failure_facts(self, handle: JobHandle) -> FailureFacts:
         layout = self.layout(handle.job_id, handle.name)
@@ -738,13 +770,33 @@ class SlurmHook(TAOPlatformHook):
         return sorted(result.text.splitlines())
 
     def read_marks(self, handle: JobHandle) -> dict[str, Any]:
-        result = self.run(ss.marks_read_command(self.layout(handle.job_id, handle.name)), timeout=60)
-        return dict(line.split("=", 1) for line in result.text.splitlines() if "=" in line)
+        return _marks(self.run(ss.marks_read_command(self.layout(handle.job_id, handle.name)), timeout=60))
 
     def write_mark(self, handle: JobHandle, key: str, value: Any) -> None:
-        result = self.run(ss.mark_write_command(self.layout(handle.job_id, handle.name), key, str(value)), timeout=60)
-        if result.rc != 0:
-            raise SlurmTransportError(f"writing mark {key} of job {handle.job_id} failed: {result.err_text}")
+        command = ss.mark_write_command(self.layout(handle.job_id, handle.name), key, str(value))
+        _check_mark_written(handle, key, self.run(command, timeout=60))
+
+    async def aread_marks(self, handle: JobHandle) -> dict[str, Any]:
+        entry = await self._entry()
+        return _marks(await entry.run(ss.marks_read_command(self.layout(handle.job_id, handle.name))))
+
+    async def awrite_mark(self, handle: JobHandle, key: str, value: Any) -> None:
+        entry = await self._entry()
+        command = ss.mark_write_command(self.layout(handle.job_id, handle.name), key, str(value))
+        _check_mark_written(handle, key, await entry.run(command))
+
+
+def _offset(cursor: str) -> int:
+    return int(cursor) if cursor else 0
+
+
+def _marks(result: Result) -> dict[str, Any]:
+    return dict(line.split("=", 1) for line in result.text.splitlines() if "=" in line)
+
+
+def _check_mark_written(handle: JobHandle, key: str, result: Result) -> None:
+    if result.rc != 0:
+        raise SlurmTransportError(f"writing mark {key} of job {handle.job_id} failed: {result.err_text}")
 
 
 def layout_logs(layout: ss.JobLayout) -> str:

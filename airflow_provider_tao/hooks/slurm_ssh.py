@@ -315,6 +315,13 @@ class AsyncPool:
         return entry
 
     @classmethod
+    def release(cls, key: str) -> None:
+        """Close and forget this event loop's entry of ``key`` (its last watcher left)."""
+        entry = cls._entries.pop((id(asyncio.get_running_loop()), key), None)
+        if entry is not None:
+            entry.drop()
+
+    @classmethod
     def drop_connections(cls) -> None:
         """Close every cached connection (as a network outage would); the next call reconnects."""
         for entry in cls._entries.values():

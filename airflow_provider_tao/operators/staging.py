@@ -87,7 +87,11 @@ class S3StagingMixin:
             if bucket := self._storage_extras().get("bucket_name"):
                 env.setdefault("S3_BUCKET_NAME", str(bucket))
         staged = replace(
-            spec, command=entrypoint.command, files={**spec.files, **entrypoint.files}, env=env, secret_env=secret_env
+            spec,
+            command=entrypoint.command,
+            files={**spec.files, **{name: _as_bytes(content) for name, content in entrypoint.files.items()}},
+            env=env,
+            secret_env=secret_env,
         )
         results_dir = hook.results_dir_for(staged)
         if spec.results_uri:
@@ -117,7 +121,10 @@ class S3StagingMixin:
     def _storage_env(self) -> dict[str, str]:
         """Credentials of ``storage_conn_id`` as the job's secret environment (never logged or written)."""
         hook = self._s3_hook()
-        credentials = hook.get_credentials()
+        refreshable = hook.get_session().get_credentials()
+        credentials = refreshable.get_frozen_credentials()
+        expiry = getattr(refreshable, "_expiry_time", None)  # botocore keeps it on temporary credentials only
+        self._credentials_expiry = expiry.timestamp() if expiry is not None else None
         env = {"AWS_ACCESS_KEY_ID": credentials.access_key, "AWS_SECRET_ACCESS_KEY": credentials.secret_key}
         if credentials.token:
             env["AWS_SESSION_TOKEN"] = credentials.token
@@ -127,6 +134,10 @@ class S3StagingMixin:
         if hook.conn_config.region_name:
             env["AWS_DEFAULT_REGION"] = hook.conn_config.region_name
         return env
+
+    def storage_credentials_expiry(self) -> float | None:
+        """Epoch seconds at which the storage credentials handed to the job expire, when botocore knows it."""
+        return getattr(self, "_credentials_expiry", None)
 
     def _check_inputs(self, entrypoint: Entrypoint, hook: TAOPlatformHook) -> None:
         """Every declared input must exist before a GPU is asked for."""
@@ -181,3 +192,7 @@ def _s3_exists(hook: Any, uri: str) -> bool:
 
     folder = key.rstrip("/") + "/" if key.rstrip("/") else ""
     return (bool(key) and not key.endswith("/") and first(key) == key) or first(folder) is not None
+
+
+def _as_bytes(content: str | bytes) -> bytes:
+    return content.encode() if isinstance(content, str) else content

@@ -29,7 +29,7 @@ from airflow.sdk.exceptions import (
 )
 
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook, platform_for_conn_type
-from airflow_provider_tao.hooks.base import JobValidationError
+from airflow_provider_tao.hooks.base import JobValidationError, register_secrets
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESULTS_DIR, TAOJobLink
 from airflow_provider_tao.operators.staging import S3StagingMixin
@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 
 #: ``task_state_store`` key of this task instance's job: ``{"handle": {...}, "consumed": bool, "outputs": {...}}``.
 STATE_KEY = "tao_job"
-#: How long the platform may stay unanswerable before the task gives up on this try.
-MAX_UNKNOWN_SECONDS = 600.0
+#: How often the worker-side wait reports a continuing outage.
+OUTAGE_REPORT_SECONDS = 300.0
 
 
 def _readable(text: str) -> str:
@@ -219,29 +219,28 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         hook.load_connection()
         return hook
 
-    def _job_name(self, context: Context) -> str:
-        """Deterministic: the same for every try of a task instance, different for every run and map index."""
+    def _job_name(self, context: Context, hook: TAOPlatformHook) -> str:
+        """Deterministic: the same for every try of a task instance, different for every run and map index; the
+        platform fits it to its own rule (shortening the prefix, never the digest)."""
         ti = context["ti"]
         identity = f"{ti.dag_id}\n{ti.task_id}\n{ti.run_id}\n{ti.map_index}"
         digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
-        prefix = self.job_name if self.job_name is not None else _readable(f"{ti.dag_id}-{ti.task_id}")[:50]
-        return f"{prefix.rstrip('-')}-{digest}" if prefix else f"tao-{digest}"
+        prefix = self.job_name if self.job_name is not None else _readable(f"{ti.dag_id}-{ti.task_id}")
+        name = hook.job_name_for(prefix, digest)
+        hook.validate_name(name)
+        return name
 
-    def _job_spec(self, context: Context, hook: TAOPlatformHook) -> JobSpec:
+    def _job_spec(self, context: Context, hook: TAOPlatformHook, name: str) -> JobSpec:
         from airflow_provider_tao.images import resolve_container_image
 
+        if not isinstance(self.env, dict):
+            raise JobValidationError("env", f"{self.env!r} is not a mapping", "Pass a dict of strings")
         try:
             image = resolve_container_image(self.image) if self.image else None
         except (KeyError, ValueError) as exc:
             raise JobValidationError("image", str(exc), "Fix the image") from exc
-        if image is None and hook.platform != "local":
-            raise JobValidationError(
-                "image", f"is required on the {hook.platform} platform", "Give a versions.yaml key or URI"
-            )
-        if not isinstance(self.env, dict):
-            raise JobValidationError("env", f"{self.env!r} is not a mapping", "Pass a dict of strings")
-        return JobSpec(
-            name=self._job_name(context),
+        spec = JobSpec(
+            name=name,
             job_id=secrets.token_hex(6),
             command=self.command,
             image=image,
@@ -252,6 +251,11 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             results_uri=self.results_uri,
             deadline=self._deadline(context),
         )
+        if image is None and (reason := hook.image_required(spec)):
+            raise JobValidationError(
+                "image", reason, "Give a versions.yaml key such as tao_toolkit.pyt or an image URI"
+            )
+        return spec
 
     def _deadline(self, context: Context) -> float | None:
         """Absolute end of the task, anchored on its start so re-deferrals keep it."""
@@ -269,29 +273,39 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
     def _run(self, context: Context, *, reattach: bool) -> dict[str, Any]:
         try:
             hook = self._hook()
-            spec, outputs = self.stage(self._job_spec(context, hook), hook)
-            hook.validate_spec(spec)
+            name = self._job_name(context, hook)
         except JobValidationError as exc:
             raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
         try_number = context["ti"].try_number
-        found = self._find_previous(context, hook, spec.name) if reattach else None
+        # Reattach first: an earlier try's job that still runs is this task's job, whatever a new validation of
+        # today's inputs would say (the job itself may have moved them), and its outputs are the ones that count.
+        found = self._find_previous(context, hook, name) if reattach else None
         if found is not None and found[1].state is JobState.COMPLETE:
             self._handle = found[0]
             self._publish(context, found[0])
-            return self._succeed(context, found[0], found[1])
+            return self._succeed(context, found[0], found[1], self._outputs_of(context, found[0]))
         if found is not None:
             handle = found[0].owned_by(try_number)
             hook.claim_job(handle)
+            outputs = self._outputs_of(context, found[0])
             self.log.info(
                 "Reattached to job %s (%s), submitted by try %s", handle.job_id, handle.name, found[0].try_number
             )
         else:
+            try:
+                spec, outputs = self.stage(self._job_spec(context, hook, name), hook)
+                hook.validate_spec(spec)
+            except JobValidationError as exc:
+                raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
+            register_secrets(list(spec.secret_env.values()))
+            self._warn_expiring_credentials(spec)
             handle = hook.create_job(spec, try_number=try_number)
             self.log.info("Submitted %s job %s (%s)", hook.platform, handle.job_id, handle.name)
         self._handle = handle
         record: dict[str, Any] = {"handle": handle.to_json(), "consumed": False, "outputs": outputs}
         context["task_state_store"].set(STATE_KEY, record)
         self._publish(context, handle)
+        deadline = self._deadline(context)
         if self.deferrable:
             from airflow_provider_tao.triggers.job import TAOJobTrigger
 
@@ -299,10 +313,10 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
                 trigger=TAOJobTrigger(
                     handle=handle.to_json(),
                     poll_interval=self.poll_interval,
-                    deadline=spec.deadline,
+                    deadline=deadline,
                     stream_logs=self.stream_logs,
                     cancel_on_kill=self.cancel_on_kill,
-                    max_unknown_seconds=MAX_UNKNOWN_SECONDS,
+                    secret_conn_ids=[self.storage_conn_id] if self.storage_conn_id else [],
                 ),
                 method_name="execute_complete",
                 # The trigger enforces the deadline itself and the operator cancels the job; a framework timeout
@@ -311,36 +325,72 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             )
         return self.execute_complete(context, self._wait_on_worker(hook, handle))
 
+    def _outputs_of(self, context: Context, handle: JobHandle) -> dict[str, str]:
+        """The output URIs of the job that ran: stored with its handle, else derived from its results folder."""
+        record: Any = context["task_state_store"].get(STATE_KEY)
+        if isinstance(record, dict) and (record.get("handle") or {}).get("job_id") == handle.job_id:
+            return dict(record.get("outputs") or {})
+        if not self.uses_runner:
+            return {}
+        try:
+            return self.build_job_entrypoint().output_uris(handle.results_dir)
+        except JobValidationError as exc:
+            self.log.warning("Cannot derive the outputs of job %s: %s", handle.job_id, exc)
+            return {}
+
+    def _warn_expiring_credentials(self, spec: JobSpec) -> None:
+        """Temporary storage credentials that expire before the task's deadline break the job's late uploads."""
+        if "AWS_SESSION_TOKEN" not in spec.secret_env:
+            return
+        expiry = self.storage_credentials_expiry()
+        if expiry is None:
+            self.log.warning(
+                "storage_conn_id %r gives temporary AWS credentials (a session token) of unknown lifetime: uploads "
+                "fail once they expire. Use long-lived keys or a role the connection can refresh",
+                self.storage_conn_id,
+            )
+        elif spec.deadline is None or expiry < spec.deadline:
+            self.log.warning(
+                "The temporary AWS credentials of storage_conn_id %r expire at %s, %s: the job's uploads after "
+                "that fail. Use long-lived keys or a role the connection can refresh, or shorten execution_timeout",
+                self.storage_conn_id,
+                time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expiry)),
+                "before the task's execution_timeout" if spec.deadline else "and the task has no execution_timeout",
+            )
+
     def _find_previous(self, context: Context, hook: TAOPlatformHook, name: str) -> tuple[JobHandle, JobStatus] | None:
-        """This task instance's earlier job if it can be reused (active or completed), else None."""
+        """This task instance's earlier job if it can be reused (active or completed and not yet used), else None.
+
+        Whether a job's result was used is kept with the job on the platform (``consumed_by``), so a clear after
+        success reruns the job even when ``task_state_store`` was emptied (``clear_on_success``, retention)."""
         record = context["task_state_store"].get(STATE_KEY)
-        consumed_id = None
         candidate = None
-        if isinstance(record, dict) and isinstance(record.get("handle"), dict):
-            stored = JobHandle.from_json(record["handle"])  # type: ignore[arg-type]
-            if record.get("consumed"):
-                consumed_id = stored.job_id  # its result was already used by a successful try: a clear reruns
-            else:
-                candidate = stored
+        if isinstance(record, dict) and isinstance(record.get("handle"), dict) and not record.get("consumed"):
+            candidate = JobHandle.from_json(record["handle"])  # type: ignore[arg-type]
         if candidate is None:
             # Nothing usable stored: a worker may have died between submission and the store write.
-            by_name = hook.find_job(name)
-            if by_name is not None and by_name.job_id != consumed_id:
-                candidate = by_name
+            candidate = hook.find_job(name)
         if candidate is None:
             return None
         status = hook.get_job_status(candidate)
-        if status.state is JobState.UNKNOWN and status.raw_state != "NOT_FOUND":
+        if status.state is JobState.UNKNOWN and not status.not_found:
             raise AirflowException(
                 f"Cannot tell whether job {candidate.job_id} of an earlier try still runs ({status.message}); "
                 "not submitting another one, to avoid a duplicate. The next try asks again."
             )
-        if status.state in (JobState.PENDING, JobState.RUNNING, JobState.PAUSED, JobState.COMPLETE):
-            return candidate, status
-        self.log.info(
-            "Earlier job %s ended %s (%s): submitting a new one", candidate.job_id, status.state, status.message
-        )
-        return None
+        if status.state not in (JobState.PENDING, JobState.RUNNING, JobState.PAUSED, JobState.COMPLETE):
+            self.log.info(
+                "Earlier job %s ended %s (%s): submitting a new one", candidate.job_id, status.state, status.message
+            )
+            return None
+        if (used_by := hook.consumed_by(candidate)) is not None:
+            self.log.info(
+                "Job %s's result was already used by try %s (the task was cleared): submitting a new one",
+                candidate.job_id,
+                used_by,
+            )
+            return None
+        return candidate, status
 
     def _publish(self, context: Context, handle: JobHandle) -> None:
         ti = context["ti"]
@@ -349,34 +399,55 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         ti.xcom_push(key=XCOM_CONSOLE_URL, value=handle.console_url)
 
     def _wait_on_worker(self, hook: TAOPlatformHook, handle: JobHandle) -> dict[str, Any]:
-        """The synchronous twin of the trigger; returns the same event payload. (Airflow itself enforces
-        ``execution_timeout`` here and calls ``on_kill``, which cancels the job.)"""
-        offset = 0
-        unknown_since: float | None = None
+        """The synchronous twin of the trigger; returns the same event payload. A failed status call (one SSH blip,
+        an API outage) is Unknown, never a failure: the wait goes on until the job ends or Airflow's own
+        ``execution_timeout`` stops it (and calls ``on_kill``, which cancels the job)."""
+        if problem := hook.watch_problem(handle):
+            return self._payload("misplaced", handle, JobStatus.unknown(problem), "")
+        cursor = ""
+        outage_since: float | None = None
+        reported = 0.0
         while True:
-            status = hook.get_job_status(handle)
-            if self.stream_logs:
-                text, offset = hook.get_job_logs(handle, offset)
-                for line in text.splitlines():
-                    self.log.info("[job] %s", line)
+            try:
+                status = hook.get_job_status(handle)
+            except Exception as exc:  # the platform could not be asked: an outage, not a verdict on the job
+                status = JobStatus.unknown(f"status call failed: {exc}")
+            if status.state is JobState.UNKNOWN and not status.not_found:
+                now = time.monotonic()
+                if outage_since is None or now - reported >= OUTAGE_REPORT_SECONDS:
+                    outage_since, reported = outage_since or now, now
+                    self.log.warning(
+                        "The %s platform has not answered for %.0f s (%s); still waiting",
+                        hook.platform, now - outage_since, status.message,
+                    )  # fmt: skip
+            else:
+                if outage_since is not None:
+                    self.log.warning("The %s platform answers again", hook.platform)
+                outage_since = None
+                if self.stream_logs:
+                    cursor = self._copy_logs(hook, handle, cursor)
             if status.state.is_terminal:
                 outcome = {JobState.COMPLETE: "complete", JobState.ERROR: "error", JobState.CANCELED: "canceled"}
-                return self._payload(outcome[status.state], handle, status, offset)
-            if status.state is JobState.UNKNOWN:
-                unknown_since = unknown_since or time.monotonic()
-                if time.monotonic() - unknown_since > MAX_UNKNOWN_SECONDS:
-                    return self._payload("unreachable", handle, status, offset)
-            else:
-                unknown_since = None
+                return self._payload(outcome[status.state], handle, status, cursor)
             time.sleep(self.poll_interval)
 
+    def _copy_logs(self, hook: TAOPlatformHook, handle: JobHandle, cursor: str) -> str:
+        try:
+            text, cursor = hook.get_job_logs(handle, cursor)
+        except Exception as exc:  # logs are best effort
+            self.log.debug("Reading the job log failed: %s", exc)
+            return cursor
+        for line in text.splitlines():
+            self.log.info("[job] %s", line)
+        return cursor
+
     @staticmethod
-    def _payload(outcome: str, handle: JobHandle, status: JobStatus, offset: int) -> dict[str, Any]:
+    def _payload(outcome: str, handle: JobHandle, status: JobStatus, cursor: str) -> dict[str, Any]:
         return {
             "status": outcome,
             "handle": handle.to_json(),
             "job_status": status.to_json(),
-            "log_offset": offset,
+            "log_cursor": cursor,
             "message": status.message,
         }
 
@@ -388,35 +459,43 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         self._handle = handle
         hook = get_platform_hook(handle.platform, handle.conn_id)
         hook.load_connection()
-        if outcome == "complete":
-            return self._succeed(context, handle, status)
+        if outcome == "misplaced":
+            raise AirflowFailException(event.get("message") or status.message)
         if outcome == "timeout":
             if self.cancel_on_kill:
                 hook.cancel_job(handle)
+            hook.cleanup_job(handle)
             raise AirflowTaskTimeout(f"Job {handle.job_id} passed the task's execution_timeout; it was canceled")
-        if outcome == "unreachable":
-            raise AirflowException(
-                f"The {handle.platform} platform did not answer for {MAX_UNKNOWN_SECONDS:.0f} s "
-                f"({event.get('message')}); job {handle.job_id} may still run and the next try reattaches to it"
-            )
         if outcome == "canceled":
             requested_by = hook.cancel_requested_by(handle)
-            if requested_by is not None and requested_by < context["ti"].try_number:
-                # The previous try's trigger canceled it after this try took it over (clear while deferred).
-                self.log.info(
-                    "Job %s was canceled by try %s's cleanup; submitting a new one", handle.job_id, requested_by
-                )
+            if requested_by is not None:
+                # A cancel through this provider, yet this try is resuming: the kill was not the user's (a user's
+                # mark-failed or clear never resumes the try that was killed). Either an older try's cleanup after
+                # this try took the job over (clear while deferred), or a spurious trigger on_kill (a trigger moved
+                # between triggerers): run the job again rather than fail the task.
+                self.log.warning(
+                    "Job %s was canceled by try %s's cleanup while try %s still wants it; submitting a new one",
+                    handle.job_id, requested_by, context["ti"].try_number,
+                )  # fmt: skip
+                hook.cleanup_job(handle)
                 return self._run(context, reattach=False)
-            who = "by this task" if requested_by is not None else "outside Airflow"
-            raise AirflowFailException(f"Job {handle.job_id} was canceled {who}")
+            hook.cleanup_job(handle)
+            raise AirflowFailException(f"Job {handle.job_id} was canceled outside Airflow")
+        hook.cleanup_job(handle)
+        if outcome == "complete":
+            return self._succeed(context, handle, status, self._outputs_of(context, handle))
         return self._fail(hook, handle, status)
 
-    def _succeed(self, context: Context, handle: JobHandle, status: JobStatus) -> dict[str, Any]:
-        store = context["task_state_store"]
-        record = store.get(STATE_KEY)
-        outputs = record.get("outputs") if isinstance(record, dict) else None
-        # Mark the job's result as used, so clearing a successful task runs the job again instead of reusing it.
-        store.set(STATE_KEY, {"handle": handle.to_json(), "consumed": True, "outputs": outputs or {}})
+    def _succeed(
+        self, context: Context, handle: JobHandle, status: JobStatus, outputs: dict[str, str]
+    ) -> dict[str, Any]:
+        # Mark the job's result as used, with the job and in the store, so clearing a successful task runs the job
+        # again instead of reusing it -- even once the store is emptied.
+        hook = get_platform_hook(handle.platform, handle.conn_id)
+        hook.load_connection()
+        hook.mark_consumed(handle.owned_by(context["ti"].try_number))
+        record: Any = {"handle": handle.to_json(), "consumed": True, "outputs": outputs}
+        context["task_state_store"].set(STATE_KEY, record)
         self.log.info("Job %s completed; results in %s", handle.job_id, handle.results_dir)
         return {
             "job_id": handle.job_id,
@@ -426,7 +505,7 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             "state": status.state.value,
             "exit_code": status.exit_code,
             "results_dir": handle.results_dir,
-            "outputs": outputs or {},
+            "outputs": outputs,
             "console_url": handle.console_url,
         }
 
@@ -448,4 +527,5 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             return
         hook = get_platform_hook(self._handle.platform, self._handle.conn_id)
         hook.load_connection()
-        hook.cancel_job(self._handle)
+        if hook.cancel_job(self._handle):
+            hook.cleanup_job(self._handle)

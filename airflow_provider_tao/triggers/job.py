@@ -1,12 +1,15 @@
 """``TAOJobTrigger``: watches one job on any platform from the triggerer, and the poller that batches them.
 
-Every trigger of one (platform, connection) in a triggerer process shares one :class:`StatusPoller`: it asks the
-platform for the status of *all* watched jobs in one call per interval (``aget_job_statuses``) and hands each
-trigger its job's status. While waiting, a trigger copies the job's new log lines into the task log by byte offset.
+Every trigger of one (platform, connection) in a triggerer process shares one :class:`StatusPoller` and its hook
+(one async client): the poller asks the platform for the status of *all* watched jobs in one call per interval
+(``aget_job_statuses``) and hands each trigger its job's status; the triggers read logs, marks and cancel through
+the same hook. While waiting, a trigger copies the job's new log lines into the task log from an opaque cursor
+that it keeps as an XCom of its task instance, so a restarted triggerer resumes where the last one stopped.
 
 The event contract (a plain dict, see :class:`TriggerOutcome`): ``status`` is one of ``complete``, ``error``,
-``canceled``, ``timeout`` (the task's deadline passed), ``unreachable`` (the platform could not be asked for too
-long -- not a job failure), plus ``handle``, ``job_status``, ``log_offset`` and ``message``.
+``canceled``, ``timeout`` (the task's deadline passed) or ``misplaced`` (this triggerer cannot see the job), plus
+``handle``, ``job_status``, ``log_cursor`` and ``message``. An unanswerable platform is never an outcome: the
+trigger keeps waiting (and says so in the task log) until the job ends or the task's deadline passes.
 """
 
 from __future__ import annotations
@@ -24,11 +27,15 @@ from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.jobs import JobHandle, JobState, JobStatus
 
-#: How long the platform may stay unanswerable before the trigger gives up with ``unreachable``.
-DEFAULT_MAX_UNKNOWN_SECONDS = 600.0
 #: Upper bound of one batched status call; a hung backend must not hang the trigger.
 STATUS_CALL_TIMEOUT = 60.0
 MAX_BACKOFF_SECONDS = 30.0  # after an outage the first good poll must not come much later
+#: How often a continuing outage is reported in the task log.
+OUTAGE_REPORT_SECONDS = 300.0
+#: Consecutive "the platform does not know this job" answers after which the job counts as gone.
+NOT_FOUND_POLLS = 2
+#: XCom key of the log cursor (kept with the task instance: survives triggerer restarts, cleared by a new try).
+XCOM_LOG_CURSOR = "tao_log_cursor"
 
 
 class TriggerOutcome:
@@ -38,7 +45,7 @@ class TriggerOutcome:
     ERROR = "error"
     CANCELED = "canceled"
     TIMEOUT = "timeout"
-    UNREACHABLE = "unreachable"
+    MISPLACED = "misplaced"
 
     BY_STATE: ClassVar[dict[JobState, str]] = {
         JobState.COMPLETE: COMPLETE,
@@ -63,8 +70,10 @@ class _Watch:
 class StatusPoller:
     """Polls every watched job of one (platform, connection) with one backend call per interval.
 
-    One instance per event loop and connection (the triggerer runs all triggers on one loop). It starts with its
-    first watcher and stops when the last one leaves. Failed calls publish ``Unknown`` and back off.
+    One instance per event loop and connection (the triggerer runs all triggers on one loop), holding the one
+    hook -- and so the one async client -- that status, logs, marks and cancel share. It starts with its first
+    watcher, restarts its task if that task ever dies, and closes the hook when the last watcher leaves. Failed
+    calls publish ``Unknown`` and back off.
 
     :param hook: the platform hook (connection already loaded).
     """
@@ -75,37 +84,63 @@ class StatusPoller:
         self.hook = hook
         self.watches: dict[int, _Watch] = {}
         self.calls = 0  # backend calls made, for tests and benchmarks
+        self.restarts = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
+    @staticmethod
+    def _key(platform: str, conn_id: str | None) -> tuple[int, str, str | None]:
+        return (id(asyncio.get_running_loop()), platform, conn_id)
+
     @classmethod
-    def for_hook(cls, hook: TAOPlatformHook) -> StatusPoller:
-        key = (id(asyncio.get_running_loop()), hook.platform, hook.conn_id)
+    async def for_connection(cls, platform: str, conn_id: str | None) -> StatusPoller:
+        """This event loop's poller of the connection, created (and its connection loaded) on first use."""
+        key = cls._key(platform, conn_id)
         poller = cls._instances.get(key)
         if poller is None:
-            poller = cls._instances[key] = cls(hook)
+            hook = get_platform_hook(platform, conn_id)
+            await hook.aload_connection()
+            poller = cls._instances.setdefault(key, cls(hook))
         return poller
+
+    @classmethod
+    def existing(cls, platform: str, conn_id: str | None) -> StatusPoller | None:
+        return cls._instances.get(cls._key(platform, conn_id))
 
     @contextlib.asynccontextmanager
     async def watch(self, handle: JobHandle, interval: float) -> AsyncIterator[_Watch]:
         watch = _Watch(handle, interval)
         self.watches[id(watch)] = watch
         self._wake.set()  # a new job is polled at once, not after the current interval
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name=f"tao-poller-{self.hook.platform}-{self.hook.conn_id}")
+        self.ensure_running()
         try:
             yield watch
         finally:
             del self.watches[id(watch)]
             if not self.watches:
-                self._stop()
+                await self._stop()
 
-    def _stop(self) -> None:
+    def ensure_running(self) -> None:
+        """Start the polling task, or restart it if it died (a bug or an unexpected error must not leave every
+        trigger of the connection waiting forever)."""
+        task = self._task
+        if task is not None and not task.done():
+            return
+        if task is not None and not task.cancelled() and task.exception() is not None:
+            self.restarts += 1
+            self.hook.log.error("The %s status poller died (%r); restarting it", self.hook.platform, task.exception())
+        self._task = asyncio.create_task(self._run(), name=f"tao-poller-{self.hook.platform}-{self.hook.conn_id}")
+
+    async def _stop(self) -> None:
         for key, poller in list(self._instances.items()):
             if poller is self:
                 del self._instances[key]
         if self._task is not None:
             self._task.cancel()
+        try:
+            await self.hook.aclose()
+        except Exception as exc:  # closing is best effort
+            self.hook.log.debug("Closing the %s client failed: %s", self.hook.platform, exc)
 
     async def _run(self) -> None:
         backoff = 0.0
@@ -114,7 +149,7 @@ class StatusPoller:
             watches = list(self.watches.values())
             handles = list({w.handle.job_id: w.handle for w in watches}.values())
             statuses = await self._poll(handles)
-            failed = all(s.state is JobState.UNKNOWN for s in statuses.values())
+            failed = all(s.state is JobState.UNKNOWN and not s.not_found for s in statuses.values())
             for watch in watches:
                 watch.publish(statuses.get(watch.handle.job_id) or JobStatus.unknown("not in the platform's answer"))
             interval = min(w.interval for w in watches)
@@ -133,16 +168,48 @@ class StatusPoller:
             return {h.job_id: JobStatus.unknown(f"status call failed: {exc}") for h in handles}
 
 
+class _Outage:
+    """Reports a stretch of Unknown in the task log: when it starts, every ``OUTAGE_REPORT_SECONDS``, when it ends."""
+
+    def __init__(self, log: Any, platform: str) -> None:
+        self.log, self.platform = log, platform
+        self.since: float | None = None
+        self.reported = 0.0
+
+    def update(self, status: JobStatus) -> None:
+        now = time.monotonic()
+        if status.state is not JobState.UNKNOWN or status.not_found:
+            if self.since is not None:
+                self.log.warning("The %s platform answers again after %.0f s", self.platform, now - self.since)
+            self.since = None
+            return
+        if self.since is None:
+            self.since = self.reported = now
+            self.log.warning(
+                "The %s platform does not answer (%s); still waiting: an outage never fails the task, only its "
+                "execution_timeout ends the wait",
+                self.platform,
+                status.message,
+            )
+        elif now - self.reported >= OUTAGE_REPORT_SECONDS:
+            self.reported = now
+            self.log.warning(
+                "The %s platform has not answered for %.0f s (%s)", self.platform, now - self.since, status.message
+            )
+
+
 class TAOJobTrigger(BaseTrigger):
     """Waits for a TAO job to end, streaming its log lines into the task log meanwhile.
 
     :param handle: the job handle as a dict (``JobHandle.to_json()``).
     :param poll_interval: seconds between status polls.
     :param deadline: absolute epoch seconds at which the task times out (``execution_timeout``), or None.
-    :param log_offset: byte offset of the job log already shown.
-    :param stream_logs: copy new log lines into the task log while deferred.
+    :param log_cursor: the job log's cursor already shown (the hook's opaque string; "" = from the start). A
+        cursor stored later by a trigger of the same task instance wins.
+    :param stream_logs: copy new log lines into the task log while deferred (False reads no log at all).
     :param cancel_on_kill: cancel the job when the task is marked failed/success or cleared while deferred.
-    :param max_unknown_seconds: how long the platform may be unanswerable before giving up (``unreachable``).
+    :param secret_conn_ids: connections whose secrets the job receives; registered with the triggerer's secrets
+        masker so a job that prints them never puts them into the task log.
     """
 
     def __init__(
@@ -151,19 +218,19 @@ class TAOJobTrigger(BaseTrigger):
         handle: dict[str, Any],
         poll_interval: float = 10.0,
         deadline: float | None = None,
-        log_offset: int = 0,
+        log_cursor: str = "",
         stream_logs: bool = True,
         cancel_on_kill: bool = True,
-        max_unknown_seconds: float = DEFAULT_MAX_UNKNOWN_SECONDS,
+        secret_conn_ids: list[str] | None = None,
     ) -> None:
         super().__init__()
         self.handle = JobHandle.from_json(handle)
         self.poll_interval = float(poll_interval)
         self.deadline = None if deadline is None else float(deadline)
-        self.log_offset = int(log_offset)
+        self.log_cursor = str(log_cursor)
         self.stream_logs = bool(stream_logs)
         self.cancel_on_kill = bool(cancel_on_kill)
-        self.max_unknown_seconds = float(max_unknown_seconds)
+        self.secret_conn_ids = list(secret_conn_ids or [])
         self._partial_line = ""
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -173,24 +240,27 @@ class TAOJobTrigger(BaseTrigger):
                 "handle": self.handle.to_json(),
                 "poll_interval": self.poll_interval,
                 "deadline": self.deadline,
-                "log_offset": self.log_offset,
+                "log_cursor": self.log_cursor,
                 "stream_logs": self.stream_logs,
                 "cancel_on_kill": self.cancel_on_kill,
-                "max_unknown_seconds": self.max_unknown_seconds,
+                "secret_conn_ids": self.secret_conn_ids,
             },
         )
 
-    async def _hook(self) -> TAOPlatformHook:
-        hook = get_platform_hook(self.handle.platform, self.handle.conn_id)
-        await hook.aload_connection()
-        return hook
-
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        hook = await self._hook()
-        unknown_since: float | None = None
+        await self._mask_secrets()
+        poller = await StatusPoller.for_connection(self.handle.platform, self.handle.conn_id)
+        hook = poller.hook
+        if problem := hook.watch_problem(self.handle):
+            yield self._event(TriggerOutcome.MISPLACED, JobStatus.unknown(problem), problem)
+            return
+        if self.stream_logs:
+            self.log_cursor = await self._stored_cursor() or self.log_cursor
         self.log.info("Watching %s job %s (%s)", hook.platform, self.handle.job_id, self.handle.name)
         status = JobStatus.unknown("no status yet")
-        async with StatusPoller.for_hook(hook).watch(self.handle, self.poll_interval) as watch:
+        outage = _Outage(self.log, hook.platform)
+        not_found = 0
+        async with poller.watch(self.handle, self.poll_interval) as watch:
             while True:
                 wait = self.poll_interval * 4
                 if self.deadline is not None:
@@ -198,13 +268,20 @@ class TAOJobTrigger(BaseTrigger):
                 try:
                     status = await asyncio.wait_for(watch.updates.get(), timeout=wait)
                 except TimeoutError:
+                    poller.ensure_running()
                     # No fresh answer (the poller is backing off): keep the last failure's reason.
                     if status.state is not JobState.UNKNOWN:
                         status = JobStatus.unknown(f"no status from the {hook.platform} platform for {wait:.1f} s")
-                if self.stream_logs:
+                outage.update(status)
+                not_found = not_found + 1 if status.not_found else 0
+                if self.stream_logs and status.state is not JobState.UNKNOWN:
                     await self._stream_logs(hook)
                 if self.deadline is not None and time.time() >= self.deadline:
                     yield self._event(TriggerOutcome.TIMEOUT, status, "the task's execution_timeout passed")
+                    return
+                if not_found >= NOT_FOUND_POLLS:
+                    message = f"job {self.handle.job_id} no longer exists on the {hook.platform} platform"
+                    yield self._event(TriggerOutcome.ERROR, status, f"{message} ({status.message})")
                     return
                 if status.state is JobState.ERROR and (note := await self._resubmitted(hook, status)):
                     self.log.warning("Job %s: %s", self.handle.job_id, note)
@@ -214,13 +291,6 @@ class TAOJobTrigger(BaseTrigger):
                         await self._stream_logs(hook, final=True)
                     yield self._event(TriggerOutcome.BY_STATE[status.state], status, status.message)
                     return
-                if status.state is JobState.UNKNOWN:
-                    unknown_since = unknown_since or time.time()
-                    if time.time() - unknown_since >= self.max_unknown_seconds:
-                        yield self._event(TriggerOutcome.UNREACHABLE, status, status.message)
-                        return
-                else:
-                    unknown_since = None
 
     async def _resubmitted(self, hook: TAOPlatformHook, status: JobStatus) -> str | None:
         try:
@@ -237,20 +307,25 @@ class TAOJobTrigger(BaseTrigger):
                 "status": outcome,
                 "handle": self.handle.to_json(),
                 "job_status": status.to_json(),
-                "log_offset": self.log_offset,
+                "log_cursor": self.log_cursor,
                 "message": message,
             }
         )
 
     async def _stream_logs(self, hook: TAOPlatformHook, final: bool = False) -> None:
-        """Copy complete new log lines into the task log; a trailing partial line waits for its newline."""
+        """Copy complete new log lines into the task log; a trailing partial line waits for its newline. The new
+        cursor is stored before the lines are written: a triggerer dying in between loses lines rather than
+        writing them twice."""
         try:
-            text, self.log_offset = await hook.aget_job_logs(self.handle, self.log_offset)
+            text, cursor = await hook.aget_job_logs(self.handle, self.log_cursor)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # logs are best effort: never fail the watch over them
             self.log.debug("Reading the job log failed: %s", exc)
             return
+        if cursor != self.log_cursor:
+            self.log_cursor = cursor
+            await self._store_cursor(cursor)
         lines = (self._partial_line + text).split("\n")
         self._partial_line = lines.pop()  # the text after the last newline: an unfinished line, or ""
         if final and self._partial_line:
@@ -258,10 +333,73 @@ class TAOJobTrigger(BaseTrigger):
         for line in lines:
             self.log.info("[job] %s", line)
 
+    # ----------------------------------------------------------------- what the triggerer keeps for us
+
+    def _xcom_target(self) -> dict[str, Any] | None:
+        ti = self.task_instance
+        if ti is None:
+            return None  # run outside a triggerer (tests, the worker): the cursor lives in memory only
+        return {"dag_id": ti.dag_id, "task_id": ti.task_id, "run_id": ti.run_id, "map_index": ti.map_index}
+
+    async def _stored_cursor(self) -> str | None:
+        target = self._xcom_target()
+        if target is None:
+            return None
+        from airflow.sdk.bases.xcom import BaseXCom
+
+        try:
+            value = await BaseXCom.aget_one(key=XCOM_LOG_CURSOR, **target)
+        except Exception as exc:
+            self.log.debug("Reading the stored log cursor failed: %s", exc)
+            return None
+        if isinstance(value, dict) and value.get("job_id") == self.handle.job_id:
+            return str(value.get("cursor") or "") or None
+        return None
+
+    async def _store_cursor(self, cursor: str) -> None:
+        target = self._xcom_target()
+        if target is None:
+            return
+        from airflow.sdk.bases.xcom import BaseXCom
+
+        try:
+            await BaseXCom.aset(key=XCOM_LOG_CURSOR, value={"job_id": self.handle.job_id, "cursor": cursor}, **target)
+        except Exception as exc:
+            self.log.debug("Storing the log cursor failed: %s", exc)
+
+    async def _mask_secrets(self) -> None:
+        """Register the secrets of ``secret_conn_ids`` with this triggerer's secrets masker: the password and
+        every extra whose name Airflow treats as sensitive (``aws_session_token``, ``*secret*``, ...)."""
+        if not self.secret_conn_ids:
+            return
+        from airflow.sdk import BaseHook
+        from airflow.sdk._shared.secrets_masker import should_hide_value_for_key
+        from airflow.sdk.log import amask_secret
+
+        for conn_id in self.secret_conn_ids:
+            try:
+                conn = await BaseHook.aget_connection(conn_id)  # masks the password itself
+                extras = conn.extra_dejson
+            except Exception as exc:
+                self.log.warning("Could not load connection %r to mask its secrets: %s", conn_id, exc)
+                continue
+            for key, value in (extras if isinstance(extras, dict) else {}).items():
+                if isinstance(value, str) and should_hide_value_for_key(key):
+                    await amask_secret(value, key)
+
     async def on_kill(self) -> None:
-        """The task was marked failed/success or cleared while deferred: cancel the job this try owns."""
+        """The task was marked failed/success or cleared while deferred: cancel the job this try owns, on the
+        connection's shared async client."""
         if not self.cancel_on_kill:
             self.log.info("cancel_on_kill=False: leaving job %s running", self.handle.job_id)
             return
-        hook = await self._hook()
-        await hook.acancel_job(self.handle)
+        poller = StatusPoller.existing(self.handle.platform, self.handle.conn_id)
+        if poller is not None:
+            await poller.hook.acancel_job(self.handle)
+            return
+        hook = get_platform_hook(self.handle.platform, self.handle.conn_id)
+        await hook.aload_connection()
+        try:
+            await hook.acancel_job(self.handle)
+        finally:
+            await hook.aclose()

@@ -161,10 +161,10 @@ TRIGGER_CASES = [
         "handle": _handle(),
         "poll_interval": 0.5,
         "deadline": 1_900_000_000.75,
-        "log_offset": 123456789,
+        "log_cursor": "123456789:42",
         "stream_logs": False,
         "cancel_on_kill": False,
-        "max_unknown_seconds": 30,
+        "secret_conn_ids": ["aws_default"],
     },
     {"handle": _handle(name="n" * 128, results_dir="/ü/ñ/path with spaces"), "poll_interval": 1},
 ]

@@ -20,6 +20,7 @@ class FakeHook(TAOPlatformHook):
     default_conn_name = "tao_fake_default"
     hook_name = "TAO fake"
     supports_multi_node = True
+    marks_storage = "the in-memory job entry"
 
     jobs: dict[str, dict[str, Any]] = {}
     status_calls: list[list[str]] = []
@@ -62,16 +63,16 @@ class FakeHook(TAOPlatformHook):
     def get_job_status(self, handle: JobHandle) -> JobStatus:
         job = self.jobs.get(handle.job_id)
         if job is None:
-            return JobStatus(JobState.UNKNOWN, "not found", raw_state="NOT_FOUND")
+            return JobStatus.missing("not found")
         return JobStatus(job["state"], f"fake {job['state'].value}", exit_code=job["exit"])
 
     def get_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
         self.status_calls.append([h.job_id for h in handles])
         return {h.job_id: self.get_job_status(h) for h in handles}
 
-    def get_job_logs(self, handle: JobHandle, offset: int = 0, tail: int | None = None) -> tuple[str, int]:
+    def get_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
         data = self.logs.get(handle.job_id, "").encode()
-        return data[offset:].decode(), len(data)
+        return data[int(cursor or 0) :].decode(), str(len(data))
 
     def _cancel(self, handle: JobHandle) -> bool:
         job = self.jobs[handle.job_id]

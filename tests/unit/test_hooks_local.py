@@ -221,7 +221,7 @@ def test_submit_and_complete_with_exit_0(hook, local_env):
     assert handle.try_number == 3
     assert handle.results_dir == str(local_env["results_root"] / spec.job_id)
     assert Path(handle.results_dir).is_dir()
-    assert handle.console_url == (local_env["jobs_dir"] / spec.job_id / "job.log").as_uri()
+    assert handle.console_url == f"file://{os.uname().nodename}{local_env['jobs_dir'] / spec.job_id / 'job.log'}"
     assert int(handle.backend_job_id) == pid_record(hook, handle)["pid"]
     assert abs(handle.submitted_at - time.time()) < 30
 
@@ -306,7 +306,7 @@ def test_job_env_is_clean_and_carries_the_spec(hook, local_env, monkeypatch):
         [PY, "-c", script],
         env={"EPOCHS": "3", "QUOTED": "a 'b' \"c\" $HOME {x}", "EMPTY": ""},
         secret_env={"HF_TOKEN": "job-secret-token"},
-        files={"spec.yaml": "train:\n  epochs: 3\n", "sub/args.txt": "--lr 0.1"},
+        files={"spec.yaml": b"train:\n  epochs: 3\n", "sub/args.txt": b"--lr 0.1"},
     )
     handle = hook.create_job(spec)
     assert wait_terminal(hook, handle).state is JobState.COMPLETE
@@ -343,12 +343,12 @@ def test_secret_values_are_not_written_to_the_job_folder(hook):
 
 
 def test_staged_files_are_private_and_cannot_escape(hook):
-    handle = hook.create_job(make_spec("true", files={"a/b.txt": "x"}))
+    handle = hook.create_job(make_spec("true", files={"a/b.txt": b"x"}))
     staged = hook.jobs_dir / handle.job_id / "files" / "a" / "b.txt"
     assert staged.read_text() == "x"
     assert staged.stat().st_mode & 0o077 == 0
     with pytest.raises(JobValidationError) as exc:
-        hook.create_job(make_spec("true", files={"../../escape.txt": "x"}))
+        hook.create_job(make_spec("true", files={"../../escape.txt": b"x"}))
     assert exc.value.parameter == "files"
     assert not (hook.jobs_dir / "escape.txt").exists()
     assert not (hook.jobs_dir.parent / "escape.txt").exists()
@@ -586,8 +586,8 @@ def test_get_job_status_of_an_unknown_job_is_unknown_not_failed(hook):
     ghost = JobHandle(platform="local", conn_id=CONN_ID, job_id="doesnotexist", name="ghost")
     status = hook.get_job_status(ghost)
     assert status.state is JobState.UNKNOWN
-    assert status.raw_state == "NOT_FOUND"
-    assert hook.get_job_logs(ghost, offset=7) == ("", 7)
+    assert status.not_found
+    assert hook.get_job_logs(ghost, "7") == ("", "7")
 
 
 def _fake_job_without_pid(hook: LocalHook, submitted_ago: float) -> JobHandle:
@@ -684,15 +684,16 @@ def test_logs_by_byte_offset_concatenate_to_the_whole_log(hook):
     offset = 0
     while True:  # read while the job writes, as the trigger does
         terminal = hook.get_job_status(handle).state.is_terminal
-        text, new_offset = hook.get_job_logs(handle, offset)
+        text, cursor = hook.get_job_logs(handle, str(offset))
+        new_offset = int(cursor)
         assert new_offset - offset == len(text.encode())
         chunks.append(text)
         offset = new_offset
         if terminal:
             break
         time.sleep(0.01)
-    text, final = hook.get_job_logs(handle, offset)
-    assert (text, final) == ("", offset)
+    text, final = hook.get_job_logs(handle, str(offset))
+    assert (text, final) == ("", str(offset))
     whole = whole_log(hook, handle)
     assert "".join(chunks) == whole
     assert offset == len(whole.encode())
@@ -708,7 +709,8 @@ def test_logs_by_offset_keep_multibyte_characters_intact(hook):
     assert wait_terminal(hook, handle).state is JobState.COMPLETE
     chunks, offset = [], 0
     while True:
-        text, new_offset = hook.get_job_logs(handle, offset)
+        text, cursor = hook.get_job_logs(handle, str(offset))
+        new_offset = int(cursor)
         if new_offset == offset:
             break
         chunks.append(text)
@@ -723,17 +725,17 @@ def test_log_tail(hook):
     handle = hook.create_job(make_spec("for i in $(seq 1 50); do echo line-$i; done"))
     wait_terminal(hook, handle)
     size = len(whole_log(hook, handle).encode())
-    assert hook.get_job_logs(handle, tail=3) == ("line-48\nline-49\nline-50\n", size)
-    assert hook.get_job_logs(handle, tail=1) == ("line-50\n", size)
+    assert hook.get_job_logs(handle, tail=3) == ("line-48\nline-49\nline-50\n", str(size))
+    assert hook.get_job_logs(handle, tail=1) == ("line-50\n", str(size))
     text, offset = hook.get_job_logs(handle, tail=500)
     assert text == whole_log(hook, handle)
-    assert offset == size
+    assert offset == str(size)
 
 
 def test_log_tail_of_an_empty_log(hook):
     handle = hook.create_job(make_spec("true"))
     wait_terminal(hook, handle)
-    assert hook.get_job_logs(handle, tail=5) == ("", 0)
+    assert hook.get_job_logs(handle, tail=5) == ("", "0")
 
 
 # ----------------------------------------------------------------------------- cancel
@@ -920,8 +922,8 @@ async def test_batched_statuses_equal_per_job_statuses(hook, monkeypatch):
 async def test_async_twins_match_sync(hook):
     handle = hook.create_job(make_spec("echo a; echo b"))
     wait_terminal(hook, handle)
-    assert await hook.aget_job_logs(handle, 0) == hook.get_job_logs(handle, 0)
-    assert await hook.aget_job_logs(handle, 2) == ("b\n", 4)
+    assert await hook.aget_job_logs(handle, "0") == hook.get_job_logs(handle, "0")
+    assert await hook.aget_job_logs(handle, "2") == ("b\n", "4")
     assert await hook.acancel_job(handle) is True
 
 

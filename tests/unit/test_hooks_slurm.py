@@ -26,7 +26,7 @@ import pytest
 from airflow_provider_tao.failures import classify
 from airflow_provider_tao.hooks import get_platform_hook, hook_class, platform_for_conn_type
 from airflow_provider_tao.hooks import slurm_script as ss
-from airflow_provider_tao.hooks.base import JobValidationError
+from airflow_provider_tao.hooks.base import JobValidationError, render_env_file
 from airflow_provider_tao.hooks.slurm import SlurmHook
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 
@@ -159,7 +159,7 @@ def test_state_map(raw: str, state: JobState) -> None:
 def test_unknown_state_and_unknown_job_are_unknown_not_failures() -> None:
     assert ss.status_of(ss.SlurmRecord("1", "WEIRD", "WEIRD"), None).state is JobState.UNKNOWN
     status = ss.status_of(None, None)
-    assert (status.state, status.raw_state) == (JobState.UNKNOWN, "NOT_FOUND")
+    assert (status.state, status.not_found) == (JobState.UNKNOWN, True)
 
 
 def test_parse_squeue_and_pending_reason_in_the_message() -> None:
@@ -433,7 +433,7 @@ def _sh(script: str, **env: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize("value", HOSTILE)
 def test_env_file_round_trips_hostile_values(tmp_path: Path, value: str) -> None:
     env_file = tmp_path / "x.env"
-    env_file.write_text(ss.render_env_file({"V": value}))
+    env_file.write_text(render_env_file({"V": value}))
     for shell in ("bash", "sh"):
         out = subprocess.run(
             [shell, "-c", '. "$1"; printf %s "$V"', "_", str(env_file)], capture_output=True, text=True, check=True
@@ -646,7 +646,7 @@ def test_huge_unterminated_line_is_flushed() -> None:
 
 def test_tail_parsing() -> None:
     text, offset = SlurmHook._parse_tail(b"@@T 10\na\nb\n@@T 3\nerr")
-    assert text == "a\nb\nerr\n" and ss.unpack_offset(offset) == (10, 3)
+    assert text == "a\nb\nerr\n" and ss.unpack_offset(int(offset)) == (10, 3)
 
 
 # ----------------------------------------------------------------------------- preflight, find_job
@@ -760,21 +760,21 @@ async def test_poller_reads_logs_in_its_status_command_and_waits_for_accounting(
 
     statuses = await hook.aget_job_statuses([run, wait])
     assert statuses["j1"].state is JobState.RUNNING and statuses["j2"].message == "PENDING (Priority)"
-    assert local.commands == ["squeue"]  # squeue + the logs of jobs seen for the first time: ONE command
-    text, offset = await hook.aget_job_logs(run, 0)  # served from that poll
+    assert local.commands == ["squeue"]  # no log read for a job whose trigger has not asked (stream_logs=False)
+    text, offset = await hook.aget_job_logs(run, "")  # the first read, from the trigger's stored cursor
     assert text == "a\nb\ne1\n"  # the unterminated "par" waits for its newline
-    assert await hook.aget_job_logs(wait, 0) == ("", 0)  # pending: no log yet
-    assert len(local.commands) == 1
+    assert await hook.aget_job_logs(wait, "") == ("", "0")  # pending: no log yet
+    assert len(local.commands) == 2
 
     with out.open("ab") as f:
         f.write(b"tial\nc\n")
     await hook.aget_job_statuses([run, wait])
-    assert len(local.commands) == 2  # squeue + the new log bytes in ONE command
+    assert len(local.commands) == 3  # squeue + the new log bytes in ONE command
     text, offset = await hook.aget_job_logs(run, offset)
-    assert text == "partial\nc\n" and len(local.commands) == 2  # served from the poll
-    # a reader the poll did not expect (e.g. a restarted triggerer's offset): one batched read
-    assert (await hook.aget_job_logs(run, 2))[0] == "b\npartial\nc\ne1\n" and len(local.commands) == 3
-    offset = ss.pack_offset(len(b"a\nb\npartial\nc\n"), len(b"e1\n"))
+    assert text == "partial\nc\n" and len(local.commands) == 3  # served from the poll
+    # a reader the poll did not expect (e.g. a restarted triggerer's cursor): one batched read
+    assert (await hook.aget_job_logs(run, "2"))[0] == "b\npartial\nc\ne1\n" and len(local.commands) == 4
+    offset = str(ss.pack_offset(len(b"a\nb\npartial\nc\n"), len(b"e1\n")))
 
     # squeue says FAILED before sacct knows: Running for a moment rather than a failure without its exit code
     (state / "squeue").write_text("11|FAILED|NonZeroExitCode|c1\n12|PENDING|Priority|\n")

@@ -33,7 +33,7 @@ def _event(handle: JobHandle, fake: type[FakeHook], outcome: str) -> dict[str, A
         "status": outcome,
         "handle": handle.to_json(),
         "job_status": status.to_json(),
-        "log_offset": 0,
+        "log_cursor": "",
         "message": "",
     }
 
@@ -183,17 +183,6 @@ def test_timeout_cancels_the_job(fake_platform: type[FakeHook]) -> None:
     with pytest.raises(AirflowTaskTimeout):
         op.execute_complete(make_context(store), _event(job["handle"], fake_platform, "timeout"))
     assert job["state"] is JobState.CANCELED
-
-
-def test_unreachable_fails_the_try_and_keeps_the_job(fake_platform: type[FakeHook]) -> None:
-    store = Store()
-    op = _op(deferrable=True)
-    _defer(op, make_context(store))
-    (job,) = fake_platform.jobs.values()
-    with pytest.raises(AirflowException, match="reattaches") as exc:
-        op.execute_complete(make_context(store), _event(job["handle"], fake_platform, "unreachable"))
-    assert not isinstance(exc.value, AirflowFailException)
-    assert job["state"] is JobState.RUNNING
 
 
 def test_job_canceled_by_the_previous_tries_cleanup_is_resubmitted(fake_platform: type[FakeHook]) -> None:

@@ -45,7 +45,7 @@ async def test_emits_complete_and_streams_log_lines(
     assert payload["status"] == "complete"
     assert payload["handle"] == handle.to_json()
     assert payload["job_status"]["state"] == "Complete"
-    assert payload["log_offset"] == len("Epoch 1/2\nEpoch 2/2\npartial")
+    assert payload["log_cursor"] == str(len("Epoch 1/2\nEpoch 2/2\npartial"))
     out = capsys.readouterr().out
     assert "[job] Epoch 1/2" in out and "[job] Epoch 2/2" in out and "[job] partial" in out
     assert out.count("[job] Epoch 1/2") == 1
@@ -109,17 +109,36 @@ async def test_deadline_emits_timeout(fake_platform: type[FakeHook]) -> None:
     assert time.monotonic() - started < 3  # the deadline does not wait for the next poll
 
 
-async def test_long_unknown_ends_as_unreachable_not_failed(
-    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+async def test_a_long_outage_never_ends_the_wait(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    def broken(self: FakeHook, handles: Any) -> Any:
-        raise ConnectionError("sshd is down")
+    """Defect 3: Unknown is never an outcome; the trigger reports the outage and waits for the job's verdict."""
+    real = FakeHook.get_job_statuses
+    down = {"until": time.monotonic() + 1.5}
 
-    monkeypatch.setattr(FakeHook, "get_job_statuses", broken)
+    def outage(self: FakeHook, handles: Any) -> Any:
+        if time.monotonic() < down["until"]:
+            raise ConnectionError("sshd is down")
+        return real(self, handles)
+
+    monkeypatch.setattr(FakeHook, "get_job_statuses", outage)
+    monkeypatch.setattr("airflow_provider_tao.triggers.job.MAX_BACKOFF_SECONDS", 0.1)
+    monkeypatch.setattr("airflow_provider_tao.triggers.job.OUTAGE_REPORT_SECONDS", 0.5)
     handle = _submit(fake_platform)
-    payload = await _first_event(_trigger(handle, max_unknown_seconds=0.2))
-    assert payload["status"] == "unreachable"
-    assert "sshd is down" in payload["message"]
+    fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
+    payload = await _first_event(_trigger(handle, poll_interval=0.05))
+    assert payload["status"] == "complete"
+    text = capsys.readouterr().out
+    assert "does not answer (status call failed: sshd is down)" in text
+    assert "has not answered for" in text and "answers again after" in text
+
+
+async def test_a_job_the_platform_no_longer_knows_ends_as_error(fake_platform: type[FakeHook]) -> None:
+    handle = _submit(fake_platform)
+    del fake_platform.jobs[handle.job_id]
+    payload = await _first_event(_trigger(handle, poll_interval=0.05))
+    assert payload["status"] == "error"
+    assert "no longer exists" in payload["message"]
 
 
 async def test_short_unknown_stretch_is_ridden_out(
@@ -138,7 +157,7 @@ async def test_short_unknown_stretch_is_ridden_out(
     monkeypatch.setattr("airflow_provider_tao.triggers.job.MAX_BACKOFF_SECONDS", 0.05)
     handle = _submit(fake_platform)
     fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
-    assert (await _first_event(_trigger(handle, max_unknown_seconds=30)))["status"] == "complete"
+    assert (await _first_event(_trigger(handle)))["status"] == "complete"
 
 
 async def test_on_kill_cancels_the_owned_job(fake_platform: type[FakeHook]) -> None:
@@ -173,7 +192,7 @@ async def test_cancelling_the_trigger_task_propagates_and_releases_the_poller(fa
 
 def test_serialize_round_trip(fake_platform: type[FakeHook]) -> None:
     handle = _submit(fake_platform)
-    trigger = _trigger(handle, deadline=123.5, log_offset=7, stream_logs=False, cancel_on_kill=False)
+    trigger = _trigger(handle, deadline=123.5, log_cursor="7", stream_logs=False, cancel_on_kill=False)
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_provider_tao.triggers.job.TAOJobTrigger"
     assert TAOJobTrigger(**kwargs).serialize() == (classpath, kwargs)

@@ -63,7 +63,7 @@ def _run_to_end(op: TAOSubmitOperator, store: Store) -> dict[str, Any]:
         "status": {"Complete": "complete", "Error": "error", "Canceled": "canceled"}[status.state.value],
         "handle": handle.to_json(),
         "job_status": status.to_json(),
-        "log_offset": 0,
+        "log_cursor": "",
         "message": "",
     }
     return op.execute_complete(context, event)
