@@ -251,9 +251,6 @@ class TAOJobTrigger(BaseTrigger):
         await self._mask_secrets()
         poller = await StatusPoller.for_connection(self.handle.platform, self.handle.conn_id)
         hook = poller.hook
-        if problem := hook.watch_problem(self.handle):
-            yield self._event(TriggerOutcome.MISPLACED, JobStatus.unknown(problem), problem)
-            return
         if self.stream_logs:
             self.log_cursor = await self._stored_cursor() or self.log_cursor
         self.log.info("Watching %s job %s (%s)", hook.platform, self.handle.job_id, self.handle.name)
@@ -261,6 +258,9 @@ class TAOJobTrigger(BaseTrigger):
         outage = _Outage(self.log, hook.platform)
         not_found = 0
         async with poller.watch(self.handle, self.poll_interval) as watch:
+            if problem := hook.watch_problem(self.handle):
+                yield self._event(TriggerOutcome.MISPLACED, JobStatus.unknown(problem), problem)
+                return
             while True:
                 wait = self.poll_interval * 4
                 if self.deadline is not None:

@@ -1,0 +1,238 @@
+"""Issue 7's lifecycle defects, each shown on the in-memory platform (the e2e twins live in tests/e2e/).
+
+Every test here fails on the code before contract v2: the defect's number is in its name.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+
+from airflow_provider_tao.hooks.base import MARK_CONSUMED, JobValidationError
+from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
+from airflow_provider_tao.operators.submit import STATE_KEY, TAOSubmitOperator
+from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
+from tests.unit.fakes import FakeHook, Store, make_context
+
+
+def _op(**kwargs: Any) -> TAOSubmitOperator:
+    defaults: dict[str, Any] = {"task_id": "train", "conn_id": "fake_conn", "image": "img:1", "command": "train.sh"}
+    return TAOSubmitOperator(**{**defaults, **kwargs})
+
+
+def _defer(op: TAOSubmitOperator, context: dict[str, Any]) -> TaskDeferred:
+    with pytest.raises(TaskDeferred) as exc:
+        op.execute(context)
+    return exc.value
+
+
+def _event(handle: JobHandle, outcome: str) -> dict[str, Any]:
+    status = FakeHook().get_job_status(handle)
+    return {"status": outcome, "handle": handle.to_json(), "job_status": status.to_json(), "log_cursor": ""}
+
+
+def _results_dir_of_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake platform puts results where the spec says (as real platforms do)."""
+    real = FakeHook.create_job
+
+    def create_job(self: FakeHook, spec: JobSpec, try_number: int = 1) -> JobHandle:
+        handle = real(self, spec, try_number)
+        return JobHandle(**{**handle.to_json(), "results_dir": self.results_dir_for(spec)})
+
+    monkeypatch.setattr(FakeHook, "create_job", create_job)
+
+
+def test_defect_1_reattach_after_a_lost_store_write_returns_the_outputs_of_the_job_that_ran(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _results_dir_of_spec(monkeypatch)
+    _defer(_op(deferrable=True, outputs=["/workspace/model"]), make_context(Store(), 1))  # its store write is lost
+    (job,) = fake_platform.jobs.values()
+    job["state"], job["exit"] = JobState.COMPLETE, 0
+
+    result = _op(deferrable=True, outputs=["/workspace/model"]).execute(make_context(Store(), 2))
+
+    ran = job["handle"]
+    assert result["job_id"] == ran.job_id
+    assert result["outputs"] and all(ran.job_id in uri for uri in result["outputs"].values()), result["outputs"]
+
+
+def test_defect_1_reattach_to_a_running_job_stores_its_outputs_not_a_new_specs(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _results_dir_of_spec(monkeypatch)
+    store = Store()
+    _defer(_op(deferrable=True, outputs=["/workspace/model"]), make_context(store, 1))
+    first = dict(store.data[STATE_KEY]["outputs"])
+    store.data.clear()  # e.g. a worker SIGKILL before the store write, or the store's retention
+    op = _op(deferrable=True, outputs=["/workspace/model"])
+    _defer(op, make_context(store, 2))
+    (job,) = fake_platform.jobs.values()
+    assert store.data[STATE_KEY]["outputs"] == first
+    job["state"], job["exit"] = JobState.COMPLETE, 0
+    result = op.execute_complete(make_context(store, 2), _event(job["handle"].owned_by(2), "complete"))
+    assert result["outputs"] == first
+
+
+def test_defect_2_a_running_job_is_reattached_even_when_todays_validation_fails(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store()
+    _defer(_op(deferrable=True), make_context(store, 1))
+
+    def moved_input(self: FakeHook, spec: JobSpec) -> None:
+        raise JobValidationError("inputs", "s3://b/data does not exist", "Upload it")
+
+    monkeypatch.setattr(FakeHook, "validate_spec", moved_input)
+    deferred = _defer(_op(deferrable=True), make_context(store, 2))
+    assert len(fake_platform.jobs) == 1
+    assert JobHandle.from_json(deferred.trigger.serialize()[1]["handle"]).try_number == 2
+
+
+def test_defect_2_a_new_submission_is_still_validated(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def bad(self: FakeHook, spec: JobSpec) -> None:
+        raise JobValidationError("inputs", "s3://b/data does not exist", "Upload it")
+
+    monkeypatch.setattr(FakeHook, "validate_spec", bad)
+    with pytest.raises(AirflowFailException, match="nothing was submitted: inputs"):
+        _op(deferrable=True).execute(make_context(Store(), 1))
+    assert fake_platform.jobs == {}
+
+
+def test_defect_3_a_transport_error_on_the_worker_path_is_an_outage_not_a_failure(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = FakeHook.get_job_status
+    calls = {"n": 0}
+
+    def blips(self: FakeHook, handle: JobHandle) -> Any:
+        calls["n"] += 1
+        if calls["n"] in (2, 3):
+            raise ConnectionError("SSH blip")
+        if calls["n"] >= 4:
+            fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
+        return real(self, handle)
+
+    monkeypatch.setattr(FakeHook, "get_job_status", blips)
+    result = _op(deferrable=False, poll_interval=0.01).execute(make_context(Store(), 1))
+    assert result["state"] == "Complete"
+    assert "has not answered" in capsys.readouterr().out
+
+
+def test_defect_3_the_trigger_has_no_unreachable_outcome() -> None:
+    kwargs = TAOJobTrigger(handle=JobHandle("fake", None, "j", "n").to_json()).serialize()[1]
+    assert "max_unknown_seconds" not in kwargs
+
+
+def test_defect_4_the_consumed_mark_lives_with_the_job_so_an_emptied_store_still_reruns(
+    fake_platform: type[FakeHook],
+) -> None:
+    store = Store()
+    op = _op(deferrable=True)
+    _defer(op, make_context(store, 1))
+    (job,) = fake_platform.jobs.values()
+    job["state"], job["exit"] = JobState.COMPLETE, 0
+    op.execute_complete(make_context(store, 1), _event(job["handle"], "complete"))
+    assert job["marks"][MARK_CONSUMED] == 1
+
+    store.data.clear()  # [state_store] clear_on_success=True, or the store's retention passed
+    _defer(_op(deferrable=True), make_context(store, 2))
+    assert len(fake_platform.jobs) == 2
+
+
+def test_defect_5_a_cancel_by_the_resuming_try_itself_resubmits(fake_platform: type[FakeHook]) -> None:
+    """A spurious trigger on_kill (the trigger moved between triggerers) canceled the job of the try that now
+    resumes: that was not the user's kill, so the job runs again instead of the task failing for good."""
+    store = Store()
+    op = _op(deferrable=True)
+    deferred = _defer(op, make_context(store, 1))
+    handle = JobHandle.from_json(deferred.trigger.serialize()[1]["handle"])
+    assert FakeHook().cancel_job(handle) is True  # what the trigger's on_kill does
+    with pytest.raises(TaskDeferred):
+        op.execute_complete(make_context(store, 1), _event(handle, "canceled"))
+    assert len(fake_platform.jobs) == 2
+
+
+async def test_defect_6_a_local_job_watched_from_another_host_ends_misplaced(tmp_path: Any) -> None:
+    from airflow_provider_tao.hooks.local import LocalHook
+
+    handle = JobHandle(
+        "local", None, "abc", "n", backend_job_id="4242", console_url=f"file://another-host{tmp_path}/job.log"
+    )
+    assert LocalHook().watch_problem(handle.owned_by(1)) is not None
+    events = [event async for event in TAOJobTrigger(handle=handle.to_json()).run()]
+    (event,) = events
+    assert event.payload["status"] == "misplaced"
+    message = event.payload["message"]
+    assert "another-host" in message and os.uname().nodename in message and "deferrable=False" in message
+    assert StatusPoller._instances == {}
+
+
+def test_defect_6_the_operator_fails_a_misplaced_watch_without_retry(fake_platform: type[FakeHook]) -> None:
+    store = Store()
+    op = _op(deferrable=True)
+    _defer(op, make_context(store, 1))
+    (job,) = fake_platform.jobs.values()
+    event = {**_event(job["handle"], "misplaced"), "message": "runs on worker host 'a'"}
+    with pytest.raises(AirflowFailException, match="worker host"):
+        op.execute_complete(make_context(store, 1), event)
+
+
+def test_defect_8_the_worker_registers_every_secret_of_the_job(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    masked: list[str] = []
+    monkeypatch.setattr("airflow.sdk.log.mask_secret", lambda value, name=None: masked.append(value))
+    real = TAOSubmitOperator.stage
+
+    def with_secret(self: TAOSubmitOperator, spec: JobSpec, hook: Any) -> Any:
+        staged, outputs = real(self, spec, hook)
+        return JobSpec(**{**staged.__dict__, "secret_env": {"AWS_SECRET_ACCESS_KEY": "s3cr3t-key-value"}}), outputs
+
+    monkeypatch.setattr(TAOSubmitOperator, "stage", with_secret)
+    _defer(_op(deferrable=True), make_context(Store(), 1))
+    assert "s3cr3t-key-value" in masked
+
+
+async def test_defect_8_the_trigger_masks_the_storage_connections_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_S3_STAGING",
+        '{"conn_type": "aws", "login": "AKIAEXAMPLE", "password": "secret-key-value-123",'
+        ' "extra": {"aws_session_token": "session-token-value-456", "region_name": "us-east-1"}}',
+    )
+    masked: list[str] = []
+
+    async def amask(value: Any, name: Any = None) -> None:
+        masked.append(value)
+
+    monkeypatch.setattr("airflow.sdk.log.amask_secret", amask)
+    trigger = TAOJobTrigger(handle=JobHandle("fake", None, "j", "n").to_json(), secret_conn_ids=["s3_staging"])
+    await trigger._mask_secrets()
+    assert "session-token-value-456" in masked
+    assert "us-east-1" not in masked  # only values Airflow calls sensitive
+
+
+@pytest.mark.parametrize(("expiry_in", "expected"), [(600, "expire at"), (7200, None), (None, "unknown lifetime")])
+def test_defect_8_temporary_credentials_expiring_before_the_deadline_are_warned_about(
+    fake_platform: type[FakeHook],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    expiry_in: float | None,
+    expected: str | None,
+) -> None:
+    op = _op(deferrable=True, storage_conn_id="s3_staging")
+    now = time.time()
+    monkeypatch.setattr(op, "storage_credentials_expiry", lambda: None if expiry_in is None else now + expiry_in)
+    spec = JobSpec(name="n", job_id="j", command="x", secret_env={"AWS_SESSION_TOKEN": "t"}, deadline=now + 3600)
+    op._warn_expiring_credentials(spec)
+    out = capsys.readouterr().out
+    if expected is None:
+        assert "AWS" not in out
+    else:
+        assert expected in out and "storage_conn_id" in out
