@@ -89,6 +89,7 @@ class SlurmHook(TAOPlatformHook):
     def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(conn_id=conn_id, **kwargs)
         self._session: SyncSession | None = None
+        self._held: Any = None  # the AsyncPool entry this hook holds (released by aclose)
         self._preflights: dict[str, dict[str, Any]] = {}
 
     # ----------------------------------------------------------------- settings
@@ -158,7 +159,11 @@ class SlurmHook(TAOPlatformHook):
 
     async def _entry(self) -> Any:
         await self.aload_connection()
-        return AsyncPool.entry(self._pool_key(), self.ssh_settings())
+        entry = AsyncPool.entry(self._pool_key(), self.ssh_settings())
+        if self._held is not entry:  # each hook holds this loop's connection once, until its aclose()
+            entry.holders += 1
+            self._held = entry
+        return entry
 
     def close(self) -> None:
         if self._session is not None:
@@ -672,9 +677,10 @@ class SlurmHook(TAOPlatformHook):
             self.log.warning("Could not delete %s of job %s: %s", env_file, handle.job_id, exc)
 
     async def aclose(self) -> None:
-        """Close this event loop's SSH connection of this cluster and forget its per-job state."""
-        await self.aload_connection()
-        AsyncPool.release(self._pool_key())
+        """Let go of this event loop's SSH connection; the last hook holding it closes it."""
+        entry, self._held = self._held, None
+        if entry is not None:
+            AsyncPool.release(entry)
 
     def failure_facts(self, handle: JobHandle) -> FailureFacts:
         layout = self.layout(handle.job_id, handle.name)

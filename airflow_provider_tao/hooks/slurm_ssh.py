@@ -211,6 +211,7 @@ class _Entry:
         self.polls = 0
         self.pending_reads: list[tuple[Any, Any]] = []
         self.read_task: asyncio.Task[None] | None = None
+        self.holders = 0  # hooks using this entry (see SlurmHook._entry / aclose)
 
     async def _connection(self) -> Any:
         if self.conn is not None and not self.conn.is_closed():
@@ -315,11 +316,15 @@ class AsyncPool:
         return entry
 
     @classmethod
-    def release(cls, key: str) -> None:
-        """Close and forget this event loop's entry of ``key`` (its last watcher left)."""
-        entry = cls._entries.pop((id(asyncio.get_running_loop()), key), None)
-        if entry is not None:
-            entry.drop()
+    def release(cls, entry: _Entry) -> None:
+        """One holder of ``entry`` is done; the last one closes the connection and forgets the per-job state."""
+        entry.holders -= 1
+        if entry.holders > 0:
+            return
+        for key, cached in list(cls._entries.items()):
+            if cached is entry:
+                del cls._entries[key]
+        entry.drop()
 
     @classmethod
     def drop_connections(cls) -> None:
