@@ -17,17 +17,7 @@ from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
 from airflow_provider_tao.operators.submit import STATE_KEY, TAOSubmitOperator
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
 from tests.unit.fakes import FakeHook, Store, make_context
-
-
-def _op(**kwargs: Any) -> TAOSubmitOperator:
-    defaults: dict[str, Any] = {"task_id": "train", "conn_id": "fake_conn", "image": "img:1", "command": "train.sh"}
-    return TAOSubmitOperator(**{**defaults, **kwargs})
-
-
-def _defer(op: TAOSubmitOperator, context: dict[str, Any]) -> TaskDeferred:
-    with pytest.raises(TaskDeferred) as exc:
-        op.execute(context)
-    return exc.value
+from tests.unit.test_operator_submit import _defer, _op
 
 
 def _event(handle: JobHandle, outcome: str) -> dict[str, Any]:
