@@ -388,15 +388,13 @@ class TAOJobTrigger(BaseTrigger):
                     await amask_secret(value, key)
 
     async def on_kill(self) -> None:
-        """The task was marked failed/success or cleared while deferred: cancel the job this try owns, on the
-        connection's shared async client."""
+        """The task was marked failed/success or cleared while deferred: cancel the job this try owns."""
         if not self.cancel_on_kill:
             self.log.info("cancel_on_kill=False: leaving job %s running", self.handle.job_id)
             return
-        poller = StatusPoller.existing(self.handle.platform, self.handle.conn_id)
-        if poller is not None:
-            await poller.hook.acancel_job(self.handle)
-            return
+        # Its own hook, never the poller's: run() is being cancelled at the same moment, and the poller's last
+        # watcher leaving closes the poller's client under a cancel still in flight. Platforms that pool their
+        # connection (SLURM) share it anyway; holding it here keeps it open until the cancel is done.
         hook = get_platform_hook(self.handle.platform, self.handle.conn_id)
         await hook.aload_connection()
         try:
