@@ -65,6 +65,8 @@ CONFIG_FORMATS = ("yaml", "toml", "json")
 EXIT_CONFIG = 2
 EXIT_SOFTWARE = 70
 EXIT_INFRA = 75  # EX_TEMPFAIL: retrying later may work
+# Forwarded to the command's whole process group: a cancel stops every process the command started.
+GROUP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: Cache bookkeeping lives beside the data tree, never inside it (training code lists data folders).
 CACHE_META_DIR = ".tao-cache-meta"
 PART_SUFFIX = ".tao-part"
@@ -1629,8 +1631,15 @@ class Job:
         watcher = StepWatcher(self.r)
         self.r.progress("run", status="starting")
         try:
+            # Its own process group: a background process it leaves behind (``tensorboard &``) can be found and
+            # stopped, and a cancel reaches every process of the command, not only the first one.
             proc = subprocess.Popen(
-                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+                argv,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         except OSError as exc:
             raise ConfigError(f"cannot start the command: {exc}") from None
@@ -1638,9 +1647,12 @@ class Job:
 
         def forward(signum: int, _frame: Any) -> None:
             with contextlib.suppress(OSError):
-                proc.send_signal(signum)
+                if signum in GROUP_SIGNALS:
+                    os.killpg(proc.pid, signum)
+                else:  # SIGUSR1/2 ask the trainer for something (a checkpoint); helpers would die of them
+                    proc.send_signal(signum)
 
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        for sig in (*GROUP_SIGNALS, signal.SIGUSR1, signal.SIGUSR2):
             with contextlib.suppress(ValueError, OSError):
                 previous[sig] = signal.signal(sig, forward)
         pumps = [
@@ -1651,8 +1663,14 @@ class Job:
             pump.start()
         with Ticker(self.r.interval, watcher.heartbeat):
             rc = proc.wait()
-            for pump in pumps:
-                pump.join()
+            _drain(pumps, _env_float("TAO_RUNNER_DRAIN_SECONDS", 5.0))
+        stopped = _stop_group(proc.pid)
+        _drain(pumps, 1.0)
+        if stopped:
+            self.r.info(f"stopped {stopped} background process(es) the command left running")
+        if any(pump.is_alive() for pump in pumps):
+            # A process that left the group (setsid) still holds the pipe: its output is no longer shown.
+            self.r.warn("a process outside the command's group still holds its output; not waiting for it")
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         rc = 128 - rc if rc < 0 else rc
@@ -1962,6 +1980,46 @@ class StepWatcher:
                 "exit_code": exit_code,
             }
         self.r.progress("run", **fields)
+
+
+def _drain(pumps: Sequence[threading.Thread], seconds: float) -> None:
+    """Wait up to ``seconds`` in all for the output readers to reach the end of their pipes."""
+    deadline = time.monotonic() + seconds
+    for pump in pumps:
+        pump.join(max(0.0, deadline - time.monotonic()))
+
+
+def _stop_group(pgid: int) -> int:
+    """Stop what is left of the command's process group (TERM, then KILL after a grace); returns how many."""
+    left = _group_members(pgid)
+    if not left:
+        return 0
+    with contextlib.suppress(OSError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + _env_float("TAO_RUNNER_KILL_GRACE", 5.0)
+    while _group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with contextlib.suppress(OSError):
+        os.killpg(pgid, signal.SIGKILL)
+    return len(left)
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of group ``pgid``; from /proc, so an orphan reaped by nobody is not counted."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses, so split after the last ")"
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 2 and fields[0] != b"Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
 
 
 def _pump(stream: IO[bytes] | None, reporter: Reporter, is_out: bool, watcher: StepWatcher) -> None:

@@ -230,6 +230,62 @@ def test_sigterm_is_forwarded_and_outputs_still_committed(tmp_path: Path) -> Non
     assert is_complete(str(tmp_path / "lustre" / "sigjob" / "out"))
 
 
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != b"Z"
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def test_a_background_process_holding_the_output_pipe_does_not_hold_the_job(run_job: RunJob, tmp_path: Path) -> None:
+    """Defect 7: ``tensorboard &`` kept the job running until its wall time. The runner reads the command's
+    output until it exits plus a bounded drain, then stops what the command left in its process group."""
+    pid_file = tmp_path / "bg.pid"
+    cmd = f"(sleep 600 & echo $! > {pid_file}); (sleep 0.3; echo late line) & echo trained"
+    run = run_job(build_entrypoint(cmd), timeout=90)  # the old runner waited the whole 600 s: TimeoutExpired
+    assert run.rc == 0, run.stdout
+    assert "trained" in run.stdout
+    assert "late line" in run.stdout  # output written during the drain is still shown
+    assert "stopped 1 background process(es)" in run.stdout
+    assert _gone(int(pid_file.read_text()))
+
+
+def test_a_process_that_left_the_group_cannot_hold_the_job_either(run_job: RunJob, tmp_path: Path) -> None:
+    pid_file = tmp_path / "daemon.pid"
+    cmd = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 600' & sleep 0.5; echo trained"
+    try:
+        run = run_job(build_entrypoint(cmd), timeout=90, env={"TAO_RUNNER_DRAIN_SECONDS": "1"})
+        assert run.rc == 0, run.stdout
+        assert "not waiting for it" in run.stdout
+    finally:
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_a_cancel_stops_every_process_of_the_command(tmp_path: Path) -> None:
+    pid_file = tmp_path / "helper.pid"
+    ep = build_entrypoint(f"sleep 600 & echo $! > {pid_file}; echo READY; wait")
+    root = tmp_path / "cancel"
+    stage(ep, root / "files")
+    with subprocess.Popen(ep.command, env=job_env(root, "canceljob"), stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip() == "READY":
+                break
+        proc.send_signal(signal.SIGTERM)
+        proc.stdout.read()
+        rc = proc.wait(timeout=60)
+    assert rc == 128 + signal.SIGTERM
+    assert _gone(int(pid_file.read_text()))
+
+
 # ---------------------------------------------------------------------------------------------------- runner failures
 def _failure(run: JobRun) -> dict[str, Any]:
     assert len(run.failures) == 1, run.stdout
