@@ -135,6 +135,14 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "/var/lib/airflow/tao/results",
                         "default": None,
                     },
+                    "outage_report_seconds": {
+                        "description": "While a platform does not answer, the task log says so again every this many "
+                        "seconds. An outage never fails a task: only its execution_timeout ends the wait.",
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": "60",
+                        "default": "300",
+                    },
                     "default_poll_interval": {
                         "description": "Seconds between status polls of a watched job.",
                         "version_added": "0.1.0",

@@ -259,11 +259,19 @@ class LocalHook(TAOPlatformHook):
     # ----------------------------------------------------------------- status
 
     def get_job_status(self, handle: JobHandle) -> JobStatus:
+        self._check_jobs_dir()
         return self._status(handle, supervisor.live_groups())
 
     def get_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
+        self._check_jobs_dir()
         live = supervisor.live_groups()  # one /proc scan for the whole batch
         return {h.job_id: self._status(h, live) for h in handles}
+
+    def _check_jobs_dir(self) -> None:
+        # Without its jobs folder (an unmounted or moved volume) the platform cannot answer at all: that is an
+        # outage, not a verdict that every job is gone.
+        if not self.jobs_dir.is_dir():
+            raise ConnectionError(f"the jobs folder {self.jobs_dir} is not there (an unmounted or moved volume?)")
 
     def _status(self, handle: JobHandle, live: set[int]) -> JobStatus:
         job_dir = self._job_dir(handle)

@@ -33,6 +33,7 @@ from airflow_provider_tao.hooks.base import JobValidationError, register_secrets
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESULTS_DIR, TAOJobLink
 from airflow_provider_tao.operators.staging import S3StagingMixin
+from airflow_provider_tao.outage import OutageLog, outage_report_seconds
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 #: ``task_state_store`` key of this task instance's job: ``{"handle": {...}, "consumed": bool, "outputs": {...}}``.
 STATE_KEY = "tao_job"
 #: How often the worker-side wait reports a continuing outage.
-OUTAGE_REPORT_SECONDS = 300.0
 
 
 def _readable(text: str) -> str:
@@ -405,27 +405,15 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         if problem := hook.watch_problem(handle):
             return self._payload("misplaced", handle, JobStatus.unknown(problem), "")
         cursor = ""
-        outage_since: float | None = None
-        reported = 0.0
+        outage = OutageLog(self.log, hook.platform, outage_report_seconds())
         while True:
             try:
                 status = hook.get_job_status(handle)
             except Exception as exc:  # the platform could not be asked: an outage, not a verdict on the job
                 status = JobStatus.unknown(f"status call failed: {exc}")
-            if status.state is JobState.UNKNOWN and not status.not_found:
-                now = time.monotonic()
-                if outage_since is None or now - reported >= OUTAGE_REPORT_SECONDS:
-                    outage_since, reported = outage_since or now, now
-                    self.log.warning(
-                        "The %s platform has not answered for %.0f s (%s); still waiting",
-                        hook.platform, now - outage_since, status.message,
-                    )  # fmt: skip
-            else:
-                if outage_since is not None:
-                    self.log.warning("The %s platform answers again", hook.platform)
-                outage_since = None
-                if self.stream_logs:
-                    cursor = self._copy_logs(hook, handle, cursor)
+            outage.update(status)
+            if status.state is not JobState.UNKNOWN and self.stream_logs:
+                cursor = self._copy_logs(hook, handle, cursor)
             if status.state.is_terminal:
                 outcome = {JobState.COMPLETE: "complete", JobState.ERROR: "error", JobState.CANCELED: "canceled"}
                 return self._payload(outcome[status.state], handle, status, cursor)

@@ -26,12 +26,12 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.jobs import JobHandle, JobState, JobStatus
+from airflow_provider_tao.outage import OutageLog, outage_report_seconds
 
 #: Upper bound of one batched status call; a hung backend must not hang the trigger.
 STATUS_CALL_TIMEOUT = 60.0
 MAX_BACKOFF_SECONDS = 30.0  # after an outage the first good poll must not come much later
 #: How often a continuing outage is reported in the task log.
-OUTAGE_REPORT_SECONDS = 300.0
 #: Consecutive "the platform does not know this job" answers after which the job counts as gone.
 NOT_FOUND_POLLS = 2
 #: XCom key of the log cursor (kept with the task instance: survives triggerer restarts, cleared by a new try).
@@ -168,36 +168,6 @@ class StatusPoller:
             return {h.job_id: JobStatus.unknown(f"status call failed: {exc}") for h in handles}
 
 
-class _Outage:
-    """Reports a stretch of Unknown in the task log: when it starts, every ``OUTAGE_REPORT_SECONDS``, when it ends."""
-
-    def __init__(self, log: Any, platform: str) -> None:
-        self.log, self.platform = log, platform
-        self.since: float | None = None
-        self.reported = 0.0
-
-    def update(self, status: JobStatus) -> None:
-        now = time.monotonic()
-        if status.state is not JobState.UNKNOWN or status.not_found:
-            if self.since is not None:
-                self.log.warning("The %s platform answers again after %.0f s", self.platform, now - self.since)
-            self.since = None
-            return
-        if self.since is None:
-            self.since = self.reported = now
-            self.log.warning(
-                "The %s platform does not answer (%s); still waiting: an outage never fails the task, only its "
-                "execution_timeout ends the wait",
-                self.platform,
-                status.message,
-            )
-        elif now - self.reported >= OUTAGE_REPORT_SECONDS:
-            self.reported = now
-            self.log.warning(
-                "The %s platform has not answered for %.0f s (%s)", self.platform, now - self.since, status.message
-            )
-
-
 class TAOJobTrigger(BaseTrigger):
     """Waits for a TAO job to end, streaming its log lines into the task log meanwhile.
 
@@ -255,7 +225,7 @@ class TAOJobTrigger(BaseTrigger):
             self.log_cursor = await self._stored_cursor() or self.log_cursor
         self.log.info("Watching %s job %s (%s)", hook.platform, self.handle.job_id, self.handle.name)
         status = JobStatus.unknown("no status yet")
-        outage = _Outage(self.log, hook.platform)
+        outage = OutageLog(self.log, hook.platform, outage_report_seconds())
         not_found = 0
         async with poller.watch(self.handle, self.poll_interval) as watch:
             if problem := hook.watch_problem(self.handle):

@@ -583,6 +583,7 @@ def test_find_job_works_before_the_supervisor_records_its_pid(hook):
 
 
 def test_get_job_status_of_an_unknown_job_is_unknown_not_failed(hook):
+    hook.jobs_dir.mkdir(parents=True)
     ghost = JobHandle(platform="local", conn_id=CONN_ID, job_id="doesnotexist", name="ghost")
     status = hook.get_job_status(ghost)
     assert status.state is JobState.UNKNOWN
@@ -809,7 +810,21 @@ def test_cancel_right_after_submission_stops_the_job(hook):
     assert "SHOULD-NOT-RUN" not in whole_log(hook, handle)
 
 
+def test_a_missing_jobs_folder_is_an_outage_not_a_lost_job(hook):
+    """Defect 3 on ``local``: an unmounted jobs volume must not read as "every job is gone"."""
+    handle = hook.create_job(make_spec("sleep 30"))
+    moved = hook.jobs_dir.with_name("jobs-unmounted")
+    hook.jobs_dir.rename(moved)
+    try:
+        with pytest.raises(ConnectionError, match=r"jobs folder .* is not there"):
+            hook.get_job_statuses([handle])
+    finally:
+        moved.rename(hook.jobs_dir)
+        hook.cancel_job(handle)
+
+
 def test_cancel_of_an_unknown_job_is_true(hook):
+    hook.jobs_dir.mkdir(parents=True)
     ghost = JobHandle(platform="local", conn_id=CONN_ID, job_id="doesnotexist", name="ghost")
     assert hook.cancel_job(ghost) is True
 

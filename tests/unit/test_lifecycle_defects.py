@@ -112,7 +112,8 @@ def test_defect_3_a_transport_error_on_the_worker_path_is_an_outage_not_a_failur
     monkeypatch.setattr(FakeHook, "get_job_status", blips)
     result = _op(deferrable=False, poll_interval=0.01).execute(make_context(Store(), 1))
     assert result["state"] == "Complete"
-    assert "has not answered" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "does not answer (status call failed: SSH blip)" in text and "answers again" in text
 
 
 def test_defect_3_the_trigger_has_no_unreachable_outcome() -> None:

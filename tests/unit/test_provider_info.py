@@ -208,7 +208,7 @@ def test_secret_connection_fields_are_marked_as_passwords(info):
 
 def test_config_declares_every_option_the_code_reads(info):
     options = info["config"]["tao"]["options"]
-    assert {"local_jobs_dir", "local_results_root", "default_poll_interval"} <= set(options)
+    assert {"local_jobs_dir", "local_results_root", "default_poll_interval", "outage_report_seconds"} <= set(options)
     assert float(options["default_poll_interval"]["default"]) > 0
     for name, option in options.items():
         assert option["description"], name

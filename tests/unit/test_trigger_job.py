@@ -123,7 +123,7 @@ async def test_a_long_outage_never_ends_the_wait(
 
     monkeypatch.setattr(FakeHook, "get_job_statuses", outage)
     monkeypatch.setattr("airflow_provider_tao.triggers.job.MAX_BACKOFF_SECONDS", 0.1)
-    monkeypatch.setattr("airflow_provider_tao.triggers.job.OUTAGE_REPORT_SECONDS", 0.5)
+    monkeypatch.setenv("AIRFLOW__TAO__OUTAGE_REPORT_SECONDS", "0.5")
     handle = _submit(fake_platform)
     fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
     payload = await _first_event(_trigger(handle, poll_interval=0.05))
