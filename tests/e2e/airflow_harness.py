@@ -1120,7 +1120,16 @@ class AirflowStandalone:
         if main is None:
             raise HarnessError("no triggerer is running:\n" + self.process_tree_text())
         tree = [main, *main.children(recursive=True)]
-        pids = [p.pid for p in tree]
+        self.stop_process_tree(tree, sig, timeout=timeout)
+        return [p.pid for p in tree]
+
+    @staticmethod
+    def stop_process_tree(tree: Sequence[psutil.Process], sig: signal.Signals, *, timeout: float = 45.0) -> None:
+        """Stop a process tree (``tree[0]`` its root): SIGKILL kills all at once, other signals go to the root.
+
+        :raises HarnessError: if part of the tree is still alive after ``timeout`` (it is SIGKILLed then).
+        """
+        main = tree[0]
         if sig == signal.SIGKILL:
             for proc in tree:
                 with contextlib.suppress(psutil.Error):
@@ -1135,22 +1144,37 @@ class AirflowStandalone:
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
             raise HarnessError(
-                f"triggerer tree still alive {timeout:.0f}s after {sig.name}; SIGKILLed: "
+                f"process tree still alive {timeout:.0f}s after {sig.name}; SIGKILLed: "
                 + "; ".join(_describe(p) for p in alive)
             )
-        return pids
 
-    def start_triggerer(self) -> subprocess.Popen[bytes]:
+    def suspend_triggerer(self) -> list[psutil.Process]:
+        """SIGSTOP the running triggerer's whole tree (a triggerer that misses its heartbeats but lives on).
+
+        :returns: the stopped processes; SIGCONT them to let the triggerer find out it lost its triggers.
+        :raises HarnessError: if no triggerer runs.
+        """
+        main = self.find_triggerer()
+        if main is None:
+            raise HarnessError("no triggerer is running:\n" + self.process_tree_text())
+        tree = [main, *main.children(recursive=True)]
+        for proc in tree:
+            proc.send_signal(signal.SIGSTOP)
+        return tree
+
+    def start_triggerer(self, extra_env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start a replacement ``airflow triggerer`` with the instance's environment, in a new session.
 
         Its session joins :attr:`sessions`, so :meth:`processes`, :meth:`stop` and the watchdog cover
         it. Its output goes to ``triggerer-<n>.log`` in the home (included in :meth:`log_tail`).
+
+        :param extra_env: overrides, e.g. another log server port while a suspended triggerer holds the first.
         """
         log_path = self.home / f"triggerer-{len(self._extra_procs) + 1}.log"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 [self.airflow_bin, "triggerer"],
-                env=self.env,
+                env={**self.env, **(extra_env or {})},
                 cwd=self.home,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

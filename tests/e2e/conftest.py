@@ -32,6 +32,7 @@ import pytest
 
 from tests.e2e.airflow_harness import AirflowClient, AirflowStandalone, StandaloneConfig
 from tests.e2e.tao_connection import TAO_E2E_CONN
+from tests.e2e.tao_jobs import E2E_DAG_IDS
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -81,7 +82,16 @@ def airflow_standalone_pool(
 @pytest.fixture(scope="module")
 def airflow_standalone_config() -> StandaloneConfig:
     """Default config: the shared ``tests/e2e/dags`` folder and the ``tao_e2e`` connection. Override per module."""
-    return StandaloneConfig(dags_folder=E2E_DAGS, extra_env={"AIRFLOW_CONN_TAO_E2E": TAO_E2E_CONN})
+    return StandaloneConfig(
+        dags_folder=E2E_DAGS,
+        extra_env={
+            "AIRFLOW_CONN_TAO_E2E": TAO_E2E_CONN,
+            # a successful try's task_state_store rows are dropped: a clear must still not reuse its job
+            "AIRFLOW__STATE_STORE__CLEAR_ON_SUCCESS": "True",
+            # outage reports every 5 s, so a 20 s outage stands for a 20-minute one at the default 300 s
+            "AIRFLOW__TAO__OUTAGE_REPORT_SECONDS": "5",
+        },
+    )
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +100,30 @@ def airflow_standalone(
 ) -> AirflowStandalone:
     """A running, healthy ``airflow standalone`` for this module's config (shared while configs are equal)."""
     return airflow_standalone_pool.acquire(airflow_standalone_config)
+
+
+@pytest.fixture
+def tao_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test process reads the ``tao_e2e`` connection (the same jobs folder) as the Airflow processes."""
+    monkeypatch.setenv("AIRFLOW_CONN_TAO_E2E", TAO_E2E_CONN)
+
+
+@pytest.fixture
+def marks(tmp_path: Path) -> Path:
+    """The run's ``mark_dir``: where its jobs write their started / done marks."""
+    folder = tmp_path / "marks"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture(scope="module")
+def dags(airflow_standalone: AirflowStandalone) -> Iterator[AirflowClient]:
+    """The client, once every DAG of ``dags/tao_e2e.py`` is parsed and unpaused."""
+    client = airflow_standalone.client
+    for dag_id in E2E_DAG_IDS:
+        client.wait_for_dag(dag_id, timeout=90)
+        client.unpause_dag(dag_id)
+    yield client
 
 
 @pytest.fixture

@@ -11,96 +11,31 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
 from airflow_provider_tao.hooks.local import LocalHook
-from airflow_provider_tao.jobs import JobHandle, JobState
+from airflow_provider_tao.jobs import JobState
 from tests.e2e.airflow_harness import AirflowClient, AirflowStandalone, wait_until
-from tests.e2e.tao_connection import TAO_E2E_CONN
+from tests.e2e.tao_jobs import (
+    TASK,
+    job_ids,
+    job_processes,
+    local_handle,
+    start_run,
+    wait_started,
+    wait_watched,
+)
 
-TASK = "train"
-
-
-@pytest.fixture(autouse=True)
-def _tao_connection(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The test process reads the same jobs folder as the Airflow processes."""
-    monkeypatch.setenv("AIRFLOW_CONN_TAO_E2E", TAO_E2E_CONN)
-
-
-@pytest.fixture
-def marks(tmp_path: Path) -> Path:
-    folder = tmp_path / "marks"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture(scope="module")
-def dags(airflow_standalone: AirflowStandalone) -> Iterator[AirflowClient]:
-    client = airflow_standalone.client
-    for dag_id in ("tao_e2e_deferred", "tao_e2e_sync", "tao_e2e_keep"):
-        client.wait_for_dag(dag_id, timeout=90)
-        client.unpause_dag(dag_id)
-    yield client
-
-
-def _ids(marks: Path, kind: str) -> list[str]:
-    return sorted(p.name.split(".", 1)[1] for p in marks.glob(f"{kind}.*"))
-
-
-def _job_processes(job_ids: list[str]) -> list[int]:
-    """Live processes of these jobs, found by the TAO_JOB_ID in their environment (jobs do not retitle)."""
-    needles = [f"TAO_JOB_ID={job_id}".encode() for job_id in job_ids]
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state not in ("Z", "X") and any(needle in environ for needle in needles):
-            found.append(int(entry))
-    return found
-
-
-def _handle(client: AirflowClient, dag_id: str, run_id: str) -> JobHandle:
-    job_id = client.get_xcom(dag_id, run_id, TASK, "tao_job_id")
-    return JobHandle(platform="local", conn_id="tao_e2e", job_id=job_id, name="")
-
-
-def _start(client: AirflowClient, dag_id: str, marks: Path, seconds: int) -> str:
-    run_id = client.trigger_dag_run(dag_id, conf={"mark_dir": str(marks), "seconds": seconds})
-    return run_id
-
-
-def _wait_started(marks: Path, count: int = 1, timeout: float = 60) -> list[str]:
-    return wait_until(
-        lambda: ids if len(ids := _ids(marks, "started")) >= count else None,
-        timeout=timeout,
-        interval=0.2,
-        message=lambda: f"expected {count} started job(s) in {marks}, saw {_ids(marks, 'started')}",
-    )
-
-
-def _wait_watched(client: AirflowClient, dag_id: str, run_id: str) -> None:
-    """Until a triggerer runs the trigger: Airflow calls a trigger's on_kill only once it runs."""
-    wait_until(
-        lambda: "Watching local job" in client.get_task_log_safe(dag_id, run_id, TASK, 1),
-        timeout=60,
-        interval=0.5,
-        message=lambda: f"no triggerer picked up the trigger of {dag_id}/{run_id}",
-    )
+pytestmark = pytest.mark.usefixtures("tao_connection")
 
 
 def test_a_deferred_run_succeeds_through_the_triggerer_and_links_resolve_while_deferred(
     dags: AirflowClient, marks: Path
 ) -> None:
-    run_id = _start(dags, "tao_e2e_deferred", marks, seconds=10)
+    run_id = start_run(dags, "tao_e2e_deferred", marks, seconds=10)
     dags.wait_for_task_instance("tao_e2e_deferred", run_id, TASK, ["deferred"], timeout=90)
     # the job's own log lines reach the task log while the task is still deferred
     wait_until(
@@ -120,49 +55,49 @@ def test_a_deferred_run_succeeds_through_the_triggerer_and_links_resolve_while_d
     dags.wait_for_dag_run("tao_e2e_deferred", run_id, ["success"], timeout=120)
     result = dags.get_xcom("tao_e2e_deferred", run_id, TASK, "return_value")
     assert result["job_id"] == job_id and result["state"] == "Complete" and result["exit_code"] == 0
-    assert _ids(marks, "started") == _ids(marks, "done") == [job_id]
+    assert job_ids(marks, "started") == job_ids(marks, "done") == [job_id]
     log = dags.get_task_log("tao_e2e_deferred", run_id, TASK, 1)
     assert "[job] tick 3" in log and "[job] finished" in log  # streamed by the triggerer while deferred
 
 
 def test_b_marking_a_deferred_task_failed_kills_its_job(dags: AirflowClient, marks: Path) -> None:
-    run_id = _start(dags, "tao_e2e_deferred", marks, seconds=300)
+    run_id = start_run(dags, "tao_e2e_deferred", marks, seconds=300)
     dags.wait_for_task_instance("tao_e2e_deferred", run_id, TASK, ["deferred"], timeout=90)
-    (job_id,) = _wait_started(marks)
-    assert _job_processes([job_id])
-    _wait_watched(dags, "tao_e2e_deferred", run_id)
+    (job_id,) = wait_started(marks)
+    assert job_processes([job_id])
+    wait_watched(dags, "tao_e2e_deferred", run_id)
 
     started = time.monotonic()
     dags.mark_task_instance_failed("tao_e2e_deferred", run_id, TASK)
-    handle = _handle(dags, "tao_e2e_deferred", run_id)
+    handle = local_handle(dags, "tao_e2e_deferred", run_id)
     wait_until(
-        lambda: not _job_processes([job_id]) and LocalHook("tao_e2e").get_job_status(handle).state.is_terminal,
+        lambda: not job_processes([job_id]) and LocalHook("tao_e2e").get_job_status(handle).state.is_terminal,
         timeout=35,
         interval=0.5,
-        message=lambda: f"job {job_id} still has processes {_job_processes([job_id])} after mark-failed",
+        message=lambda: f"job {job_id} still has processes {job_processes([job_id])} after mark-failed",
     )
     elapsed = time.monotonic() - started
     print(f"job killed {elapsed:.1f} s after mark-failed")
     assert elapsed < 35
     assert LocalHook("tao_e2e").get_job_status(handle).state is JobState.CANCELED
     assert dags.get_task_instance_state("tao_e2e_deferred", run_id, TASK) == "failed"
-    assert _ids(marks, "done") == []
+    assert job_ids(marks, "done") == []
 
 
 def test_c_clearing_a_deferred_task_leaves_exactly_one_completed_job(dags: AirflowClient, marks: Path) -> None:
-    run_id = _start(dags, "tao_e2e_deferred", marks, seconds=12)
+    run_id = start_run(dags, "tao_e2e_deferred", marks, seconds=12)
     dags.wait_for_task_instance("tao_e2e_deferred", run_id, TASK, ["deferred"], timeout=90)
-    _wait_started(marks)
-    _wait_watched(dags, "tao_e2e_deferred", run_id)
+    wait_started(marks)
+    wait_watched(dags, "tao_e2e_deferred", run_id)
 
     dags.clear_task_instances("tao_e2e_deferred", run_id, [TASK])
     dags.wait_for_dag_run("tao_e2e_deferred", run_id, ["success"], timeout=180)
 
-    started, done = _ids(marks, "started"), _ids(marks, "done")
+    started, done = job_ids(marks, "started"), job_ids(marks, "done")
     print(f"started jobs {started}, completed jobs {done}")
     assert len(done) == 1, (started, done)
     time.sleep(2)  # a canceled first job gets its grace period
-    assert _job_processes(started) == []
+    assert job_processes(started) == []
     result = dags.get_xcom("tao_e2e_deferred", run_id, TASK, "return_value")
     assert result["job_id"] == done[0]
 
@@ -170,16 +105,16 @@ def test_c_clearing_a_deferred_task_leaves_exactly_one_completed_job(dags: Airfl
 def test_d_triggerer_restart_neither_resubmits_nor_loses_the_job(
     dags: AirflowClient, airflow_standalone: AirflowStandalone, marks: Path
 ) -> None:
-    run_id = _start(dags, "tao_e2e_deferred", marks, seconds=30)
+    run_id = start_run(dags, "tao_e2e_deferred", marks, seconds=30)
     dags.wait_for_task_instance("tao_e2e_deferred", run_id, TASK, ["deferred"], timeout=90)
-    (job_id,) = _wait_started(marks)
+    (job_id,) = wait_started(marks)
 
     _, new_triggerer = airflow_standalone.restart_triggerer(signal.SIGKILL)
     dags.wait_for_trigger_owner("tao_e2e_deferred", run_id, TASK, new_triggerer, timeout=90)
-    assert _job_processes([job_id])  # the job kept running while no triggerer watched it
+    assert job_processes([job_id])  # the job kept running while no triggerer watched it
 
     dags.wait_for_dag_run("tao_e2e_deferred", run_id, ["success"], timeout=180)
-    assert _ids(marks, "started") == _ids(marks, "done") == [job_id]
+    assert job_ids(marks, "started") == job_ids(marks, "done") == [job_id]
     tries = dags.list_task_instance_tries("tao_e2e_deferred", run_id, TASK)
     assert len(tries) == 1, tries
     assert dags.get_xcom("tao_e2e_deferred", run_id, TASK, "return_value")["job_id"] == job_id
@@ -188,12 +123,12 @@ def test_d_triggerer_restart_neither_resubmits_nor_loses_the_job(
 def test_e_worker_killed_right_after_submission_then_retry_runs_exactly_one_job(
     dags: AirflowClient, airflow_standalone: AirflowStandalone, marks: Path
 ) -> None:
-    run_id = _start(dags, "tao_e2e_sync", marks, seconds=15)
-    (job_id,) = _wait_started(marks)
+    run_id = start_run(dags, "tao_e2e_sync", marks, seconds=15)
+    (job_id,) = wait_started(marks)
     airflow_standalone.kill_task_runner("tao_e2e_sync", run_id, TASK, sig=signal.SIGKILL)
 
     dags.wait_for_dag_run("tao_e2e_sync", run_id, ["success"], timeout=180)
-    assert _ids(marks, "started") == _ids(marks, "done") == [job_id]
+    assert job_ids(marks, "started") == job_ids(marks, "done") == [job_id]
     tries = dags.list_task_instance_tries("tao_e2e_sync", run_id, TASK)
     assert len(tries) == 2, tries
     log = dags.get_task_log("tao_e2e_sync", run_id, TASK, 2)
@@ -202,18 +137,18 @@ def test_e_worker_killed_right_after_submission_then_retry_runs_exactly_one_job(
 
 
 def test_mark_success_with_cancel_on_kill_false_leaves_the_job_running(dags: AirflowClient, marks: Path) -> None:
-    run_id = _start(dags, "tao_e2e_keep", marks, seconds=300)
+    run_id = start_run(dags, "tao_e2e_keep", marks, seconds=300)
     dags.wait_for_task_instance("tao_e2e_keep", run_id, TASK, ["deferred"], timeout=90)
-    (job_id,) = _wait_started(marks)
-    _wait_watched(dags, "tao_e2e_keep", run_id)
+    (job_id,) = wait_started(marks)
+    wait_watched(dags, "tao_e2e_keep", run_id)
 
     dags.mark_task_instance_success("tao_e2e_keep", run_id, TASK)
     dags.wait_for_task_instance("tao_e2e_keep", run_id, TASK, ["success"], timeout=30)
     time.sleep(8)  # well past the ~2 s after which on_kill runs
     try:
-        assert _job_processes([job_id]), "the job was killed although cancel_on_kill=False"
+        assert job_processes([job_id]), "the job was killed although cancel_on_kill=False"
         assert "cancel_on_kill=False: leaving job" in dags.get_task_log_safe("tao_e2e_keep", run_id, TASK, 1)
     finally:
-        handle = _handle(dags, "tao_e2e_keep", run_id)
+        handle = local_handle(dags, "tao_e2e_keep", run_id)
         LocalHook("tao_e2e").cancel_job(handle)
-    assert not _job_processes([job_id])
+    assert not job_processes([job_id])
