@@ -95,6 +95,8 @@ class JobSpec(_JsonValue):
     :param backend_details: platform-specific keyword arguments.
     :param results_uri: explicit results location; wins over every platform default.
     :param deadline: absolute epoch seconds after which the job must not keep running.
+    :param origin: the task instance that submits it (``dag_id``, ``task_id``, ``run_id``, ``map_index``), for
+        platforms that label their jobs with it.
     """
 
     name: str
@@ -109,6 +111,7 @@ class JobSpec(_JsonValue):
     backend_details: dict[str, Any] = field(default_factory=dict)
     results_uri: str | None = None
     deadline: float | None = None
+    origin: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """JSON form *without* secret values (only their names survive), safe to store or log."""

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 from airflow.sdk import BaseHook
 
 from airflow_provider_tao.failures import FailureFacts, classify
-from airflow_provider_tao.jobs import FailureAnalysis, JobHandle, JobSpec, JobState, JobStatus
+from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobHandle, JobSpec, JobState, JobStatus
 
 MARK_OWNER = "owner_try"
 MARK_CANCEL = "cancel_requested_by"
@@ -86,6 +86,18 @@ class JobValidationError(ValueError):
     def __init__(self, parameter: str, problem: str, fix: str) -> None:
         self.parameter = parameter
         super().__init__(f"{parameter}: {problem}. {fix}")
+
+
+class JobSubmitError(RuntimeError):
+    """The platform refused the job at submission (an image it cannot pull, a quota): nothing runs.
+
+    :param err_class: the failure class; the operator retries only the retriable ones.
+    :param message: what happened and what to do, for the task log.
+    """
+
+    def __init__(self, err_class: ErrClass, message: str) -> None:
+        super().__init__(message)
+        self.err_class = err_class
 
 
 class TAOPlatformHook(BaseHook):

@@ -29,7 +29,7 @@ from airflow.sdk.exceptions import (
 )
 
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook, platform_for_conn_type
-from airflow_provider_tao.hooks.base import JobValidationError, register_secrets
+from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError, register_secrets
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESULTS_DIR, TAOJobLink
 from airflow_provider_tao.operators.staging import S3StagingMixin
@@ -250,6 +250,7 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             backend_details=dict(self.backend_details),
             results_uri=self.results_uri,
             deadline=self._deadline(context),
+            origin=_origin(context),
         )
         if image is None and (reason := hook.image_required(spec)):
             raise JobValidationError(
@@ -299,7 +300,13 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
                 raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
             register_secrets(list(spec.secret_env.values()))
             self._warn_expiring_credentials(spec)
-            handle = hook.create_job(spec, try_number=try_number)
+            try:
+                handle = hook.create_job(spec, try_number=try_number)
+            except JobSubmitError as exc:
+                message = f"The {hook.platform} platform refused job {spec.job_id}: {exc.err_class.value}: {exc}"
+                if exc.err_class.retriable:
+                    raise AirflowException(message) from exc
+                raise AirflowFailException(message) from exc
             self.log.info("Submitted %s job %s (%s)", hook.platform, handle.job_id, handle.name)
         self._handle = handle
         record: dict[str, Any] = {"handle": handle.to_json(), "consumed": False, "outputs": outputs}
@@ -517,3 +524,8 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         hook.load_connection()
         if hook.cancel_job(self._handle):
             hook.cleanup_job(self._handle)
+
+
+def _origin(context: Context) -> dict[str, str]:
+    ti = context["ti"]
+    return {"dag_id": ti.dag_id, "task_id": ti.task_id, "run_id": ti.run_id, "map_index": str(ti.map_index)}

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout, TaskDeferred
 
-from airflow_provider_tao.hooks.base import JobValidationError
-from airflow_provider_tao.jobs import JobHandle, JobState, JobStatus
+from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError
+from airflow_provider_tao.jobs import ErrClass, JobHandle, JobState, JobStatus
 from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESULTS_DIR
 from airflow_provider_tao.operators.submit import STATE_KEY, TAOSubmitOperator
 from airflow_provider_tao.triggers.job import TAOJobTrigger
@@ -281,3 +281,25 @@ def test_bad_input_fails_fast_before_anything_is_submitted(
     assert message in str(exc.value)
     assert "nothing was submitted" in str(exc.value)
     assert fake_platform.jobs == {}
+
+
+@pytest.mark.parametrize(
+    ("err_class", "raised"),
+    [(ErrClass.ERR_IMAGE_PULL, AirflowFailException), (ErrClass.ERR_INFRA, AirflowException)],
+)
+def test_a_refused_submission_fails_now_or_retries_by_its_class(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, err_class: ErrClass, raised: type[Exception]
+) -> None:
+    def refuse(self: FakeHook, spec: Any, try_number: int = 1) -> JobHandle:
+        raise JobSubmitError(err_class, "cannot pull img:1: no such host")
+
+    monkeypatch.setattr(FakeHook, "create_job", refuse)
+    with pytest.raises(raised, match=rf"refused job \w+: {err_class.value}: cannot pull img:1") as exc:
+        _op().execute(make_context(Store()))
+    assert isinstance(exc.value, AirflowFailException) == (not err_class.retriable)
+
+
+def test_the_spec_names_the_task_instance_it_comes_from(fake_platform: type[FakeHook]) -> None:
+    _op().execute(make_context(Store()))
+    (job,) = fake_platform.jobs.values()
+    assert job["spec"].origin == {"dag_id": "dag", "task_id": "train", "run_id": "manual__1", "map_index": "-1"}
