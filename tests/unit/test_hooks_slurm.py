@@ -466,7 +466,7 @@ def test_string_command_runs_under_exactly_one_bash_and_arrives_verbatim(tmp_pat
     # $0 is bash, and bash's parent is the caller itself: the launcher's sh was replaced (exec), not kept around
     command = f'printf \'%s|%s|%s|%s\' "$0" "$(cat /proc/$PPID/comm)" "$NODE_RANK" {shlex.quote(hostile)}'
     out = _run_launcher(tmp_path, command + "\n\n")
-    assert out == f"/bin/bash|{Path(sys.executable).name[:15]}|1|{hostile}"
+    assert out == f"/bin/bash|{Path('/proc/self/comm').read_text().strip()}|1|{hostile}"
     assert not Path("/tmp/SENTINEL").exists()
 
 

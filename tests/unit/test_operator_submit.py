@@ -300,6 +300,6 @@ def test_a_refused_submission_fails_now_or_retries_by_its_class(
 
 
 def test_the_spec_names_the_task_instance_it_comes_from(fake_platform: type[FakeHook]) -> None:
-    _op().execute(make_context(Store()))
+    _defer(_op(deferrable=True), make_context(Store()))
     (job,) = fake_platform.jobs.values()
     assert job["spec"].origin == {"dag_id": "dag", "task_id": "train", "run_id": "manual__1", "map_index": "-1"}
