@@ -69,6 +69,46 @@ def _slurm_connection_type() -> dict[str, Any]:
     }
 
 
+def _docker_connection_type() -> dict[str, Any]:
+    """``tao_docker``: host = daemon URL; login/password = registry user and key (NGC) for pulls."""
+    return {
+        "connection-type": "tao_docker",
+        "hook-class-name": "airflow_provider_tao.hooks.docker.TAODockerHook",
+        "hook-name": "TAO Docker",
+        "conn-fields": {
+            "registry": _field("Registry", "Registry the login/password are for, e.g. nvcr.io (empty: any image)."),
+            "network": _field("Network", "Docker network of the jobs, created when missing (DOCKER_NETWORK)."),
+            "auto_remove": _field(
+                "Remove ended containers",
+                "Remove a job's container once its result is read (DOCKER_AUTO_REMOVE; default: keep).",
+                kind="boolean",
+            ),
+            "results_root": _field(
+                "Results root",
+                "Folder on the daemon's host mounted into every job at the same path: <root>/<job_id>.",
+            ),
+            "shm_size": _field("Shared memory", "Size of /dev/shm in each job (default 16g)."),
+            "cancel_grace_seconds": _field(
+                "Cancel grace (s)", "Seconds between SIGTERM and SIGKILL when a job is stopped (10).", kind="number"
+            ),
+            "tls_ca_cert": _field("TLS CA certificate", "Path of the CA certificate (tcp:// daemons with TLS)."),
+            "tls_client_cert": _field("TLS client certificate", "Path of the client certificate."),
+            "tls_client_key": _field("TLS client key", "Path of the client key."),
+        },
+        "ui-field-behaviour": {
+            "hidden-fields": ["schema", "port", "extra"],
+            "relabeling": {"host": "Docker daemon URL", "login": "Registry user", "password": "Registry key"},
+            "placeholders": {
+                "host": "unix:///var/run/docker.sock or tcp://gpu-box:2376",
+                "login": "$oauthtoken",
+                "registry": "nvcr.io",
+                "network": "tao_default",
+                "results_root": "/data/tao/results",
+            },
+        },
+    }
+
+
 def get_provider_info() -> dict[str, Any]:
     """The provider's metadata: connection types with their form fields, hooks, triggers, links and config."""
     return {
@@ -92,6 +132,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_tao.hooks.base",
                     "airflow_provider_tao.hooks.local",
                     "airflow_provider_tao.hooks.slurm",
+                    "airflow_provider_tao.hooks.docker",
                 ],
             }
         ],
@@ -116,6 +157,7 @@ def get_provider_info() -> dict[str, Any]:
                 },
             },
             _slurm_connection_type(),
+            _docker_connection_type(),
         ],
         "config": {
             "tao": {

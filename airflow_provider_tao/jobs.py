@@ -34,6 +34,10 @@ class JobState(StrEnum):
         return self in ACTIVE_STATES
 
 
+#: Consecutive "the platform does not know this job" answers after which a watched job counts as gone (one such
+#: answer can be a listing racing the job's creation or an eventually consistent API).
+NOT_FOUND_POLLS = 2
+
 TERMINAL_STATES = frozenset({JobState.COMPLETE, JobState.ERROR, JobState.CANCELED})
 ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.PAUSED, JobState.CANCELING})
 

@@ -30,7 +30,7 @@ from airflow.sdk.exceptions import (
 
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook, platform_for_conn_type
 from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError, register_secrets
-from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
+from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESULTS_DIR, TAOJobLink
 from airflow_provider_tao.operators.staging import S3StagingMixin
 from airflow_provider_tao.outage import OutageLog, outage_report_seconds
@@ -413,12 +413,17 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             return self._payload("misplaced", handle, JobStatus.unknown(problem), "")
         cursor = ""
         outage = OutageLog(self.log, hook.platform, outage_report_seconds())
+        not_found = 0
         while True:
             try:
                 status = hook.get_job_status(handle)
             except Exception as exc:  # the platform could not be asked: an outage, not a verdict on the job
                 status = JobStatus.unknown(f"status call failed: {exc}")
             outage.update(status)
+            not_found = not_found + 1 if status.not_found else 0
+            if not_found >= NOT_FOUND_POLLS:
+                message = f"job {handle.job_id} no longer exists on the {hook.platform} platform ({status.message})"
+                return self._payload("error", handle, status, cursor) | {"message": message}
             if status.state is not JobState.UNKNOWN and self.stream_logs:
                 cursor = self._copy_logs(hook, handle, cursor)
             if status.state.is_terminal:
@@ -476,10 +481,13 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
                 return self._run(context, reattach=False)
             hook.cleanup_job(handle)
             raise AirflowFailException(f"Job {handle.job_id} was canceled outside Airflow")
-        hook.cleanup_job(handle)
-        if outcome == "complete":
-            return self._succeed(context, handle, status, self._outputs_of(context, handle))
-        return self._fail(hook, handle, status)
+        # Cleanup (removing an ended container, say) comes after the verdict and the failure analysis are read.
+        try:
+            if outcome == "complete":
+                return self._succeed(context, handle, status, self._outputs_of(context, handle))
+            return self._fail(hook, handle, status, event.get("message") or status.message)
+        finally:
+            hook.cleanup_job(handle)
 
     def _succeed(
         self, context: Context, handle: JobHandle, status: JobStatus, outputs: dict[str, str]
@@ -504,10 +512,10 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             "console_url": handle.console_url,
         }
 
-    def _fail(self, hook: TAOPlatformHook, handle: JobHandle, status: JobStatus) -> dict[str, Any]:
+    def _fail(self, hook: TAOPlatformHook, handle: JobHandle, status: JobStatus, message: str) -> dict[str, Any]:
         analysis = hook.get_failure_analysis(handle)
         if analysis is None:
-            raise AirflowException(f"Job {handle.job_id} failed: {status.message}")
+            raise AirflowException(f"Job {handle.job_id} failed: {message}")
         self.log.error("Job %s failed: %s", handle.job_id, analysis.summary())
         for line in analysis.evidence:
             self.log.error("  evidence: %s", line)

@@ -25,15 +25,13 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
-from airflow_provider_tao.jobs import JobHandle, JobState, JobStatus
+from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobState, JobStatus
 from airflow_provider_tao.outage import OutageLog, outage_report_seconds
 
 #: Upper bound of one batched status call; a hung backend must not hang the trigger.
 STATUS_CALL_TIMEOUT = 60.0
 MAX_BACKOFF_SECONDS = 30.0  # after an outage the first good poll must not come much later
 #: How often a continuing outage is reported in the task log.
-#: Consecutive "the platform does not know this job" answers after which the job counts as gone.
-NOT_FOUND_POLLS = 2
 #: XCom key of the log cursor (kept with the task instance: survives triggerer restarts, cleared by a new try).
 XCOM_LOG_CURSOR = "tao_log_cursor"
 

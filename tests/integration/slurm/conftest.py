@@ -35,6 +35,8 @@ from typing import Any
 
 import pytest
 
+from tests.integration.taskrun import Triggerer
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SLURM_UP = REPO_ROOT / "scripts" / "slurm-up.sh"
 SLURM_CI_ROOT = Path(os.environ.get("SLURM_CI_ROOT", "/var/tmp/slurm-ci"))
@@ -360,10 +362,6 @@ def slurm_conn(slurm_cluster: SlurmCluster) -> str:
 
 
 @pytest.fixture(scope="session")
-def triggerer(slurm_conn: str):
-    """One background event loop for every trigger of the session, like a triggerer process."""
-    from tests.integration.slurm.taskrun import Triggerer
-
-    loop = Triggerer()
-    yield loop
-    loop.close()
+def triggerer(slurm_conn: str, triggerer: Triggerer) -> Triggerer:
+    """The session's triggerer loop, with the SLURM connection defined first."""
+    return triggerer

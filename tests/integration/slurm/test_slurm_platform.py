@@ -23,7 +23,7 @@ from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.slurm import SlurmHook
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
 from tests.integration.slurm.conftest import accepted_logins
-from tests.integration.slurm.taskrun import event_of, finish, kill, make_operator, start
+from tests.integration.taskrun import event_of, finish, kill, make_operator, start
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +77,7 @@ def timeout_run(slurm_cluster: Any, triggerer: Any) -> Any:
 
 
 def test_timeout_job_starts(timeout_run: Any) -> None:
-    assert timeout_run.slurm_id  # collected at the end of the module (test_timeout_on_the_short_partition)
+    assert timeout_run.backend_job_id  # collected at the end of the module (test_timeout_on_the_short_partition)
 
 
 # --------------------------------------------------------------------------- the basic outcomes
@@ -92,11 +92,11 @@ def test_completed_job_results_land_in_the_results_folder(slurm_cluster: Any, tr
     result = finish(run)
 
     assert result["state"] == "Complete" and result["platform"] == "slurm"
-    assert result["job_id"] == run.job_id and result["backend_job_id"] == run.slurm_id
+    assert result["job_id"] == run.job_id and result["backend_job_id"] == run.backend_job_id
     assert result["results_dir"] == f"{slurm_cluster.results_root}/results/{run.job_id}"
     # inside the job TAO_JOB_ID is the XCom job_id, and TAO_RESULTS_ROOT/<job_id> is the results folder
     assert _cat(slurm_cluster, f"{result['results_dir']}/model.txt") == f"model of {run.job_id}\n"
-    assert slurm_cluster.wait_terminal(run.slurm_id).exit_code == "0:0"
+    assert slurm_cluster.wait_terminal(run.backend_job_id).exit_code == "0:0"
     logged = capfd.readouterr()
     assert "[job] epoch-1" in logged.out + logged.err and "[job] epoch-2" in logged.out + logged.err
     # the job's env file (where its secrets live) is gone once the job has ended for good
@@ -120,7 +120,7 @@ def test_failed_job_reports_its_exit_code_and_a_program_error(slurm_cluster: Any
         3,
         "FAILED",
     )
-    assert slurm_cluster.wait_terminal(run.slurm_id).exit_code == "3:0"
+    assert slurm_cluster.wait_terminal(run.backend_job_id).exit_code == "3:0"
 
 
 @pytest.mark.parametrize("inner_exit", [3, 124])
@@ -134,7 +134,7 @@ def test_trap_a_failing_command_never_ends_complete_whatever_the_wrapper(
     assert "timeout --signal=TERM" in script and "scontrol requeue" not in script
     with pytest.raises(AirflowFailException):
         finish(run)
-    assert slurm_cluster.wait_terminal(run.slurm_id).state == "FAILED"
+    assert slurm_cluster.wait_terminal(run.backend_job_id).state == "FAILED"
     assert event_of(run)["job_status"]["exit_code"] == inner_exit
 
 
@@ -146,13 +146,13 @@ def test_cancel_by_marking_the_task_failed_and_by_worker_kill(
     _wait_state(hook, deferred.handle, JobState.RUNNING)
 
     kill(deferred)  # marked failed while deferred: trigger on_kill -> the shared cancel routine -> scancel
-    record = slurm_cluster.wait_terminal(deferred.slurm_id, timeout=30)
+    record = slurm_cluster.wait_terminal(deferred.backend_job_id, timeout=30)
     assert record.raw_state == f"CANCELLED by {slurm_cluster.uid}"
     _wait_state(hook, deferred.handle, JobState.CANCELED, timeout=30)  # squeue says COMPLETING for a moment
     assert hook.cancel_requested_by(JobHandle.from_json(deferred.handle)) == 1
 
     on_worker.op.on_kill()  # worker-side kill (sync wait, execution_timeout on the worker)
-    assert slurm_cluster.wait_terminal(on_worker.slurm_id, timeout=30).state == "CANCELLED"
+    assert slurm_cluster.wait_terminal(on_worker.backend_job_id, timeout=30).state == "CANCELLED"
     # Had this try really been killed it would never resume; one that does resume after a cancel of its own (a
     # spurious trigger on_kill) runs the job again instead of failing for good.
     with pytest.raises(TaskDeferred) as again:
@@ -180,7 +180,7 @@ def test_trap_held_job_is_pending_with_its_reason_and_cancel_is_recognised(
     started = time.monotonic()
     assert hook.cancel_job(handle) is True  # the old SDK: 32 s and False ("CANCELLED by 1001" unknown)
     assert time.monotonic() - started < 5
-    assert slurm_cluster.wait_terminal(run.slurm_id, timeout=30).raw_state == f"CANCELLED by {slurm_cluster.uid}"
+    assert slurm_cluster.wait_terminal(run.backend_job_id, timeout=30).raw_state == f"CANCELLED by {slurm_cluster.uid}"
     facts = hook.failure_facts(handle)
     assert facts.canceled and facts.raw_state.startswith("CANCELLED")
     assert event_of(run)["job_status"]["state"] == "Canceled"
@@ -193,7 +193,7 @@ def test_trap_log_folder_exists_so_the_job_runs(slurm_cluster: Any, triggerer: A
     run = start(triggerer, make_operator(image=_py(slurm_cluster), command="echo to-out; echo to-err >&2"))
     finish(run)
     layout = hook.layout(run.job_id, run.trigger.handle.name)
-    assert slurm_cluster.wait_terminal(run.slurm_id).exit_code == "0:0"  # not FAILED 0:53 (no log folder)
+    assert slurm_cluster.wait_terminal(run.backend_job_id).exit_code == "0:0"  # not FAILED 0:53 (no log folder)
     assert _cat(slurm_cluster, layout.out_file).splitlines()[1:] == ["to-out"]  # after the run marker
     assert "to-err" in _cat(slurm_cluster, layout.err_file)
 
@@ -240,8 +240,9 @@ def test_requeued_job_is_followed_to_completion(slurm_cluster: Any, triggerer: A
     )  # fmt: skip
     result = finish(run, timeout=180)
 
-    assert result["state"] == "Complete" and result["backend_job_id"] == run.slurm_id  # same job, followed through
-    runs = _runs(slurm_cluster, run.slurm_id)
+    # the same job, followed through
+    assert result["state"] == "Complete" and result["backend_job_id"] == run.backend_job_id
+    runs = _runs(slurm_cluster, run.backend_job_id)
     assert len(runs) == 2 and runs[-1] == "COMPLETED 0:0" and runs[0].split()[0] in ("PREEMPTED", "REQUEUED")
     out = _cat(slurm_cluster, hook.layout(run.job_id, run.trigger.handle.name).out_file)
     # --open-mode=append keeps both runs (and the log offsets valid), each after its run marker
@@ -265,9 +266,9 @@ def test_infrastructure_failure_is_resubmitted_by_the_trigger_then_succeeds(
     run = start(triggerer, make_operator(image=_py(slurm_cluster), command=command))
     result = finish(run, timeout=180)
 
-    assert result["state"] == "Complete" and result["backend_job_id"] == run.slurm_id
+    assert result["state"] == "Complete" and result["backend_job_id"] == run.backend_job_id
     assert _cat(slurm_cluster, f"{result['results_dir']}/ok") == "recovered\n"
-    assert _runs(slurm_cluster, run.slurm_id) == ["REQUEUED 1:0", "COMPLETED 0:0"]  # exactly one resubmission
+    assert _runs(slurm_cluster, run.backend_job_id) == ["REQUEUED 1:0", "COMPLETED 0:0"]  # exactly one resubmission
     marks = hook.layout(run.job_id, run.trigger.handle.name).marks_dir
     assert slurm_cluster.ssh(f"ls {marks}/resubmits").stdout.split() == ["run-0"]  # the count lives on the cluster
     logged = capfd.readouterr()
@@ -277,7 +278,7 @@ def test_infrastructure_failure_is_resubmitted_by_the_trigger_then_succeeds(
 
     again = hook.resubmit_if_retriable(JobHandle.from_json(run.handle), JobStatus(JobState.ERROR, "FAILED"))
     assert again is None  # the last run completed: its log has no infrastructure failure
-    assert len(_runs(slurm_cluster, run.slurm_id)) == 2
+    assert len(_runs(slurm_cluster, run.backend_job_id)) == 2
 
 
 def test_cuda_out_of_memory_is_a_program_error_and_never_resubmitted(
@@ -287,7 +288,7 @@ def test_cuda_out_of_memory_is_a_program_error_and_never_resubmitted(
     run = start(triggerer, make_operator(image=_py(slurm_cluster), command=command))
     with pytest.raises(AirflowFailException, match="ERR_OOM"):
         finish(run)
-    assert _runs(slurm_cluster, run.slurm_id) == ["FAILED 1:0"]
+    assert _runs(slurm_cluster, run.backend_job_id) == ["FAILED 1:0"]
     marks = hook.layout(run.job_id, run.trigger.handle.name).marks_dir
     assert not _exists(slurm_cluster, f"{marks}/resubmits")
 
@@ -404,15 +405,15 @@ def test_a_retry_reattaches_instead_of_submitting_again(slurm_cluster: Any, trig
                    try_number=2, run_id=run_id)  # fmt: skip
     # ... and try 3 whose worker died before the store write: found by its deterministic name on the cluster
     third = start(triggerer, make_operator(image=_py(slurm_cluster), command="sleep 300"), try_number=3, run_id=run_id)
-    assert first.job_id == second.job_id == third.job_id and first.slurm_id == third.slurm_id
+    assert first.job_id == second.job_id == third.job_id and first.backend_job_id == third.backend_job_id
     names = slurm_cluster.ssh(f"squeue -h -t all -n {first.trigger.handle.name} -o %i").stdout.split()
-    assert names == [first.slurm_id]  # one Slurm job, never a duplicate
+    assert names == [first.backend_job_id]  # one Slurm job, never a duplicate
     assert hook.job_owner(JobHandle.from_json(third.handle)) == 3
     kill(first)  # try 1's cleanup must not cancel the job try 3 owns now
     time.sleep(1)
     assert hook.get_job_status(JobHandle.from_json(third.handle)).state in (JobState.PENDING, JobState.RUNNING)
     kill(third)
-    assert slurm_cluster.wait_terminal(first.slurm_id, timeout=30).state == "CANCELLED"
+    assert slurm_cluster.wait_terminal(first.backend_job_id, timeout=30).state == "CANCELLED"
     second.future.cancel()
 
 
@@ -440,7 +441,7 @@ def test_timeout_on_the_short_partition(timeout_run: Any, slurm_cluster: Any) ->
     with pytest.raises(AirflowFailException, match="ERR_TIMEOUT"):
         finish(timeout_run, timeout=180)
     assert event_of(timeout_run)["job_status"]["raw_state"] == "TIMEOUT"
-    assert slurm_cluster.wait_terminal(timeout_run.slurm_id).state == "TIMEOUT"
+    assert slurm_cluster.wait_terminal(timeout_run.backend_job_id).state == "TIMEOUT"
 
 
 # --------------------------------------------------------------------------- outage: sshd 60 s, slurmctld restart
@@ -475,9 +476,9 @@ def test_sshd_outage_and_slurmctld_restart_neither_fail_nor_duplicate_jobs(
     print(f"outage: both tasks done after {time.monotonic() - t0:.1f} s (jobs sleep 75 s)")
     assert [r["state"] for r in results] == ["Complete", "Complete"]
     for run in runs:
-        assert _runs(slurm_cluster, run.slurm_id) == ["COMPLETED 0:0"]
+        assert _runs(slurm_cluster, run.backend_job_id) == ["COMPLETED 0:0"]
         same_name = slurm_cluster.ssh(f"sacct -X -n -P --name={run.trigger.handle.name} -o JobID").stdout.split()
-        assert same_name == [run.slurm_id]  # no duplicate submitted
+        assert same_name == [run.backend_job_id]  # no duplicate submitted
 
 
 def test_transport_errors_are_not_job_failures(slurm_conn: str) -> None:

@@ -1,4 +1,4 @@
-"""Run ``TAOSubmitOperator`` tasks against the real cluster the way Airflow does, without an Airflow server.
+"""Run ``TAOSubmitOperator`` tasks against a real backend the way Airflow does, without an Airflow server.
 
 * :class:`Triggerer` is one event loop in a background thread, like the triggerer process: every trigger of the
   test session runs there, so they share the per-connection status poller and the cached SSH connection.
@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import copy
 import importlib
+import sys
 import threading
 import uuid
 from collections.abc import AsyncGenerator
@@ -43,9 +44,8 @@ class Triggerer:
 
     def close(self) -> None:
         async def _shutdown() -> None:
-            from airflow_provider_tao.hooks.slurm_ssh import AsyncPool
-
-            AsyncPool.drop_connections()
+            if (ssh := sys.modules.get("airflow_provider_tao.hooks.slurm_ssh")) is not None:
+                ssh.AsyncPool.drop_connections()
 
         self.call(_shutdown(), timeout=10)
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -81,14 +81,15 @@ class TaskRun:
         return self.trigger.handle.job_id
 
     @property
-    def slurm_id(self) -> str:
+    def backend_job_id(self) -> str:
         return self.trigger.handle.backend_job_id
 
 
-def make_operator(**kwargs: Any) -> TAOSubmitOperator:
+def make_operator(conn_id: str = "tao_slurm_ci", **kwargs: Any) -> TAOSubmitOperator:
+    """A deferrable operator polling every second, on the SLURM CI connection unless told otherwise."""
     defaults: dict[str, Any] = {
         "task_id": "train",
-        "conn_id": "tao_slurm_ci",
+        "conn_id": conn_id,
         "gpu_count": 0,
         "deferrable": True,
         "poll_interval": 1.0,

@@ -1,0 +1,645 @@
+"""The ``docker`` platform: each job is one detached container ``tao-job-<job_id>`` on a Docker daemon.
+
+The daemon may be local (a unix socket) or remote (``tcp://``, optionally TLS): nothing of the worker's
+filesystem is assumed on the daemon's host. The job's files and secrets are copied into the created container
+with the archive API before it starts (see :mod:`~airflow_provider_tao.hooks.container`), so neither appears in
+``docker inspect``; the only host path a job sees is a ``results_root`` the connection declares (a folder on
+the daemon's host, bind-mounted at the same path).
+
+One poll of any number of jobs is ONE ``GET /containers/json`` filtered by this provider's label; a container is
+inspected once, when it has just ended (exit code, OOM flag), and that verdict is kept. The ownership marks are
+small files in the container (``/tao-job/marks``), read and written through the archive API, which works on
+running and exited containers alike. Containers are kept after they end (``docker logs`` and the exit code stay
+readable) unless the connection sets ``auto_remove``: then they are removed once the task has read the verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_tao.failures import FailureFacts
+from airflow_provider_tao.hooks import container as ct
+from airflow_provider_tao.hooks.base import (
+    LOG_READ_LIMIT,
+    MARK_CANCEL,
+    MARK_OWNER,
+    JobSubmitError,
+    JobValidationError,
+    TAOPlatformHook,
+)
+from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
+
+if TYPE_CHECKING:
+    from docker import APIClient
+
+DEFAULT_SOCKET = "unix:///var/run/docker.sock"
+DEFAULT_NETWORK = "tao_default"
+DEFAULT_SHM_SIZE = "16g"
+DEFAULT_REGISTRY_LOGIN = "$oauthtoken"
+#: A container created but not started after this long was left behind by a worker that died mid-submission.
+START_TIMEOUT_SECONDS = 60.0
+#: ``backend_details`` keys this platform understands (anything else is a typo, reported before submission).
+DETAIL_KEYS = frozenset({"mem_limit", "cpus", "shm_size", "mounts", "user", "entrypoint", "gpu_ids", "working_dir"})
+_STATE_MAP = {
+    "created": JobState.PENDING,
+    "running": JobState.RUNNING,
+    "restarting": JobState.RUNNING,
+    "paused": JobState.PAUSED,
+}
+
+
+def container_name(job_id: str) -> str:
+    """The container of a job: ``tao-job-<job_id>``, the name the TAO SDK uses (``docker logs tao-job-...``)."""
+    return f"tao-job-{job_id}"
+
+
+class TAODockerHook(TAOPlatformHook):
+    """Runs jobs as containers on a Docker daemon, through the docker provider's ``DockerHook`` client.
+
+    Connection type ``tao_docker`` (optional: without a connection the environment decides). Fields:
+    ``host`` = daemon URL (``DOCKER_HOST``, default the local socket); ``login`` / ``password`` = registry user
+    (default ``$oauthtoken``) and key (the NGC key) used to pull missing images. Extras: ``registry`` (the
+    registry those credentials are for, e.g. ``nvcr.io``; unset = any), ``network`` (``DOCKER_NETWORK``, default
+    ``tao_default``, created when missing), ``auto_remove`` (``DOCKER_AUTO_REMOVE``, default false),
+    ``results_root`` (a folder on the daemon's host mounted into every job and exported as ``TAO_RESULTS_ROOT``),
+    ``shm_size`` (default 16g), ``cancel_grace_seconds`` (default 10), ``tls_ca_cert`` / ``tls_client_cert`` /
+    ``tls_client_key`` (paths on the Airflow hosts, for a ``tcp://`` daemon with TLS).
+
+    ``backend_details`` of a job: ``mem_limit`` ("8g"), ``cpus`` (2.5), ``shm_size``, ``mounts`` (list of
+    ``"host:container[:ro]"``), ``user`` (numeric ``uid[:gid]``), ``entrypoint`` (replaces the image's; "" clears
+    it), ``gpu_ids`` (explicit device ids, e.g. ``["0", "2"]``), ``working_dir``.
+
+    :param conn_id: the ``tao_docker`` connection, or None for the environment's defaults.
+    """
+
+    platform = "docker"
+    conn_type = "tao_docker"
+    default_conn_name = "tao_docker_default"
+    hook_name = "TAO Docker"
+    # Container names: [a-zA-Z0-9][a-zA-Z0-9_.-]*; "tao-job-" + job_id, and the deterministic name is a label.
+    name_max_length = 128
+    marks_storage = "small files inside the job's container (/tao-job/marks), through the archive API"
+    env_fallbacks = {"host": "DOCKER_HOST", "network": "DOCKER_NETWORK", "auto_remove": "DOCKER_AUTO_REMOVE"}
+
+    def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(conn_id, **kwargs)
+        self._ended: dict[str, JobStatus] = {}  # container name -> its final status (an ended container is final)
+        self._lock = threading.Lock()
+        self._network_ready = False
+        self._tegra: bool | None = None
+
+    # ----------------------------------------------------------------- settings and client
+
+    @property
+    def base_url(self) -> str:
+        self.load_connection()
+        return str(self.setting("host", DEFAULT_SOCKET))
+
+    @property
+    def network(self) -> str:
+        self.load_connection()
+        return str(self.setting("network", DEFAULT_NETWORK))
+
+    @property
+    def auto_remove(self) -> bool:
+        self.load_connection()
+        return str(self.setting("auto_remove", "false")).strip().lower() in ("1", "true", "yes", "on")
+
+    @property
+    def cancel_grace_seconds(self) -> int:
+        self.load_connection()
+        return max(0, int(float(self.setting("cancel_grace_seconds", 10))))
+
+    def default_results_root(self) -> str | None:
+        self.load_connection()
+        root = self.setting("results_root")
+        return str(root).rstrip("/") if root else None
+
+    @cached_property
+    def client(self) -> APIClient:
+        """The docker provider's client for the connection's daemon (no registry login: pulls carry their auth)."""
+        from airflow.providers.docker.hooks.docker import DockerHook
+
+        self.load_connection()
+        tls = DockerHook.construct_tls_config(
+            ca_cert=self.setting("tls_ca_cert"),
+            client_cert=self.setting("tls_client_cert"),
+            client_key=self.setting("tls_client_key"),
+        )
+        url = self.base_url
+        if tls and url.startswith("tcp://"):
+            url = "https://" + url.removeprefix("tcp://")
+        return DockerHook(docker_conn_id=None, base_url=url, version="auto", tls=tls).api_client
+
+    def test_connection(self) -> tuple[bool, str]:
+        """The UI's "Test" button: the daemon answers, and says what it is."""
+        try:
+            info = self.client.info()
+        except Exception as exc:
+            return False, f"cannot reach the Docker daemon at {self.base_url}: {exc}"
+        runtimes = ", ".join(sorted(info.get("Runtimes") or {}))
+        return True, f"Docker {info.get('ServerVersion')} on {info.get('Name')} (runtimes: {runtimes})"
+
+    async def aclose(self) -> None:
+        if "client" in self.__dict__:
+            self.__dict__.pop("client").close()
+
+    # ----------------------------------------------------------------- validation
+
+    def image_required(self, spec: JobSpec) -> str | None:
+        return "is required on the docker platform: every job is a container"
+
+    def validate_spec(self, spec: JobSpec) -> None:
+        super().validate_spec(spec)
+        details = self.platform_details(spec)
+        if unknown := sorted(set(details) - DETAIL_KEYS):
+            raise JobValidationError(
+                f"backend_details[{unknown[0]!r}]",
+                "is not a docker platform setting",
+                f"Use one of: {', '.join(sorted(DETAIL_KEYS))}",
+            )
+        self._gpu_ids(spec)
+        self._owner(details)
+        self._mounts(details)
+        if (cpus := details.get("cpus")) is not None and not _positive_number(cpus):
+            raise JobValidationError("backend_details['cpus']", f"{cpus!r} is not a positive number", "Use e.g. 2.5")
+        if spec.results_uri and not spec.results_uri.startswith(("s3://", "/")):
+            raise JobValidationError(
+                "results_uri",
+                f"{spec.results_uri!r} is neither a folder on the daemon's host nor an s3:// URI",
+                "Use s3:// with storage_conn_id, or set results_root on the tao_docker connection",
+            )
+
+    @staticmethod
+    def _gpu_ids(spec: JobSpec) -> list[str] | None:
+        ids = spec.backend_details.get("gpu_ids")
+        if ids is None:
+            return None
+        ids = [s.strip() for s in ids.split(",")] if isinstance(ids, str) else [str(s).strip() for s in ids]
+        if not ids or not all(ids):
+            raise JobValidationError("backend_details['gpu_ids']", f"{ids!r} names no GPU", "Use e.g. ['0', '2']")
+        if spec.gpu_count not in (len(ids), -1):
+            raise JobValidationError(
+                "backend_details['gpu_ids']",
+                f"names {len(ids)} GPU(s) but gpu_count={spec.gpu_count}",
+                f"Set gpu_count={len(ids)} (or -1) with these device ids",
+            )
+        return ids
+
+    @staticmethod
+    def _owner(details: dict[str, Any]) -> tuple[int, int]:
+        """Who owns the job's files in the container: the job's ``user`` must read its own secrets."""
+        user = str(details.get("user") or "0")
+        uid, _, gid = user.partition(":")
+        if not uid.isdigit() or (gid and not gid.isdigit()):
+            raise JobValidationError(
+                "backend_details['user']",
+                f"{user!r} is not numeric",
+                "Give the container user as uid[:gid] (e.g. '1000:1000'): its files are created before it starts",
+            )
+        return int(uid), int(gid or uid)
+
+    @staticmethod
+    def _mounts(details: dict[str, Any]) -> list[str]:
+        mounts = details.get("mounts") or []
+        if isinstance(mounts, str) or not all(isinstance(m, str) for m in mounts):
+            raise JobValidationError("backend_details['mounts']", f"{mounts!r} is not a list", 'Use ["/data:/data:ro"]')
+        for mount in mounts:
+            parts = mount.split(":")
+            if len(parts) not in (2, 3) or not parts[1].startswith("/") or parts[2:] not in ([], ["ro"], ["rw"]):
+                raise JobValidationError(
+                    "backend_details['mounts']",
+                    f"{mount!r} is not host:container[:ro]",
+                    'Use e.g. "/data/coco:/data:ro" (the host path is on the daemon\'s host)',
+                )
+        return list(mounts)
+
+    # ----------------------------------------------------------------- submit
+
+    def create_job(self, spec: JobSpec, try_number: int = 1) -> JobHandle:
+        from docker.errors import APIError
+
+        self.validate_spec(spec)
+        assert spec.image is not None, "image_required() makes the operator demand one"
+        details = self.platform_details(spec)
+        self._ensure_image(spec.image)
+        self._ensure_network()
+        results_root = spec.results_uri if spec.results_uri and spec.results_uri.startswith("/") else None
+        results_root = results_root or self.default_results_root()
+        self._remove_abandoned(spec.name)
+        handle = self.new_handle(spec, try_number)
+        name = container_name(spec.job_id)
+        env = self.tao_env(spec, files_dir=ct.FILES_DIR, results_root=results_root)
+        env.update(self._gpu_env(spec))
+        create: dict[str, Any] = {
+            "image": spec.image,
+            "command": ct.launcher_argv(spec.command),
+            "name": name,
+            "environment": env,
+            "labels": ct.job_labels(spec, try_number, handle.results_dir),
+            "host_config": self._host_config(spec, details, results_root),
+            "detach": True,
+        }
+        if "entrypoint" in details:
+            create["entrypoint"] = details["entrypoint"] or ""
+        if details.get("user"):
+            create["user"] = str(details["user"])
+        if details.get("working_dir"):
+            create["working_dir"] = str(details["working_dir"])
+        try:
+            container = self.client.create_container(**create)
+        except APIError as exc:
+            raise JobSubmitError(_refusal_class(exc), f"Docker refused container {name}: {_explain(exc)}") from exc
+        handle = replace(handle, backend_job_id=container["Id"])
+        try:
+            # The results folder is made through the mount too: it works on a remote daemon's host as well.
+            folders = [handle.results_dir] if results_root and handle.results_dir.startswith("/") else []
+            owner = self._owner(details)
+            archive = ct.job_archive(spec.files, spec.secret_env, {MARK_OWNER: try_number}, owner, folders)
+            self.client.put_archive(name, "/", archive)
+            self.client.start(name)
+        except APIError as exc:
+            # Not started: nothing runs, so nothing is left behind either.
+            self._remove(name)
+            raise JobSubmitError(_refusal_class(exc), f"container {name} did not start: {_explain(exc)}") from exc
+        return handle
+
+    def _remove_abandoned(self, name: str) -> None:
+        """A container of this task instance that was created but never started belongs to a worker that died
+        mid-submission (only one try runs at a time): it never ran anything, and goes before a new one starts."""
+        for container in self._list(f"{ct.LABEL_NAME}={name}"):
+            if container.get("State") == "created":
+                self.log.info("Removing container %s: created by a try that died before starting it", container["Id"])
+                self._remove(container["Id"])
+
+    def _host_config(self, spec: JobSpec, details: dict[str, Any], results_root: str | None) -> dict[str, Any]:
+        from docker.types import DeviceRequest
+
+        binds = self._mounts(details)
+        if results_root:
+            binds.append(f"{results_root}:{results_root}:rw")
+        options: dict[str, Any] = {
+            "binds": binds,
+            "network_mode": self.network,
+            "shm_size": str(details.get("shm_size") or self.setting("shm_size", DEFAULT_SHM_SIZE)),
+            # A tiny init as PID 1 passes the stop signal on: a cancel takes as long as the job's own shutdown.
+            "init": True,
+        }
+        if details.get("mem_limit"):
+            # RAM and swap together: past the limit the job is OOM-killed (and says so) instead of swapping.
+            options["mem_limit"] = options["memswap_limit"] = details["mem_limit"]
+        if details.get("cpus") is not None:
+            options["nano_cpus"] = int(float(details["cpus"]) * 1e9)
+        if spec.gpu_count != 0:
+            if self.is_tegra:
+                options["runtime"] = "nvidia"  # Jetson: GPUs come from the runtime and NVIDIA_VISIBLE_DEVICES
+            elif (ids := self._gpu_ids(spec)) is not None:
+                options["device_requests"] = [DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]
+            else:
+                options["device_requests"] = [DeviceRequest(count=spec.gpu_count, capabilities=[["gpu"]])]
+        return dict(self.client.create_host_config(**options))
+
+    def _gpu_env(self, spec: JobSpec) -> dict[str, str]:
+        if spec.gpu_count == 0:
+            # NGC images set NVIDIA_VISIBLE_DEVICES=all: on a host whose default runtime is nvidia, a job asked
+            # for no GPU would otherwise get every one.
+            return {"NVIDIA_VISIBLE_DEVICES": "void"}
+        if not self.is_tegra:
+            return {}
+        ids = self._gpu_ids(spec)
+        visible = ",".join(ids) if ids else "all" if spec.gpu_count == -1 else ",".join(map(str, range(spec.gpu_count)))
+        return {"NVIDIA_VISIBLE_DEVICES": visible, "NVIDIA_DRIVER_CAPABILITIES": "all"}
+
+    @property
+    def is_tegra(self) -> bool:
+        """A Jetson/Tegra daemon (its kernel says so): GPUs through the nvidia runtime, not device requests."""
+        if self._tegra is None:
+            self._tegra = "tegra" in str(self.client.info().get("KernelVersion", "")).lower()
+        return self._tegra
+
+    def _ensure_image(self, image: str) -> None:
+        """Pull the image when the daemon does not have it; a failed pull refuses the job (never retried)."""
+        from docker.errors import APIError, ImageNotFound
+        from docker.utils import parse_repository_tag
+
+        try:
+            self.client.inspect_image(image)
+            return
+        except ImageNotFound:
+            pass
+        repository, tag = parse_repository_tag(image)
+        self.log.info("Pulling %s (not on the daemon)", image)
+        failure = ""
+        try:
+            for line in self.client.pull(repository, tag or "latest", stream=True, decode=True, **self._auth(image)):
+                failure = str(line.get("error") or failure) if isinstance(line, dict) else failure
+        except APIError as exc:
+            failure = _explain(exc)
+        if not failure:
+            return
+        raise JobSubmitError(
+            ErrClass.ERR_IMAGE_PULL,
+            f"cannot pull image {image!r} on {self.base_url}: {failure}. Check the image name and tag, and the "
+            "tao_docker connection's registry login/password (the NGC key for nvcr.io)",
+        )
+
+    def _auth(self, image: str) -> dict[str, Any]:
+        """Registry credentials for this image's pull (an HTTP header of the pull only, stored nowhere)."""
+        password = self.setting("password")
+        registry = self.setting("registry")
+        if not password or (registry and not image.startswith(f"{str(registry).rstrip('/')}/")):
+            return {}
+        auth = {"username": self.setting("login", DEFAULT_REGISTRY_LOGIN), "password": password}
+        if registry:
+            auth["serveraddress"] = str(registry)
+        return {"auth_config": auth}
+
+    def _ensure_network(self) -> None:
+        """The jobs' network, created when missing as the TAO SDK does (else every start fails instantly)."""
+        from docker.errors import APIError, NotFound
+
+        if self._network_ready or self.network in ("host", "none", "bridge", "default"):
+            return
+        try:
+            self.client.inspect_network(self.network)
+        except NotFound:
+            try:
+                self.client.create_network(self.network, driver="bridge", labels={ct.LABEL_MANAGED: "true"})
+                self.log.info("Created Docker network %s", self.network)
+            except APIError as exc:
+                if exc.status_code != 409:  # another worker created it just now
+                    raise
+        self._network_ready = True
+
+    # ----------------------------------------------------------------- find, status
+
+    def _list(self, *labels: str) -> list[dict[str, Any]]:
+        """ONE ``GET /containers/json`` of this provider's containers, narrowed by more labels."""
+        filters = {"label": [f"{ct.LABEL_MANAGED}=true", *labels]}
+        return list(self.client.containers(all=True, filters=filters))
+
+    def find_job(self, name: str) -> JobHandle | None:
+        found = self._list(f"{ct.LABEL_NAME}={name}")
+        if not found:
+            return None
+        newest = max(found, key=lambda c: int(c.get("Created") or 0))
+        labels = newest.get("Labels") or {}
+        return JobHandle(
+            platform=self.platform,
+            conn_id=self.conn_id,
+            job_id=labels[ct.LABEL_JOB_ID],
+            name=name,
+            backend_job_id=newest["Id"],
+            results_dir=labels.get(ct.LABEL_RESULTS_DIR, ""),
+            try_number=int(labels.get(ct.LABEL_TRY) or 1),
+            submitted_at=float(newest.get("Created") or time.time()),
+        )
+
+    def get_job_status(self, handle: JobHandle) -> JobStatus:
+        return self.get_job_statuses([handle])[handle.job_id]
+
+    def get_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
+        """One list call for the batch (narrowed to the job when there is one); an inspect per container that has
+        just ended. A daemon that does not answer raises: the caller turns that into Unknown."""
+        wanted = {container_name(h.job_id): h for h in handles}
+        with self._lock:
+            pending = [n for n in wanted if n not in self._ended]
+        listed: dict[str, dict[str, Any]] = {}
+        if pending:
+            narrow = [f"{ct.LABEL_JOB_ID}={wanted[pending[0]].job_id}"] if len(pending) == 1 else []
+            listed = {c["Names"][0].lstrip("/"): c for c in self._list(*narrow) if c.get("Names")}
+        statuses = {}
+        for name, handle in wanted.items():
+            with self._lock:
+                ended = self._ended.get(name)
+            statuses[handle.job_id] = ended or self._status(name, listed.get(name))
+        return statuses
+
+    def _status(self, name: str, listed: dict[str, Any] | None) -> JobStatus:
+        if listed is None:
+            return JobStatus.missing(
+                f"container {name} no longer exists on {self.base_url}: it was removed outside Airflow "
+                "(docker rm, a prune) or the daemon's data was lost"
+            )
+        state = str(listed.get("State") or "")
+        if state in _STATE_MAP:
+            if state == "created" and time.time() - float(listed.get("Created") or 0) > START_TIMEOUT_SECONDS:
+                return JobStatus(
+                    JobState.ERROR,
+                    f"container {name} was created but never started (the submitting worker died?)",
+                    raw_state="created",
+                )
+            return JobStatus(_STATE_MAP[state], str(listed.get("Status") or state), raw_state=state)
+        # exited, dead or removing: the container has ended; read its verdict once and keep it.
+        status = self._final_status(name)
+        if status.state.is_terminal:
+            with self._lock:
+                self._ended[name] = status
+        return status
+
+    def _final_status(self, name: str) -> JobStatus:
+        from docker.errors import NotFound
+
+        try:
+            state = self.client.inspect_container(name)["State"]
+        except NotFound:
+            return JobStatus.missing(f"container {name} was removed as it ended")
+        code = int(state.get("ExitCode") or 0)
+        raw = "OOMKilled" if state.get("OOMKilled") else str(state.get("Status") or "exited")
+        if state.get("Status") in ("dead", "removing"):
+            return JobStatus(JobState.ERROR, f"container {name} is {state['Status']}: {state.get('Error')}", code, raw)
+        if code == 0 and not state.get("OOMKilled"):
+            return JobStatus(JobState.COMPLETE, f"container {name} exited with code 0", 0, raw)
+        if self.read_marks_of(name).get(MARK_CANCEL) is not None:
+            return JobStatus(JobState.CANCELED, f"container {name} was stopped by a cancel (code {code})", code, raw)
+        why = "killed by the out-of-memory killer" if state.get("OOMKilled") else f"exited with code {code}"
+        error = f" ({state['Error']})" if state.get("Error") else ""
+        return JobStatus(JobState.ERROR, f"container {name} {why}{error}", code, raw)
+
+    # ----------------------------------------------------------------- logs
+
+    def get_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
+        """The cursor is ``<timestamp>#<n>``: the newest log timestamp shown and how many lines carried it. The
+        next read asks the daemon from that second on and drops what was shown: nothing is read twice beyond one
+        second of log, and nothing is lost between two polls."""
+        from docker.errors import NotFound
+
+        last, seen = _parse_cursor(cursor) if tail is None else ("", 0)
+        params: dict[str, Any] = {"stdout": 1, "stderr": 1, "timestamps": 1, "follow": 0, "tail": tail or "all"}
+        if last:
+            params["since"] = _epoch_second(last)
+        try:
+            stream = _log_stream(self.client, container_name(handle.job_id), params)
+        except NotFound:
+            return "", cursor
+        lines: list[str] = []
+        size = 0
+        shown_at, skip = last, seen
+        try:
+            for stamp, text in _log_lines(stream):
+                if stamp < shown_at or (stamp == shown_at and skip > 0):
+                    skip -= stamp == shown_at
+                    continue
+                lines.append(text)
+                size += len(text) + 1
+                last, seen = (stamp, seen + 1) if stamp == last else (stamp, 1)
+                if size >= LOG_READ_LIMIT:
+                    break
+        finally:
+            stream.close()
+        text = "".join(f"{line}\n" for line in lines)
+        return text, f"{last}#{seen}" if last else ""
+
+    # ----------------------------------------------------------------- cancel, failure analysis, cleanup
+
+    def _cancel(self, handle: JobHandle) -> bool:
+        from docker.errors import NotFound
+
+        name = container_name(handle.job_id)
+        try:
+            self.client.stop(name, timeout=self.cancel_grace_seconds)
+        except NotFound:
+            return True
+        if self.auto_remove:
+            self._remove(name)
+        return True
+
+    def failure_facts(self, handle: JobHandle) -> FailureFacts:
+        from docker.errors import NotFound
+
+        name = container_name(handle.job_id)
+        status = self.get_job_status(handle)
+        try:
+            state = self.client.inspect_container(name)["State"]
+        except NotFound:
+            state = {}
+        text, _ = self.get_job_logs(handle, tail=200)
+        return FailureFacts(
+            exit_code=status.exit_code,
+            raw_state=status.raw_state,
+            oom_killed=bool(state.get("OOMKilled")),
+            canceled=status.state is JobState.CANCELED,
+            log_tail=text.splitlines(),
+            events=[status.message] if status.message else [],
+            message=status.message,
+            details={"container": name, "daemon": self.base_url, "error": state.get("Error") or ""},
+        )
+
+    def cleanup_job(self, handle: JobHandle) -> None:
+        """With ``auto_remove``, the ended container goes once its verdict has been read."""
+        if self.auto_remove and self.get_job_status(handle).state.is_terminal:
+            self._remove(container_name(handle.job_id))
+
+    def _remove(self, name: str) -> None:
+        from docker.errors import APIError
+
+        try:
+            self.client.remove_container(name, force=True, v=True)
+        except APIError as exc:
+            if exc.status_code != 404:
+                self.log.warning("Could not remove container %s: %s", name, _explain(exc))
+
+    # ----------------------------------------------------------------- paths and marks
+
+    @property
+    def daemon_is_local(self) -> bool:
+        """A unix socket (or a loopback TCP daemon): the daemon's host paths are this machine's paths."""
+        url = self.base_url
+        return url.startswith("unix://") or url.split("://")[-1].split(":")[0] in ("localhost", "127.0.0.1")
+
+    def check_path(self, uri: str) -> bool:
+        """A local input must exist on the daemon's host; a remote daemon's host cannot be looked at from here,
+        so the in-job runner checks it (and fails the job as ``ERR_CONFIG`` if it is missing)."""
+        path = uri.removeprefix("file://")
+        if self.daemon_is_local:
+            return os.path.exists(path)
+        self.log.info("%s is on the remote daemon host %s: the job checks it", path, self.base_url)
+        return True
+
+    def list_path(self, uri: str) -> list[str]:
+        path = uri.removeprefix("file://")
+        if not self.daemon_is_local:
+            raise JobValidationError(
+                "uri", f"{path} is on the remote daemon host {self.base_url}", "Read results from s3:// instead"
+            )
+        return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+    def read_marks(self, handle: JobHandle) -> dict[str, Any]:
+        return self.read_marks_of(container_name(handle.job_id))
+
+    def read_marks_of(self, name: str) -> dict[str, Any]:
+        from docker.errors import NotFound
+
+        try:
+            stream, _ = self.client.get_archive(name, ct.MARKS_DIR)
+            return ct.read_mark_archive(b"".join(stream))
+        except NotFound:
+            return {}  # no container (or no marks): nothing was claimed
+
+    def write_mark(self, handle: JobHandle, key: str, value: Any) -> None:
+        from docker.errors import NotFound
+
+        try:
+            self.client.put_archive(container_name(handle.job_id), ct.MARKS_DIR, ct.mark_archive(key, value))
+        except NotFound:
+            self.log.info("Job %s has no container any more: mark %s not kept", handle.job_id, key)
+
+
+def _positive_number(value: Any) -> bool:
+    try:
+        return float(value) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+def _explain(exc: Exception) -> str:
+    return str(getattr(exc, "explanation", None) or exc)
+
+
+def _refusal_class(exc: Exception) -> ErrClass:
+    """A daemon refusing a container: a bad setting (unknown runtime, no GPU driver, a bad mount) is the job's
+    configuration; anything else is the platform's."""
+    status = getattr(exc, "status_code", None)
+    return ErrClass.ERR_CONFIG if status is not None and 400 <= int(status) < 500 else ErrClass.ERR_INFRA
+
+
+def _parse_cursor(cursor: str) -> tuple[str, int]:
+    stamp, _, count = cursor.partition("#")
+    return stamp, int(count) if count.isdigit() else 0
+
+
+def _epoch_second(stamp: str) -> int:
+    """The whole second of an RFC 3339 timestamp (``2026-11-25T10:00:01.123456789Z``) as epoch seconds."""
+    return int(datetime.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp())
+
+
+def _log_stream(client: APIClient, name: str, params: dict[str, Any]) -> Any:
+    """``GET /containers/{name}/logs`` as a closable stream of frames. docker-py's ``logs()`` first inspects the
+    container to learn whether it has a TTY -- a second request per read, per job, per poll; this provider's
+    containers never have one, so the response is read as the multiplexed stream it always is."""
+    from docker.types.daemon import CancellableStream
+
+    response = client._get(client._url("/containers/{0}/logs", name), params=params, stream=True)
+    return CancellableStream(client._get_result_tty(True, response, False), response)
+
+
+def _log_lines(stream: Any) -> Iterator[tuple[str, str]]:
+    """``(timestamp, text)`` of each line of a ``docker logs --timestamps`` stream (fixed-width timestamps: they
+    compare as strings)."""
+    buffer = b""
+    for chunk in stream:
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for raw in complete:
+            stamp, _, text = raw.decode(errors="replace").partition(" ")
+            yield stamp, text
+    if buffer:
+        stamp, _, text = buffer.decode(errors="replace").partition(" ")
+        yield stamp, text

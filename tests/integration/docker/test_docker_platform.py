@@ -1,0 +1,453 @@
+"""The docker platform on a REAL Docker engine, through the operator (sync and deferrable) and the triggerer loop.
+
+Every count (containers, their states, exit codes, the OOM flag) is taken from the daemon itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
+
+from airflow_provider_tao.hooks import container as ct
+from airflow_provider_tao.hooks.docker import TAODockerHook
+from airflow_provider_tao.jobs import JobHandle, JobState
+from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
+from tests.integration.docker.conftest import CONN_ID, DockerEngine, docker_connection
+from tests.integration.taskrun import TaskRun, Triggerer, event_of, finish, kill, make_operator, start
+from tests.unit.fakes import Store, make_context
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def hook(docker_conn: str) -> TAODockerHook:
+    hook = TAODockerHook(docker_conn)
+    hook.load_connection()
+    return hook
+
+
+def _op(image: str, command: str | list[str], **kwargs: Any) -> Any:
+    return make_operator(CONN_ID, image=image, command=command, gpu_count=0, **kwargs)
+
+
+def _run_id() -> str:
+    return f"manual__{uuid.uuid4().hex[:10]}"
+
+
+def _sync(op: Any, store: Store | None = None, try_number: int = 1, run_id: str | None = None) -> Any:
+    """The task on a worker without deferral: ``execute`` waits for the job and returns its result."""
+    op.deferrable = False
+    return op.execute(make_context(store or Store(), try_number, run_id or _run_id()))
+
+
+def _name(run: TaskRun) -> str:
+    return run.trigger.handle.name
+
+
+# --------------------------------------------------------------------------- outcomes
+
+
+def test_success_deferrable_streams_the_log_and_keeps_outputs_in_the_results_folder(
+    docker_engine: DockerEngine, triggerer: Triggerer, results_root: Path, capfd: Any
+) -> None:
+    op = _op(
+        docker_engine.python,
+        "mkdir -p /work/out && echo model of $TAO_JOB_ID > /work/out/model.txt && echo epoch-1 && echo epoch-2",
+        outputs=["/work/out"],
+    )
+    run = start(triggerer, op)
+    result = finish(run)
+
+    assert result["state"] == "Complete" and result["platform"] == "docker"
+    assert result["results_dir"] == f"{results_root}/{run.job_id}"
+    out = Path(result["outputs"]["/work/out"])
+    assert out.parent == results_root / run.job_id
+    assert (out / "model.txt").read_text() == f"model of {run.job_id}\n"
+    assert json.loads((out / MANIFEST_NAME).read_text())["files"][0]["path"] == "model.txt"
+    logged = capfd.readouterr()
+    assert "[job] epoch-1" in logged.out + logged.err and "[job] epoch-2" in logged.out + logged.err
+    (container,) = docker_engine.named(_name(run))
+    assert container["Names"] == [f"/tao-job-{run.job_id}"] and container["State"] == "exited"
+    labels = container["Labels"]
+    assert labels[ct.LABEL_JOB_ID] == run.job_id and labels[ct.LABEL_TRY] == "1"
+    assert (labels["tao.nvidia.com/dag-id"], labels["tao.nvidia.com/task-id"]) == ("dag", "train")
+    assert labels["tao.nvidia.com/run-id"] == run.context["ti"].run_id and labels["tao.nvidia.com/map-index"] == "-1"
+    assert docker_engine.state(run.job_id)["ExitCode"] == 0
+
+
+def test_success_on_the_worker_and_a_string_command_without_bash(
+    docker_engine: DockerEngine, results_root: Path
+) -> None:
+    # busybox has no bash: a string command runs under sh there
+    op = _op(docker_engine.busybox, 'echo "$0" > "$TAO_RESULTS_ROOT/$TAO_JOB_ID/shell.txt"')
+    result = _sync(op)
+    assert result["state"] == "Complete"
+    assert (results_root / result["job_id"] / "shell.txt").read_text().strip() == "/bin/sh"
+
+
+def test_non_zero_exit_is_a_program_error_not_retried_one_container(
+    docker_engine: DockerEngine, triggerer: Triggerer
+) -> None:
+    command = "echo 'Traceback (most recent call last):'; echo 'ValueError: lr must be positive'; exit 3"
+    run = start(triggerer, _op(docker_engine.busybox, command))
+    with pytest.raises(AirflowFailException, match="ERR_PROGRAM") as failure:
+        finish(run)
+    assert "exited with code 3" in str(failure.value)
+    assert event_of(run)["job_status"]["exit_code"] == 3
+    assert len(docker_engine.named(_name(run))) == 1 and docker_engine.state(run.job_id)["ExitCode"] == 3
+
+    with pytest.raises(AirflowFailException, match="ERR_PROGRAM"):
+        _sync(_op(docker_engine.busybox, "exit 5"))
+
+
+def test_out_of_memory_kill_is_err_oom_not_retried(docker_engine: DockerEngine, triggerer: Triggerer) -> None:
+    command = ["python3", "-c", "import time; blocks = []\nwhile True: blocks.append('x' * (8 << 20))"]
+    run = start(triggerer, _op(docker_engine.python, command, backend_details={"mem_limit": "64m"}))
+    with pytest.raises(AirflowFailException, match="ERR_OOM"):
+        finish(run)
+    state = docker_engine.state(run.job_id)
+    assert state["OOMKilled"] is True and state["ExitCode"] == 137
+    assert event_of(run)["job_status"]["raw_state"] == "OOMKilled"
+    assert len(docker_engine.named(_name(run))) == 1
+
+
+def test_a_missing_image_is_err_image_pull_and_nothing_runs(docker_engine: DockerEngine, docker_conn: str) -> None:
+    image = "127.0.0.1:9/tao/no-such-image:1.0"  # nothing listens there: the pull fails at once
+    op = _op(image, "true")
+    with pytest.raises(AirflowFailException, match="ERR_IMAGE_PULL") as failure:
+        op.execute(make_context(Store(), 1, _run_id()))
+    assert image in str(failure.value) and "refused job" in str(failure.value)
+    assert not any(c["Image"] == image for c in docker_engine.containers())
+
+
+# --------------------------------------------------------------------------- stopping
+
+
+def test_execution_timeout_stops_the_container(docker_engine: DockerEngine, triggerer: Triggerer) -> None:
+    # the command ignores SIGTERM: the stop escalates to SIGKILL after the connection's 5 s grace
+    op = _op(
+        docker_engine.busybox, "trap '' TERM; while true; do sleep 1; done", execution_timeout=timedelta(seconds=4)
+    )
+    run = start(triggerer, op)
+    with pytest.raises(AirflowTaskTimeout):
+        finish(run, timeout=60)
+    t0 = time.monotonic()
+    state = docker_engine.wait_exited(run.job_id, timeout=35)
+    assert state["ExitCode"] == 137 and time.monotonic() - t0 < 35
+    assert len(docker_engine.named(_name(run))) == 1
+
+
+def test_mark_failed_while_deferred_stops_the_container_and_cancel_on_kill_false_does_not(
+    docker_engine: DockerEngine, triggerer: Triggerer, hook: TAODockerHook
+) -> None:
+    run = start(triggerer, _op(docker_engine.busybox, "sleep 300"))
+    kept = start(triggerer, _op(docker_engine.busybox, "sleep 300", cancel_on_kill=False))
+    docker_engine.wait_running(run.job_id)
+    docker_engine.wait_running(kept.job_id)
+    t0 = time.monotonic()
+    kill(run)  # the triggerer cancels run() and calls on_kill: the one cancel routine, on the trigger's own hook
+    state = docker_engine.wait_exited(run.job_id, timeout=35)
+    print(f"\nmark failed -> container exited in {time.monotonic() - t0:.2f} s (init passes SIGTERM on)")
+    assert state["ExitCode"] == 143  # SIGTERM reached the command: no wait for the grace period
+    handle = JobHandle.from_json(run.handle)
+    assert hook.get_job_status(handle).state is JobState.CANCELED
+    assert hook.cancel_requested_by(handle) == 1
+
+    kill(kept)
+    time.sleep(2)
+    assert docker_engine.state(kept.job_id)["Status"] == "running"
+    docker_engine.client.stop(f"tao-job-{kept.job_id}", timeout=0)
+
+
+def test_worker_side_kill_cancels_a_sync_wait(docker_engine: DockerEngine, docker_conn: str) -> None:
+    # a worker told to stop (SIGTERM: execution_timeout on the worker, a kill) calls on_kill, as the task runner does
+    worker, name = _worker(docker_engine, _run_id(), "sleep 300")
+    _wait_submitted(worker)
+    (container,) = docker_engine.named(name)
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=35) != 0
+    state = docker_engine.wait_exited(container["Labels"][ct.LABEL_JOB_ID], timeout=1)
+    assert state["ExitCode"] == 143 and len(docker_engine.named(name)) == 1
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+@pytest.mark.parametrize(
+    ("gpu_count", "details", "visible"),
+    [(0, {}, "void"), (1, {}, "0"), (2, {}, "0,1"), (-1, {}, "all"), (2, {"gpu_ids": ["1", "3"]}, "1,3")],
+)
+def test_gpu_requests_reach_the_container(
+    docker_engine: DockerEngine, gpu_count: int, details: dict[str, Any], visible: str
+) -> None:
+    # dockerd's NVIDIA device driver (stub hook on its PATH) turns device requests into NVIDIA_VISIBLE_DEVICES
+    op = make_operator(
+        CONN_ID,
+        image=docker_engine.busybox,
+        command='echo "NVD=$NVIDIA_VISIBLE_DEVICES"',
+        gpu_count=gpu_count,
+        backend_details=details,
+    )
+    result = _sync(op)
+    assert f"NVD={visible}" in docker_engine.logs(result["job_id"])
+    requests = docker_engine.client.inspect_container(f"tao-job-{result['job_id']}")["HostConfig"]["DeviceRequests"]
+    if gpu_count == 0:
+        assert not requests
+    else:
+        (request,) = requests
+        assert request["Capabilities"] == [["gpu"]]
+        assert (request["Count"], request["DeviceIDs"] or []) == (
+            (0, details["gpu_ids"]) if details else (gpu_count, [])
+        )
+
+
+# --------------------------------------------------------------------------- durable identity
+
+
+def test_worker_sigkill_right_after_submission_then_the_retry_runs_one_container(
+    docker_engine: DockerEngine, docker_conn: str, triggerer: Triggerer
+) -> None:
+    run_id = _run_id()
+    worker, name = _worker(docker_engine, run_id, "sleep 3; echo done")
+    _wait_submitted(worker)
+    worker.send_signal(signal.SIGKILL)  # right after submission: the store write may not have happened
+    worker.wait()
+
+    # try 2 on a worker with nothing stored: the job is found by its name label and taken over
+    retry = start(triggerer, _op(docker_engine.busybox, "sleep 3; echo done"), try_number=2, run_id=run_id)
+    assert _name(retry) == name
+    result = finish(retry)
+    (container,) = docker_engine.named(name)
+    assert result["state"] == "Complete" and container["Id"] == result["backend_job_id"]
+    assert "done" in docker_engine.logs(result["job_id"])
+
+
+_WORKER = """
+import signal, sys
+from airflow_provider_tao.operators.submit import TAOSubmitOperator
+from tests.unit.fakes import Store, make_context
+op = TAOSubmitOperator(task_id="train", conn_id="tao_docker_ci", image=sys.argv[1], command=sys.argv[3],
+                       gpu_count=0, deferrable=False, poll_interval=1)
+context = make_context(Store(), 1, sys.argv[2])
+def stop(signum, frame):  # what the task runner does when the task is told to stop
+    op.on_kill()
+    sys.exit(1)
+signal.signal(signal.SIGTERM, stop)
+print(op._job_name(context, op._hook()), flush=True)
+op.execute(context)
+"""
+
+
+def _worker(engine: DockerEngine, run_id: str, command: str) -> tuple[subprocess.Popen[str], str]:
+    """A worker process running the task synchronously; returns it and the job name it prints first."""
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _WORKER, engine.busybox, run_id, command],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[3],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert worker.stdout is not None
+    return worker, worker.stdout.readline().strip()
+
+
+def _wait_submitted(worker: subprocess.Popen[str]) -> None:
+    """Until the worker's log says the job was submitted (create_job returned)."""
+    assert worker.stdout is not None
+    while "Submitted docker job" not in (line := worker.stdout.readline()):
+        assert line, "the worker ended before it submitted"
+
+
+def test_a_container_its_dead_worker_never_started_is_replaced_not_waited_for(
+    docker_engine: DockerEngine, triggerer: Triggerer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a worker killed between create and start leaves a "created" container: the retry sees it never started,
+    # removes it and runs the job in a new one
+    from airflow_provider_tao.hooks import docker as docker_hook
+
+    monkeypatch.setattr(docker_hook, "START_TIMEOUT_SECONDS", 1.0)
+    run_id = _run_id()
+    op = _op(docker_engine.busybox, "echo ran")
+    context = make_context(Store(), 1, run_id)
+    name = op._job_name(context, op._hook())
+    docker_engine.client.create_container(
+        docker_engine.busybox,
+        command=["true"],
+        name=f"tao-job-{uuid.uuid4().hex[:12]}",
+        labels={ct.LABEL_MANAGED: "true", ct.LABEL_NAME: name, ct.LABEL_JOB_ID: "abandoned", ct.LABEL_TRY: "1"},
+    )
+    time.sleep(1.5)
+    result = _sync(_op(docker_engine.busybox, "echo ran"), try_number=2, run_id=run_id)
+    (container,) = docker_engine.named(name)
+    assert result["state"] == "Complete" and container["Id"] == result["backend_job_id"]
+
+
+def test_clear_while_deferred_runs_exactly_one_container_to_completion(
+    docker_engine: DockerEngine, triggerer: Triggerer, hook: TAODockerHook
+) -> None:
+    run_id = _run_id()
+    first = start(triggerer, _op(docker_engine.busybox, "sleep 4; echo finished"), run_id=run_id)
+    # the clear: try 2 starts (same task_state_store) and takes the job over, then try 1's trigger is killed
+    second = start(
+        triggerer, _op(docker_engine.busybox, "sleep 4; echo finished"), store=first.store, try_number=2, run_id=run_id
+    )
+    assert second.job_id == first.job_id
+    kill(first)  # try 1's on_kill: try 2 owns the job now, so nothing is canceled
+    result = finish(second)
+    (container,) = docker_engine.named(_name(first))
+    assert result["state"] == "Complete" and container["State"] == "exited"
+    assert docker_engine.state(first.job_id)["ExitCode"] == 0
+    marks = hook.read_marks(JobHandle.from_json(second.handle))
+    assert marks.get("owner_try") == 2 and "cancel_requested_by" not in marks and marks.get("consumed_by") == 2
+
+
+# --------------------------------------------------------------------------- outages and surprises
+
+
+def test_dockerd_restart_while_deferred_neither_fails_nor_duplicates(
+    docker_engine: DockerEngine, triggerer: Triggerer
+) -> None:
+    run = start(triggerer, _op(docker_engine.busybox, "sleep 15; echo survived"))
+    docker_engine.wait_running(run.job_id)
+    t0 = time.monotonic()
+    try:
+        docker_engine.stop_daemon()
+        time.sleep(5)
+        assert not run.future.done()  # Unknown is never an outcome
+    finally:
+        docker_engine.start_daemon()
+    print(f"\ndockerd down and back in {time.monotonic() - t0:.1f} s")
+    result = finish(run, timeout=120)
+    assert result["state"] == "Complete"
+    (container,) = docker_engine.named(_name(run))
+    assert "survived" in docker_engine.logs(run.job_id) and container["State"] == "exited"
+
+
+def test_a_container_removed_by_hand_fails_the_task_within_two_intervals(
+    docker_engine: DockerEngine, triggerer: Triggerer
+) -> None:
+    run = start(triggerer, _op(docker_engine.busybox, "sleep 300", poll_interval=2.0))
+    docker_engine.wait_running(run.job_id)
+    time.sleep(2.5)  # the trigger has seen it running
+    t0 = time.monotonic()
+    docker_engine.client.remove_container(f"tao-job-{run.job_id}", force=True)
+    with pytest.raises(AirflowException, match="removed outside Airflow") as failure:
+        finish(run, timeout=30)
+    elapsed = time.monotonic() - t0
+    print(f"\nremoved container reported after {elapsed:.1f} s (interval 2 s)")
+    assert elapsed <= 2 * 2.0 + 1.5 and "no longer exists" in str(failure.value)
+
+    op = _op(docker_engine.busybox, "sleep 300")
+    errors: list[BaseException] = []
+    worker = threading.Thread(target=lambda: _catch(errors, _sync, op), daemon=True)
+    worker.start()
+    while op._handle is None:
+        time.sleep(0.1)
+    docker_engine.wait_running(op._handle.job_id)
+    docker_engine.client.remove_container(f"tao-job-{op._handle.job_id}", force=True)
+    worker.join(timeout=30)
+    assert errors and "removed outside Airflow" in str(errors[0])
+
+
+def _catch(errors: list[BaseException], func: Any, *args: Any) -> None:
+    try:
+        func(*args)
+    except BaseException as exc:
+        errors.append(exc)
+
+
+# --------------------------------------------------------------------------- connection settings
+
+
+def test_a_job_through_docker_host_on_tcp(
+    docker_engine: DockerEngine, results_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # no host in the connection: DOCKER_HOST decides, and the files reach the container through the API only
+    monkeypatch.setenv("DOCKER_HOST", docker_engine.tcp)
+    conn = json.loads(docker_connection(docker_engine, results_root))
+    del conn["host"]
+    monkeypatch.setenv("AIRFLOW_CONN_TAO_DOCKER_TCP", json.dumps(conn))
+    op = make_operator(
+        "tao_docker_tcp",
+        image=docker_engine.python,
+        command="mkdir -p /work/out && ls $TAO_JOB_FILES > /work/out/files.txt",
+        gpu_count=0,
+        outputs=["/work/out"],
+    )
+    hook = TAODockerHook("tao_docker_tcp")
+    hook.load_connection()
+    assert hook.base_url == docker_engine.tcp
+    result = _sync(op)
+    assert result["state"] == "Complete"
+    assert (Path(result["outputs"]["/work/out"]) / "files.txt").read_text().strip()
+
+
+def test_missing_network_is_created_and_auto_remove_keeps_the_verdict(
+    docker_engine: DockerEngine, results_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    network = f"tao-ci-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_TAO_DOCKER_RM", docker_connection(docker_engine, results_root, network=network, auto_remove=True)
+    )
+    ok = make_operator("tao_docker_rm", image=docker_engine.busybox, command="echo ok", gpu_count=0)
+    result = _sync(ok)
+    assert result["state"] == "Complete"
+    assert docker_engine.client.inspect_network(network)["Labels"] == {ct.LABEL_MANAGED: "true"}
+    assert docker_engine.containers(f"{ct.LABEL_JOB_ID}={result['job_id']}") == []  # removed after success
+    failing = make_operator("tao_docker_rm", image=docker_engine.busybox, command="exit 4", gpu_count=0)
+    with pytest.raises(AirflowFailException, match=r"ERR_PROGRAM.*exited with code 4"):
+        _sync(failing)  # the exit code was read before the container went
+    assert failing._handle is not None
+    assert docker_engine.containers(f"{ct.LABEL_JOB_ID}={failing._handle.job_id}") == []
+    docker_engine.client.remove_network(network)
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def test_one_list_call_per_interval_whatever_the_number_of_jobs(
+    docker_engine: DockerEngine, triggerer: Triggerer, hook: TAODockerHook
+) -> None:
+    runs = [start(triggerer, _op(docker_engine.busybox, "sleep 6")) for _ in range(12)]
+    from airflow_provider_tao.triggers.job import StatusPoller
+
+    async def poller() -> Any:
+        return StatusPoller.existing("docker", CONN_ID)
+
+    shared = triggerer.call(poller())
+    client = shared.hook.client
+    calls = {"containers": 0, "inspect_container": 0}
+    originals = {name: getattr(client, name) for name in calls}
+
+    def counting(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return originals[name](*args, **kwargs)
+
+        return call
+
+    for name in calls:
+        setattr(client, name, counting(name))
+    polls_before = shared.calls
+    try:
+        results = [finish(run, timeout=60) for run in runs]
+    finally:
+        for name, original in originals.items():
+            setattr(client, name, original)
+    polls = shared.calls - polls_before
+    print(f"\n12 jobs: {polls} polls, {calls['containers']} list calls, {calls['inspect_container']} inspects")
+    assert all(r["state"] == "Complete" for r in results)
+    assert calls["containers"] == polls  # ONE list call per poll for all jobs
+    assert calls["inspect_container"] <= 12  # one per container, when it ended
