@@ -451,3 +451,100 @@ def test_one_list_call_per_interval_whatever_the_number_of_jobs(
     assert all(r["state"] == "Complete" for r in results)
     assert calls["containers"] == polls  # ONE list call per poll for all jobs
     assert calls["inspect_container"] <= 12  # one per container, when it ended
+
+
+# --------------------------------------------------------------------------- the in-job runner against S3
+
+SECRET = f"moto-secret-{uuid.uuid4().hex[:8]}"  # the storage key whose leaks we look for
+HOSTILE = ['it\'s "quoted"; touch /tmp/SENTINEL', "$(touch /tmp/SENTINEL)", "`id`", "two\nlines", "back\\slash $HOME *"]
+TRAIN = r"""
+import json, os, sys, time
+spec = json.load(open(sys.argv[1]))
+out = spec["train"]["results_dir"]
+got = {"notes": spec["train"]["notes"], "env": [os.environ[f"H{i}"] for i in range(len(spec["train"]["notes"]))]}
+with open(os.path.join(out, "got.json"), "w") as f:
+    json.dump(got, f)
+with open(os.path.join(out, "data.txt"), "w") as f:
+    f.write(",".join(sorted(os.listdir(spec["dataset"]["train_dir"]))))
+print("training", flush=True)
+time.sleep(4)
+"""
+
+
+@pytest.fixture
+def hostnet_storage(
+    docker_engine: DockerEngine, results_root: Path, monkeypatch: pytest.MonkeyPatch, moto_endpoint: str
+) -> None:
+    """``tao_docker_hostnet`` (host network: jobs reach the moto server on this machine's loopback) and the
+    ``aws`` connection ``s3_docker`` whose key is :data:`SECRET`."""
+    conn = docker_connection(docker_engine, results_root, network="host")
+    monkeypatch.setenv("AIRFLOW_CONN_TAO_DOCKER_HOSTNET", conn)
+    aws = {"endpoint_url": moto_endpoint, "region_name": "us-east-1"}
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_S3_DOCKER", json.dumps({"conn_type": "aws", "login": "testing", "password": SECRET, "extra": aws})
+    )
+
+
+@pytest.mark.usefixtures("hostnet_storage")
+def test_runner_through_s3_hostile_values_verbatim_and_no_secret_anywhere(
+    docker_engine: DockerEngine, triggerer: Triggerer, s3: Any, bucket: str, capfd: Any
+) -> None:
+    s3.put_object(Bucket=bucket, Key="data/train/a.csv", Body=b"1,2\n")
+    s3.put_object(Bucket=bucket, Key="data/train/b.csv", Body=b"3,4\n")
+    op = make_operator(
+        "tao_docker_hostnet",
+        image=docker_engine.python,
+        storage_conn_id="s3_docker",
+        command=["python3", "-c", TRAIN, "{config_path}"],
+        gpu_count=0,
+        env={f"H{i}": value for i, value in enumerate(HOSTILE)},
+        specs={
+            "dataset": {"train_dir": f"s3://{bucket}/data/train/"},
+            "train": {"results_dir": "output", "notes": HOSTILE},
+        },
+        inputs=["dataset.train_dir"],
+        outputs=["train.results_dir"],
+        config_format="json",
+        results_uri=f"s3://{bucket}/runs",
+    )
+    run = start(triggerer, op)
+    docker_engine.wait_running(run.job_id)
+    command_lines = _command_lines_while(docker_engine, run.job_id, seconds=2.5)
+    result = finish(run)
+
+    prefix = f"runs/{run.job_id}/train_results_dir"
+    got = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}/got.json")["Body"].read())
+    assert got == {"notes": HOSTILE, "env": HOSTILE}
+    assert s3.get_object(Bucket=bucket, Key=f"{prefix}/data.txt")["Body"].read() == b"a.csv,b.csv"
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}/{MANIFEST_NAME}")["Body"].read())
+    assert manifest["job_id"] == run.job_id and manifest["exit_code"] == 0
+    assert result["outputs"] == {"train.results_dir": f"s3://{bucket}/{prefix}"}
+    assert not Path("/tmp/SENTINEL").exists()
+
+    inspect = json.dumps(docker_engine.client.inspect_container(f"tao-job-{run.job_id}"))
+    assert SECRET not in inspect and "AWS_SECRET_ACCESS_KEY" not in inspect
+    assert all(SECRET not in line for line in command_lines) and len(command_lines) > 10
+    logged = capfd.readouterr()
+    assert "[job] training" in logged.out + logged.err and SECRET not in logged.out + logged.err
+    assert SECRET not in json.dumps(result) and SECRET not in docker_engine.logs(run.job_id)
+    import docker.errors
+
+    with pytest.raises(docker.errors.NotFound):  # the launcher deleted the secrets file once it had read it
+        docker_engine.client.get_archive(f"tao-job-{run.job_id}", ct.SECRETS_FILE)
+
+
+def _command_lines_while(engine: DockerEngine, job_id: str, seconds: float) -> list[str]:
+    """Every process command line on this machine (the daemon's host: the container's processes too), sampled
+    while the job runs."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    seen.add((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                except OSError:
+                    continue
+        time.sleep(0.2)
+    assert engine.state(job_id)["Status"] == "running", "the job ended before its processes were sampled"
+    return sorted(seen)
