@@ -224,16 +224,14 @@ class TAODockerHook(TAOPlatformHook):
     # ----------------------------------------------------------------- submit
 
     def create_job(self, spec: JobSpec, try_number: int = 1) -> JobHandle:
-        from docker.errors import APIError
+        from docker.errors import APIError, ImageNotFound
 
         self.validate_spec(spec)
         assert spec.image is not None, "image_required() makes the operator demand one"
         details = self.platform_details(spec)
-        self._ensure_image(spec.image)
         self._ensure_network()
         results_root = spec.results_uri if spec.results_uri and spec.results_uri.startswith("/") else None
         results_root = results_root or self.default_results_root()
-        self._remove_abandoned(spec.name)
         handle = self.new_handle(spec, try_number)
         name = container_name(spec.job_id)
         env = self.tao_env(spec, files_dir=ct.FILES_DIR, results_root=results_root)
@@ -254,7 +252,11 @@ class TAODockerHook(TAOPlatformHook):
         if details.get("working_dir"):
             create["working_dir"] = str(details["working_dir"])
         try:
-            container = self.client.create_container(**create)
+            try:
+                container = self.client.create_container(**create)
+            except ImageNotFound:  # as `docker run` does: pull only when the daemon lacks the image
+                self._pull(spec.image)
+                container = self.client.create_container(**create)
         except APIError as exc:
             raise JobSubmitError(_refusal_class(exc), f"Docker refused container {name}: {_explain(exc)}") from exc
         handle = replace(handle, backend_job_id=container["Id"])
@@ -270,14 +272,6 @@ class TAODockerHook(TAOPlatformHook):
             self._remove(name)
             raise JobSubmitError(_refusal_class(exc), f"container {name} did not start: {_explain(exc)}") from exc
         return handle
-
-    def _remove_abandoned(self, name: str) -> None:
-        """A container of this task instance that was created but never started belongs to a worker that died
-        mid-submission (only one try runs at a time): it never ran anything, and goes before a new one starts."""
-        for container in self._list(f"{ct.LABEL_NAME}={name}"):
-            if container.get("State") == "created":
-                self.log.info("Removing container %s: created by a try that died before starting it", container["Id"])
-                self._remove(container["Id"])
 
     def _host_config(self, spec: JobSpec, details: dict[str, Any], results_root: str | None) -> dict[str, Any]:
         from docker.types import DeviceRequest
@@ -324,16 +318,11 @@ class TAODockerHook(TAOPlatformHook):
             self._tegra = "tegra" in str(self.client.info().get("KernelVersion", "")).lower()
         return self._tegra
 
-    def _ensure_image(self, image: str) -> None:
-        """Pull the image when the daemon does not have it; a failed pull refuses the job (never retried)."""
-        from docker.errors import APIError, ImageNotFound
+    def _pull(self, image: str) -> None:
+        """Pull an image the daemon does not have; a failed pull refuses the job (never retried)."""
+        from docker.errors import APIError
         from docker.utils import parse_repository_tag
 
-        try:
-            self.client.inspect_image(image)
-            return
-        except ImageNotFound:
-            pass
         repository, tag = parse_repository_tag(image)
         self.log.info("Pulling %s (not on the daemon)", image)
         failure = ""
@@ -386,7 +375,16 @@ class TAODockerHook(TAOPlatformHook):
         return list(self.client.containers(all=True, filters=filters))
 
     def find_job(self, name: str) -> JobHandle | None:
-        found = self._list(f"{ct.LABEL_NAME}={name}")
+        """The newest container of this name. One that was created but never started belongs to a worker that died
+        mid-submission (only one try of a task instance runs at a time, and this is a later one): it never ran
+        anything, so it is removed, not reattached to."""
+        found = []
+        for container in self._list(f"{ct.LABEL_NAME}={name}"):
+            if container.get("State") == "created":
+                self.log.info("Removing container %s: its try died before starting it", container["Id"][:12])
+                self._remove(container["Id"])
+            else:
+                found.append(container)
         if not found:
             return None
         newest = max(found, key=lambda c: int(c.get("Created") or 0))

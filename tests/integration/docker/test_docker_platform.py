@@ -270,14 +270,9 @@ def _wait_submitted(worker: subprocess.Popen[str]) -> None:
         assert line, "the worker ended before it submitted"
 
 
-def test_a_container_its_dead_worker_never_started_is_replaced_not_waited_for(
-    docker_engine: DockerEngine, triggerer: Triggerer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # a worker killed between create and start leaves a "created" container: the retry sees it never started,
-    # removes it and runs the job in a new one
-    from airflow_provider_tao.hooks import docker as docker_hook
-
-    monkeypatch.setattr(docker_hook, "START_TIMEOUT_SECONDS", 1.0)
+def test_a_container_its_dead_worker_never_started_is_replaced_not_waited_for(docker_engine: DockerEngine) -> None:
+    # a worker killed between create and start leaves a "created" container: the retry (a later try, so the one
+    # that created it is gone) removes it at once and runs the job in a new one
     run_id = _run_id()
     op = _op(docker_engine.busybox, "echo ran")
     context = make_context(Store(), 1, run_id)
@@ -288,7 +283,6 @@ def test_a_container_its_dead_worker_never_started_is_replaced_not_waited_for(
         name=f"tao-job-{uuid.uuid4().hex[:12]}",
         labels={ct.LABEL_MANAGED: "true", ct.LABEL_NAME: name, ct.LABEL_JOB_ID: "abandoned", ct.LABEL_TRY: "1"},
     )
-    time.sleep(1.5)
     result = _sync(_op(docker_engine.busybox, "echo ran"), try_number=2, run_id=run_id)
     (container,) = docker_engine.named(name)
     assert result["state"] == "Complete" and container["Id"] == result["backend_job_id"]
@@ -449,7 +443,8 @@ def test_one_list_call_per_interval_whatever_the_number_of_jobs(
     polls = shared.calls - polls_before
     print(f"\n12 jobs: {polls} polls, {calls['containers']} list calls, {calls['inspect_container']} inspects")
     assert all(r["state"] == "Complete" for r in results)
-    assert calls["containers"] == polls  # ONE list call per poll for all jobs
+    # ONE list call per poll for all jobs (+1: a poll may have been in flight when the counting began)
+    assert polls <= calls["containers"] <= polls + 1
     assert calls["inspect_container"] <= 12  # one per container, when it ended
 
 
