@@ -24,20 +24,20 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import docker
 from docker.api.client import APIClient
+from measure import cpu, first_event, rss_mib
 
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.docker import TAODockerHook
@@ -81,18 +81,6 @@ class Requests:
         return [k for t, k in self.records if t >= start and (end is None or t < end)]
 
 
-def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def spec(command: str = "sleep 3600") -> JobSpec:
     job_id = uuid.uuid4().hex[:12]
     return JobSpec(name=f"bench-{job_id}", job_id=job_id, command=command, image=IMAGE, gpu_count=0)
@@ -111,7 +99,7 @@ def kill_all(client: Any, handles: list[JobHandle]) -> None:
 
 
 def submit_phase(count: int, log: Requests) -> dict[str, Any]:
-    ours, theirs, requests = [], [], []
+    ours, theirs, same_work, requests = [], [], [], []
     for _ in range(count):
         started = time.monotonic()
         hook = TAODockerHook(CONN_ID)  # a fresh hook: every task is a fresh worker process
@@ -129,21 +117,24 @@ def submit_phase(count: int, log: Requests) -> dict[str, Any]:
             check=True, capture_output=True,
         )  # fmt: skip
         theirs.append(time.monotonic() - started)
+        # the same work from the CLI: create, copy the job's files in, start
+        name = f"bench-cli-{uuid.uuid4().hex[:12]}"
+        archive = ct.job_archive({"runner.json": b"{}"}, {"TOKEN": "x"}, {"owner_try": 1}, (0, 0))
+        started = time.monotonic()
+        cli = ["docker", "-H", HOST]
+        create = [*cli, "create", "--name", name, "--network", "none", "--init", "--label", f"{ct.LABEL_MANAGED}=true"]
+        subprocess.run([*create, IMAGE, "/bin/sh", "-c", "true"], check=True, capture_output=True)
+        subprocess.run([*cli, "cp", "-", f"{name}:/"], input=archive, check=True, capture_output=True)
+        subprocess.run([*cli, "start", name], check=True, capture_output=True)
+        same_work.append(time.monotonic() - started)
     return {
         "provider_s": (min(ours), statistics.median(ours), max(ours)),
-        "cli_s": (min(theirs), statistics.median(theirs), max(theirs)),
+        "cli_run_s": (min(theirs), statistics.median(theirs), max(theirs)),
+        "cli_create_cp_start_s": (min(same_work), statistics.median(same_work), max(same_work)),
         "provider_requests": statistics.median(requests),
-        "ratio_median": statistics.median(ours) / statistics.median(theirs),
+        "ratio_to_docker_run": statistics.median(ours) / statistics.median(theirs),
+        "ratio_to_create_cp_start": statistics.median(ours) / statistics.median(same_work),
     }
-
-
-async def first_event(trigger: TAOJobTrigger) -> float:
-    events = cast("AsyncGenerator[Any, None]", trigger.run())
-    try:
-        await events.__anext__()
-    finally:
-        await events.aclose()
-    return time.monotonic()
 
 
 async def provider_phase(

@@ -26,16 +26,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncGenerator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 ENV_FILE = Path(os.environ.get("SLURM_CI_ROOT", "/var/tmp/slurm-ci")) / "env.sh"
 
@@ -51,6 +49,8 @@ def _load_env() -> None:
 
 
 _load_env()
+
+from measure import cpu, first_event, rss_mib  # noqa: E402
 
 from airflow_provider_tao.hooks import slurm_ssh  # noqa: E402
 from airflow_provider_tao.hooks.slurm import SlurmHook  # noqa: E402
@@ -68,18 +68,6 @@ def logins() -> int:
         return SSHD_LOG.read_text(errors="replace").count(f"Accepted publickey for {USER} ")
     except OSError:
         return -1
-
-
-def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def spec(tag: str, partition: str = "held", command: str = "true") -> JobSpec:
@@ -169,15 +157,6 @@ def scancel(handles: list[JobHandle]) -> None:
     for i in range(0, len(ids), 500):
         hook.run("scancel " + " ".join(ids[i : i + 500]), timeout=120)
     hook.close()
-
-
-async def first_event(trigger: TAOJobTrigger) -> float:
-    events = cast("AsyncGenerator[Any, None]", trigger.run())
-    try:
-        await events.__anext__()
-    finally:
-        await events.aclose()
-    return time.monotonic()
 
 
 async def provider_phase(handles: list[JobHandle], interval: float, rounds: int, log: CommandLog) -> dict[str, Any]:

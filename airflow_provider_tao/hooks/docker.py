@@ -16,9 +16,11 @@ readable) unless the connection sets ``auto_remove``: then they are removed once
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import cached_property
@@ -45,6 +47,8 @@ DEFAULT_SHM_SIZE = "16g"
 DEFAULT_REGISTRY_LOGIN = "$oauthtoken"
 #: A container created but not started after this long was left behind by a worker that died mid-submission.
 START_TIMEOUT_SECONDS = 60.0
+#: Parallel reads of the verdicts of containers that ended since the last poll.
+FINAL_READ_WORKERS = 8
 #: ``backend_details`` keys this platform understands (anything else is a typo, reported before submission).
 DETAIL_KEYS = frozenset({"mem_limit", "cpus", "shm_size", "mounts", "user", "entrypoint", "gpu_ids", "working_dir"})
 _STATE_MAP = {
@@ -413,12 +417,17 @@ class TAODockerHook(TAOPlatformHook):
         if pending:
             narrow = [f"{ct.LABEL_JOB_ID}={wanted[pending[0]].job_id}"] if len(pending) == 1 else []
             listed = {c["Names"][0].lstrip("/"): c for c in self._list(*narrow) if c.get("Names")}
-        statuses = {}
-        for name, handle in wanted.items():
-            with self._lock:
-                ended = self._ended.get(name)
-            statuses[handle.job_id] = ended or self._status(name, listed.get(name))
-        return statuses
+        with self._lock:
+            known = {name: self._ended.get(name) for name in wanted}
+        # Containers that just ended are inspected side by side: many jobs ending at once (a cancel of a sweep)
+        # must not make the last trigger wait for hundreds of sequential reads.
+        with ThreadPoolExecutor(max_workers=FINAL_READ_WORKERS) as pool:
+            futures = {
+                name: pool.submit(self._status, name, listed.get(name))
+                for name, status in known.items()
+                if status is None
+            }
+        return {handle.job_id: known[name] or futures[name].result() for name, handle in wanted.items()}
 
     def _status(self, name: str, listed: dict[str, Any] | None) -> JobStatus:
         if listed is None:
@@ -455,7 +464,9 @@ class TAODockerHook(TAOPlatformHook):
             return JobStatus(JobState.ERROR, f"container {name} is {state['Status']}: {state.get('Error')}", code, raw)
         if code == 0 and not state.get("OOMKilled"):
             return JobStatus(JobState.COMPLETE, f"container {name} exited with code 0", 0, raw)
-        if self.read_marks_of(name).get(MARK_CANCEL) is not None:
+        # Only a stop ends a container with SIGTERM/SIGKILL's code: only then can a cancel mark explain it.
+        stopped = code in (128 + signal.SIGTERM, 128 + signal.SIGKILL) and not state.get("OOMKilled")
+        if stopped and self.read_marks_of(name).get(MARK_CANCEL) is not None:
             return JobStatus(JobState.CANCELED, f"container {name} was stopped by a cancel (code {code})", code, raw)
         why = "killed by the out-of-memory killer" if state.get("OOMKilled") else f"exited with code {code}"
         error = f" ({state['Error']})" if state.get("Error") else ""

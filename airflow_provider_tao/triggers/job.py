@@ -242,7 +242,8 @@ class TAOJobTrigger(BaseTrigger):
                         status = JobStatus.unknown(f"no status from the {hook.platform} platform for {wait:.1f} s")
                 outage.update(status)
                 not_found = not_found + 1 if status.not_found else 0
-                if self.stream_logs and status.state is not JobState.UNKNOWN:
+                # An ended job's log is read once, by the final read below.
+                if self.stream_logs and status.state is not JobState.UNKNOWN and not status.state.is_terminal:
                     await self._stream_logs(hook)
                 if self.deadline is not None and time.time() >= self.deadline:
                     yield self._event(TriggerOutcome.TIMEOUT, status, "the task's execution_timeout passed")
