@@ -10,7 +10,7 @@
 #     local/debian-py:ci   Debian bookworm minbase + python3 + boto3 + yaml (the in-job runner; ~40 s to build,
 #                          cached as $ROOT/cache/debian-py.tar.zst)
 #   Writes $ROOT/env.sh (DOCKER_CI_HOST, DOCKER_CI_TCP, DOCKER_CI_PID, images). Idempotent: ~0.1 s when up.
-#   Concurrent callers are serialised with flock. Stop with: kill "$(cat $ROOT/dockerd.pid)".
+#   Concurrent callers are serialised with flock. Stop with scripts/docker-down.sh.
 #
 # Variables (all optional):
 #   DOCKER_CI_ROOT      where the engine lives                    (default /var/tmp/docker-ci)

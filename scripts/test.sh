@@ -27,6 +27,8 @@ export PATH=$VENV/bin:$PATH
 
 step "backends: a private Docker engine and its images, the SLURM cluster (in parallel)"
 # The fixtures call these again (a no-op once up); starting them here keeps a cold install out of any test's timeout.
+# The Docker engine is private to this run: stopped (by pid) when the script ends, whatever happened.
+trap 'bash scripts/docker-down.sh' EXIT
 DOCKER_CI_SKIP_APT=1 bash scripts/docker-up.sh > /tmp/docker-up.log 2>&1 &
 docker_up=$!
 bash scripts/slurm-up.sh > /tmp/slurm-up.log 2>&1 || { tail -40 /tmp/slurm-up.log; exit 1; }

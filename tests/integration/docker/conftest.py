@@ -3,8 +3,8 @@
 ``docker_engine`` (session scope) runs ``scripts/docker-up.sh`` -- which installs ``docker.io`` when missing, starts a
 private dockerd (own socket, data root and pid file, also listening on loopback TCP, live-restore on, a stub
 ``nvidia-container-runtime-hook`` on its PATH) and builds the test images locally -- then parses its ``env.sh``.
-A missing or broken engine is a test FAILURE, never a skip. The engine is left running for the next session (stop
-it with ``kill $(cat /var/tmp/docker-ci/dockerd.pid)``); the containers this provider made are removed at the end.
+A missing or broken engine is a test FAILURE, never a skip. The containers this provider made are removed at the end;
+the engine itself is stopped by ``scripts/test.sh`` (``scripts/docker-down.sh``, by pid).
 """
 
 from __future__ import annotations
