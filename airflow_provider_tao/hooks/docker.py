@@ -412,22 +412,21 @@ class TAODockerHook(TAOPlatformHook):
         just ended. A daemon that does not answer raises: the caller turns that into Unknown."""
         wanted = {container_name(h.job_id): h for h in handles}
         with self._lock:
-            pending = [n for n in wanted if n not in self._ended]
+            statuses = {name: final for name in wanted if (final := self._ended.get(name)) is not None}
+        pending = [name for name in wanted if name not in statuses]
         listed: dict[str, dict[str, Any]] = {}
         if pending:
             narrow = [f"{ct.LABEL_JOB_ID}={wanted[pending[0]].job_id}"] if len(pending) == 1 else []
             listed = {c["Names"][0].lstrip("/"): c for c in self._list(*narrow) if c.get("Names")}
-        with self._lock:
-            known = {name: self._ended.get(name) for name in wanted}
-        # Containers that just ended are inspected side by side: many jobs ending at once (a cancel of a sweep)
-        # must not make the last trigger wait for hundreds of sequential reads.
-        with ThreadPoolExecutor(max_workers=FINAL_READ_WORKERS) as pool:
-            futures = {
-                name: pool.submit(self._status, name, listed.get(name))
-                for name, status in known.items()
-                if status is None
-            }
-        return {handle.job_id: known[name] or futures[name].result() for name, handle in wanted.items()}
+        ended = [name for name in pending if name in listed and listed[name].get("State") not in _STATE_MAP]
+        statuses.update((name, self._status(name, listed.get(name))) for name in pending if name not in ended)
+        if ended:
+            # Containers that just ended are inspected side by side: many jobs ending at once (a cancel of a sweep)
+            # must not make the last trigger wait for hundreds of sequential reads.
+            with ThreadPoolExecutor(max_workers=min(FINAL_READ_WORKERS, len(ended))) as pool:
+                verdicts = pool.map(lambda name: self._status(name, listed[name]), ended)
+                statuses.update(zip(ended, verdicts, strict=True))
+        return {handle.job_id: statuses[name] for name, handle in wanted.items()}
 
     def _status(self, name: str, listed: dict[str, Any] | None) -> JobStatus:
         if listed is None:
@@ -521,24 +520,18 @@ class TAODockerHook(TAOPlatformHook):
         return True
 
     def failure_facts(self, handle: JobHandle) -> FailureFacts:
-        from docker.errors import NotFound
-
         name = container_name(handle.job_id)
-        status = self.get_job_status(handle)
-        try:
-            state = self.client.inspect_container(name)["State"]
-        except NotFound:
-            state = {}
+        status = self.get_job_status(handle)  # the ended container's verdict, inspected once and kept
         text, _ = self.get_job_logs(handle, tail=200)
         return FailureFacts(
             exit_code=status.exit_code,
             raw_state=status.raw_state,
-            oom_killed=bool(state.get("OOMKilled")),
+            oom_killed=status.raw_state == "OOMKilled",
             canceled=status.state is JobState.CANCELED,
             log_tail=text.splitlines(),
             events=[status.message] if status.message else [],
             message=status.message,
-            details={"container": name, "daemon": self.base_url, "error": state.get("Error") or ""},
+            details={"container": name, "daemon": self.base_url},
         )
 
     def cleanup_job(self, handle: JobHandle) -> None:

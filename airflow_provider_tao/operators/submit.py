@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
 #: ``task_state_store`` key of this task instance's job: ``{"handle": {...}, "consumed": bool, "outputs": {...}}``.
 STATE_KEY = "tao_job"
-#: How often the worker-side wait reports a continuing outage.
 
 
 def _readable(text: str) -> str:

@@ -31,7 +31,6 @@ from airflow_provider_tao.outage import OutageLog, outage_report_seconds
 #: Upper bound of one batched status call; a hung backend must not hang the trigger.
 STATUS_CALL_TIMEOUT = 60.0
 MAX_BACKOFF_SECONDS = 30.0  # after an outage the first good poll must not come much later
-#: How often a continuing outage is reported in the task log.
 #: XCom key of the log cursor (kept with the task instance: survives triggerer restarts, cleared by a new try).
 XCOM_LOG_CURSOR = "tao_log_cursor"
 
