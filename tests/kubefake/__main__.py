@@ -1,0 +1,55 @@
+"""``python -m tests.kubefake --port 0 --ready-file F [--runtime docker|sim] [--docker-host URL]``.
+
+Writes ``{"port": N, "pid": P}`` to the ready file once it answers, and runs until SIGTERM / SIGINT, then removes the
+containers its kubelet made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from tests.kubefake.api import FakeApiServer
+from tests.kubefake.cluster import Cluster, DockerRuntime, SimRuntime, workdir_for
+from tests.kubefake.store import Store
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kubefake")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--ready-file", required=True)
+    parser.add_argument("--runtime", choices=("docker", "sim"), default="docker")
+    parser.add_argument("--docker-host", default="unix:///var/run/docker.sock")
+    parser.add_argument("--sim-seconds", type=float, default=60.0)
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--gpus-per-node", type=int, default=1)
+    parser.add_argument("--tick", type=float, default=0.2, help="seconds between two controller passes")
+    args = parser.parse_args(argv)
+
+    workdir = workdir_for()
+    runtime = DockerRuntime(args.docker_host) if args.runtime == "docker" else SimRuntime(args.sim_seconds)
+    store = Store()
+    cluster = Cluster(store, runtime, workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+    cluster.tick_seconds = args.tick
+    server = FakeApiServer(("127.0.0.1", args.port), store, cluster)
+    cluster.start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    threading.Thread(target=server.serve_forever, name="kubefake-http", daemon=True).start()
+    Path(args.ready_file).write_text(json.dumps({"port": server.server_address[1], "pid": os.getpid()}))
+    stop.wait()
+    server.shutdown()
+    cluster.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""The HTTP face of the fake API server: the Kubernetes REST paths, plus ``/fake/*`` for the tests.
+
+``/fake/faults`` (POST ``{"status": 503, "seconds": 60}``) makes every API request fail with that ``Status`` for a
+while; ``/fake/evict`` (POST ``{"namespace", "pod", "message"}``) has the kubelet evict a pod for node pressure;
+``/fake/objects`` (GET) lists the names of every object by resource (events apart); ``/fake/stats`` (GET, and
+POST to reset) counts the API requests by verb and resource.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from tests.kubefake.cluster import Cluster
+from tests.kubefake.store import RESOURCES, ApiError, Store, not_found
+
+VERSION = {
+    "major": "1",
+    "minor": "33",
+    "gitVersion": "v1.33.0-kubefake",
+    "gitCommit": "0000000000000000000000000000000000000000",
+    "gitTreeState": "clean",
+    "buildDate": "2026-01-01T00:00:00Z",
+    "goVersion": "go1.24.0",
+    "compiler": "gc",
+    "platform": "linux/amd64",
+}
+
+
+class FakeApiServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], store: Store, cluster: Cluster) -> None:
+        super().__init__(address, _Handler)
+        self.store = store
+        self.cluster = cluster
+        self.fault_status = 0
+        self.fault_until = 0.0
+        self.requests: Counter[str] = Counter()
+        self.stats_lock = threading.Lock()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the real server: the clients reuse their connections
+    server: FakeApiServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        return
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _json_body(self) -> Any:
+        raw = self._body()
+        try:
+            return json.loads(raw) if raw else {}
+        except ValueError as exc:
+            raise ApiError(400, "BadRequest", f"the object provided is unrecognized: {exc}") from exc
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        parts = [p for p in url.path.split("/") if p]
+        try:
+            if parts[:1] == ["fake"]:
+                self._fake(method, parts[1:])
+                return
+            if time.time() < self.server.fault_until:
+                self._body()
+                raise ApiError(
+                    self.server.fault_status,
+                    "ServiceUnavailable" if self.server.fault_status == 503 else "InternalError",
+                    "the server is currently unable to handle the request",
+                )
+            self._api(method, parts, query)
+        except ApiError as exc:
+            self._send(exc.code, exc.status())
+        except Exception as exc:  # a fake's bug: answer as the real server's 500 would
+            self._send(500, ApiError(500, "InternalError", f"kubefake: {exc!r}").status())
+            raise
+
+    # ------------------------------------------------------------------ the Kubernetes API
+
+    def _api(self, method: str, parts: list[str], query: dict[str, str]) -> None:
+        if parts == ["version"]:
+            self._send(200, VERSION)
+            return
+        if parts == ["api"]:
+            self._send(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+            return
+        if parts == ["apis"]:
+            group = {
+                "name": "batch",
+                "versions": [{"groupVersion": "batch/v1", "version": "v1"}],
+                "preferredVersion": {"groupVersion": "batch/v1", "version": "v1"},
+            }
+            self._send(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": [group]})
+            return
+        # /api/v1/... or /apis/<group>/<version>/...
+        rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+        namespace: str | None = None
+        if rest[:1] == ["namespaces"] and len(rest) >= 3:
+            namespace, rest = rest[1], rest[2:]
+        resource: str | None = rest[0] if rest else None
+        name: str = rest[1] if len(rest) > 1 else ""
+        sub: str = rest[2] if len(rest) > 2 else ""
+        if resource not in RESOURCES:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        _, api_version, namespaced = RESOURCES[resource]
+        expected_prefix = ["api", "v1"] if "/" not in api_version else ["apis", *api_version.split("/")]
+        if parts[: len(expected_prefix)] != expected_prefix:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        ns = (namespace or "") if namespaced else ""
+        with self.server.stats_lock:
+            self.server.requests[f"{method} {resource}{'/' + sub if sub else ''}{'' if name else ' (list)'}"] += 1
+        store = self.server.store
+        if method == "GET" and not name:
+            self._send(
+                200,
+                store.select(
+                    resource,
+                    namespace if namespaced else None,
+                    query.get("labelSelector", ""),
+                    query.get("fieldSelector", ""),
+                ),
+            )
+        elif method == "POST" and not name:
+            self._send(201, store.create(resource, ns, self._json_body()))
+        elif method == "GET" and sub == "log":
+            self._log(ns, name, query)
+        elif method == "GET":
+            self._send(200, store.get(resource, ns, name))
+        elif method == "PATCH":
+            content_type = self.headers.get("Content-Type", "")
+            self._send(200, store.patch(resource, ns, name, content_type, self._body()))
+        elif method == "DELETE":
+            options = self._json_body() or {}
+            for key in ("propagationPolicy", "gracePeriodSeconds"):
+                if key in query:
+                    options[key] = int(query[key]) if key == "gracePeriodSeconds" else query[key]
+            result = store.delete(resource, ns, name, options)
+            # A foreground delete still waiting for its dependents is "202 Accepted"; a pod's graceful one is 200.
+            self._send(202 if result.get("kind") != "Status" and resource != "pods" else 200, result)
+        else:
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+
+    def _log(self, namespace: str, name: str, query: dict[str, str]) -> None:
+        pod = self.server.store.get("pods", namespace, name)
+        statuses = pod["status"].get("containerStatuses") or []
+        container = query.get("container") or pod["spec"]["containers"][0]["name"]
+        if not statuses or "waiting" in statuses[0]["state"]:
+            reason = statuses[0]["state"]["waiting"]["reason"] if statuses else "ContainerCreating"
+            raise ApiError(400, "BadRequest", f'container "{container}" in pod "{name}" is waiting to start: {reason}')
+        text = self.server.cluster.runtime.logs(pod["metadata"]["uid"], query)
+        if query.get("limitBytes"):
+            text = text[: int(query["limitBytes"])]
+        self._send(200, text, "text/plain")
+
+    # ------------------------------------------------------------------ the tests' controls
+
+    def _fake(self, method: str, parts: list[str]) -> None:
+        server = self.server
+        if parts == ["faults"] and method == "POST":
+            body = self._json_body()
+            server.fault_status = int(body.get("status", 503))
+            server.fault_until = time.time() + float(body.get("seconds", 0))
+            self._send(200, {"until": server.fault_until})
+        elif parts == ["evict"] and method == "POST":
+            body = self._json_body()
+            message = (
+                body.get("message")
+                or "The node was low on resource: memory. Threshold quantity: 100Mi, "
+                "available: 52Mi. Container tao was using 3Gi, request is 0."
+            )
+            server.cluster.evict(body["namespace"], body["pod"], message)
+            self._send(200, {"evicted": body["pod"]})
+        elif parts == ["objects"]:
+            with server.store.lock:
+                found: dict[str, list[str]] = {}
+                for resource, _, name in server.store.objects:
+                    if resource not in ("events", "nodes", "namespaces"):
+                        found.setdefault(resource, []).append(name)
+            self._send(200, {k: sorted(v) for k, v in found.items()})
+        elif parts == ["stats"]:
+            with server.stats_lock:
+                counts = dict(server.requests)
+                if method == "POST":
+                    server.requests.clear()
+            self._send(200, {"total": sum(counts.values()), "by": counts})
+        else:
+            raise not_found("pods", "/".join(parts))
