@@ -97,6 +97,13 @@ RAW_STATE_CLASSES: dict[str, ErrClass] = {
     "OOMKILLED": ErrClass.ERR_OOM,
     "IMAGEPULLBACKOFF": ErrClass.ERR_IMAGE_PULL,
     "ERRIMAGEPULL": ErrClass.ERR_IMAGE_PULL,
+    "INVALIDIMAGENAME": ErrClass.ERR_IMAGE_PULL,
+    # Kubernetes: a pod evicted by its node or disrupted (preemption, drain), never scheduled, or never configured
+    "EVICTED": ErrClass.ERR_PREEMPTED,
+    "DISRUPTIONTARGET": ErrClass.ERR_PREEMPTED,
+    "UNSCHEDULABLE": ErrClass.ERR_CAPACITY,
+    "CREATECONTAINERCONFIGERROR": ErrClass.ERR_CONFIG,
+    "CREATECONTAINERERROR": ErrClass.ERR_CONFIG,
     "CANCELLED": ErrClass.ERR_CANCELED,
     "CANCELED": ErrClass.ERR_CANCELED,
 }

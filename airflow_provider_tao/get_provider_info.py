@@ -109,6 +109,45 @@ def _docker_connection_type() -> dict[str, Any]:
     }
 
 
+def _kubernetes_connection_type() -> dict[str, Any]:
+    """``tao_kubernetes``: the cluster as a ``kubernetes`` connection names it, plus the jobs' defaults."""
+    return {
+        "connection-type": "tao_kubernetes",
+        "hook-class-name": "airflow_provider_tao.hooks.kubernetes.TAOKubernetesHook",
+        "hook-name": "TAO Kubernetes",
+        "conn-fields": {
+            "namespace": _field("Namespace", "Namespace of the jobs (TAO_K8S_NAMESPACE; default 'default')."),
+            "kube_config_path": _field("Kubeconfig path", "Path of a kubeconfig file on the Airflow hosts."),
+            "kube_config": _field("Kubeconfig", "A kubeconfig itself (instead of a path).", secret=True),
+            "in_cluster": _field("In cluster", "Use the service account of the pod Airflow runs in.", kind="boolean"),
+            "cluster_context": _field("Context", "Kubeconfig context (default: the current one)."),
+            "results_pvc": _field(
+                "Results PVC", "PersistentVolumeClaim mounted at /results in every job (TAO_RESULTS_ROOT)."
+            ),
+            "service_account": _field("Service account", "Service account of the jobs' pods."),
+            "image_pull_secret": _field("Image pull Secret", "An existing Secret for pulling the jobs' images."),
+            "registry": _field("Registry", "Registry the password (NGC key) is for (default nvcr.io)."),
+            "node_selector": _field(
+                "Node selector", 'Default node selector, JSON: {"nvidia.com/gpu.product": "A100"}.'
+            ),
+            "tolerations": _field("Tolerations", 'Default tolerations, JSON: [{"key": "nvidia.com/gpu", ...}].'),
+            "priority_class": _field("Priority class", "Default priorityClassName of the jobs."),
+            "ttl_seconds_after_finished": _field(
+                "TTL after finished (s)", "Seconds a finished Job is kept (default 86400).", kind="integer"
+            ),
+            "cancel_grace_seconds": _field(
+                "Cancel grace (s)", "terminationGracePeriodSeconds of the jobs' pods (default 30).", kind="integer"
+            ),
+            "shm_size": _field("Shared memory", "Size of /dev/shm in each pod (default 16Gi)."),
+        },
+        "ui-field-behaviour": {
+            "hidden-fields": ["host", "schema", "port", "extra"],
+            "relabeling": {"login": "Registry user", "password": "NGC API key"},
+            "placeholders": {"login": "$oauthtoken", "namespace": "default", "results_pvc": "tao-results"},
+        },
+    }
+
+
 def get_provider_info() -> dict[str, Any]:
     """The provider's metadata: connection types with their form fields, hooks, triggers, links and config."""
     return {
@@ -133,6 +172,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_tao.hooks.local",
                     "airflow_provider_tao.hooks.slurm",
                     "airflow_provider_tao.hooks.docker",
+                    "airflow_provider_tao.hooks.kubernetes",
                 ],
             }
         ],
@@ -158,6 +198,7 @@ def get_provider_info() -> dict[str, Any]:
             },
             _slurm_connection_type(),
             _docker_connection_type(),
+            _kubernetes_connection_type(),
         ],
         "config": {
             "tao": {

@@ -1,23 +1,28 @@
 """What every container platform shares: the labels that find a job again, the job folder inside the container,
-and the launcher that hands the job its secrets without a command line or an environment the platform shows.
+the launcher that hands the job its files and secrets without a command line or an environment the platform shows,
+and the reading of a container log by timestamp cursor.
 
 Inside the container::
 
     /tao-job/files/       the spec's files (the in-job runner and its manifest): ``TAO_JOB_FILES``
     /tao-job/secret.env   the secrets as ``export K='v'`` lines, 0600; sourced and deleted by the launcher
     /tao-job/marks/<key>  the ownership marks (one small JSON value per file), kept with the job
+    /tao-job-parts/*      where the files arrive in pieces (Kubernetes: gzip'd tar chunks from ConfigMaps); the
+                          launcher unpacks them into /tao-job before anything else
 """
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import tarfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
-from airflow_provider_tao.hooks.base import render_env_file
+from airflow_provider_tao.hooks.base import LOG_READ_LIMIT, render_env_file
 from airflow_provider_tao.jobs import JobSpec
 
 LABEL_DOMAIN = "tao.nvidia.com"
@@ -33,10 +38,16 @@ JOB_ROOT = "/tao-job"
 FILES_DIR = f"{JOB_ROOT}/files"
 SECRETS_FILE = f"{JOB_ROOT}/secret.env"
 MARKS_DIR = f"{JOB_ROOT}/marks"
+PARTS_DIR = "/tao-job-parts"
+#: Exit code of a launcher that could not unpack the job's files (the image lacks tar or gzip).
+UNPACK_FAILED_EXIT = 70
 
 # Fixed text: the command arrives as "$@", the secrets from a file; nothing of either is in the container's spec.
 # A string command runs under bash, or sh in an image without bash (alpine, busybox).
 _LAUNCHER = (
+    f"if [ -d {PARTS_DIR} ]; then cat {PARTS_DIR}/part-* | gzip -dc | tar -xf - -C {JOB_ROOT} || "
+    f'{{ echo "tao-launch: cannot unpack the job files (the image needs tar and gzip)" >&2; '
+    f"exit {UNPACK_FAILED_EXIT}; }}; fi; "
     f"if [ -f {SECRETS_FILE} ]; then set -a; . {SECRETS_FILE}; set +a; rm -f {SECRETS_FILE}; fi; "
     'if [ "$1" = --shell ]; then [ -x /bin/bash ] && exec /bin/bash -c "$2"; exec /bin/sh -c "$2"; fi; exec "$@"'
 )
@@ -79,18 +90,34 @@ def job_archive(
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for folder in folders:
             _add(tar, folder.strip("/"), None, 0o755, owner)
-        for folder in (JOB_ROOT, FILES_DIR, MARKS_DIR):
+        for folder in (JOB_ROOT, MARKS_DIR):
             _add(tar, folder.lstrip("/"), None, 0o700, owner)
-        for name, content in sorted(files.items()):
-            parts = name.split("/")
-            for depth in range(1, len(parts)):
-                _add(tar, f"{FILES_DIR.lstrip('/')}/{'/'.join(parts[:depth])}", None, 0o700, owner)
-            _add(tar, f"{FILES_DIR.lstrip('/')}/{name}", content, 0o600, owner)
+        _add_files(tar, FILES_DIR.lstrip("/"), files, owner)
         if secret_env:
             _add(tar, SECRETS_FILE.lstrip("/"), render_env_file(dict(secret_env)).encode(), 0o600, owner)
         for key, value in marks.items():
             _add(tar, f"{MARKS_DIR.lstrip('/')}/{key}", json.dumps(value).encode(), 0o600, owner)
     return buffer.getvalue()
+
+
+def files_in_parts(files: Mapping[str, bytes], part_size: int) -> list[bytes]:
+    """The job's files as a gzip'd tar (relative to :data:`JOB_ROOT`) cut into pieces of at most ``part_size``
+    bytes, for platforms whose objects are size-limited; the launcher joins and unpacks them from :data:`PARTS_DIR`.
+    Owned by whoever unpacks them (the container's user)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        _add_files(tar, FILES_DIR.removeprefix(f"{JOB_ROOT}/"), files, (0, 0))
+    packed = gzip.compress(buffer.getvalue(), compresslevel=6, mtime=0)
+    return [packed[start : start + part_size] for start in range(0, len(packed), part_size)]
+
+
+def _add_files(tar: tarfile.TarFile, root: str, files: Mapping[str, bytes], owner: tuple[int, int]) -> None:
+    _add(tar, root, None, 0o700, owner)
+    for name, content in sorted(files.items()):
+        parts = name.split("/")
+        for depth in range(1, len(parts)):
+            _add(tar, f"{root}/{'/'.join(parts[:depth])}", None, 0o700, owner)
+        _add(tar, f"{root}/{name}", content, 0o600, owner)
 
 
 def mark_archive(key: str, value: Any) -> bytes:
@@ -125,3 +152,54 @@ def _add(tar: tarfile.TarFile, name: str, content: bytes | None, mode: int, owne
     else:
         info.size = len(content)
         tar.addfile(info, io.BytesIO(content))
+
+
+# ----------------------------------------------------------------------------- logs by timestamp cursor
+#
+# Container logs have no byte offsets a client can ask from; both Docker and Kubernetes give each line its RFC 3339
+# timestamp and accept "from this second on". The cursor is ``<timestamp>#<n>``: the newest timestamp shown and how
+# many lines carried it. The next read asks from that second and drops what was shown: nothing is read twice beyond
+# one second of log, and nothing is lost between two polls.
+
+
+def parse_log_cursor(cursor: str) -> tuple[str, int]:
+    """``(timestamp, lines shown with it)`` of a cursor ("" = nothing shown yet)."""
+    stamp, _, count = cursor.partition("#")
+    return stamp, int(count) if count.isdigit() else 0
+
+
+def cursor_second(stamp: str) -> int:
+    """The whole second of an RFC 3339 timestamp (``2026-11-25T10:00:01.123456789Z``) as epoch seconds."""
+    return int(datetime.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp())
+
+
+def timestamped_lines(chunks: Iterable[bytes]) -> Iterator[tuple[str, str]]:
+    """``(timestamp, text)`` of each line of a timestamped log stream (fixed-width timestamps compare as strings)."""
+    buffer = b""
+    for chunk in chunks:
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for raw in complete:
+            stamp, _, text = raw.decode(errors="replace").partition(" ")
+            yield stamp, text
+    if buffer:
+        stamp, _, text = buffer.decode(errors="replace").partition(" ")
+        yield stamp, text
+
+
+def read_after(lines: Iterable[tuple[str, str]], cursor: str) -> tuple[str, str]:
+    """The text of the lines after ``cursor`` (at most about ``LOG_READ_LIMIT`` bytes) and the new cursor."""
+    last, seen = parse_log_cursor(cursor)
+    shown_at, skip = last, seen
+    kept: list[str] = []
+    size = 0
+    for stamp, text in lines:
+        if stamp < shown_at or (stamp == shown_at and skip > 0):
+            skip -= stamp == shown_at
+            continue
+        kept.append(text)
+        size += len(text) + 1
+        last, seen = (stamp, seen + 1) if stamp == last else (stamp, 1)
+        if size >= LOG_READ_LIMIT:
+            break
+    return "".join(f"{line}\n" for line in kept), f"{last}#{seen}" if last else ""

@@ -19,17 +19,15 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import UTC, datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao.failures import FailureFacts
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
-    LOG_READ_LIMIT,
     MARK_CANCEL,
     MARK_OWNER,
     JobSubmitError,
@@ -474,36 +472,22 @@ class TAODockerHook(TAOPlatformHook):
     # ----------------------------------------------------------------- logs
 
     def get_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
-        """The cursor is ``<timestamp>#<n>``: the newest log timestamp shown and how many lines carried it. The
-        next read asks the daemon from that second on and drops what was shown: nothing is read twice beyond one
-        second of log, and nothing is lost between two polls."""
+        """By timestamp cursor (see :func:`~airflow_provider_tao.hooks.container.read_after`)."""
         from docker.errors import NotFound
 
-        last, seen = _parse_cursor(cursor) if tail is None else ("", 0)
+        cursor = cursor if tail is None else ""
+        last, _ = ct.parse_log_cursor(cursor)
         params: dict[str, Any] = {"stdout": 1, "stderr": 1, "timestamps": 1, "follow": 0, "tail": tail or "all"}
         if last:
-            params["since"] = _epoch_second(last)
+            params["since"] = ct.cursor_second(last)
         try:
             stream = _log_stream(self.client, container_name(handle.job_id), params)
         except NotFound:
             return "", cursor
-        lines: list[str] = []
-        size = 0
-        shown_at, skip = last, seen
         try:
-            for stamp, text in _log_lines(stream):
-                if stamp < shown_at or (stamp == shown_at and skip > 0):
-                    skip -= stamp == shown_at
-                    continue
-                lines.append(text)
-                size += len(text) + 1
-                last, seen = (stamp, seen + 1) if stamp == last else (stamp, 1)
-                if size >= LOG_READ_LIMIT:
-                    break
+            return ct.read_after(ct.timestamped_lines(stream), cursor)
         finally:
             stream.close()
-        text = "".join(f"{line}\n" for line in lines)
-        return text, f"{last}#{seen}" if last else ""
 
     # ----------------------------------------------------------------- cancel, failure analysis, cleanup
 
@@ -612,16 +596,6 @@ def _refusal_class(exc: Exception) -> ErrClass:
     return ErrClass.ERR_CONFIG if status is not None and 400 <= int(status) < 500 else ErrClass.ERR_INFRA
 
 
-def _parse_cursor(cursor: str) -> tuple[str, int]:
-    stamp, _, count = cursor.partition("#")
-    return stamp, int(count) if count.isdigit() else 0
-
-
-def _epoch_second(stamp: str) -> int:
-    """The whole second of an RFC 3339 timestamp (``2026-11-25T10:00:01.123456789Z``) as epoch seconds."""
-    return int(datetime.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp())
-
-
 def _log_stream(client: APIClient, name: str, params: dict[str, Any]) -> Any:
     """``GET /containers/{name}/logs`` as a closable stream of frames. docker-py's ``logs()`` first inspects the
     container to learn whether it has a TTY -- a second request per read, per job, per poll; this provider's
@@ -630,18 +604,3 @@ def _log_stream(client: APIClient, name: str, params: dict[str, Any]) -> Any:
 
     response = client._get(client._url("/containers/{0}/logs", name), params=params, stream=True)
     return CancellableStream(client._get_result_tty(True, response, False), response)
-
-
-def _log_lines(stream: Any) -> Iterator[tuple[str, str]]:
-    """``(timestamp, text)`` of each line of a ``docker logs --timestamps`` stream (fixed-width timestamps: they
-    compare as strings)."""
-    buffer = b""
-    for chunk in stream:
-        buffer += chunk
-        *complete, buffer = buffer.split(b"\n")
-        for raw in complete:
-            stamp, _, text = raw.decode(errors="replace").partition(" ")
-            yield stamp, text
-    if buffer:
-        stamp, _, text = buffer.decode(errors="replace").partition(" ")
-        yield stamp, text

@@ -245,7 +245,7 @@ def test_logs_continue_from_the_cursor_without_repeats_or_gaps(
     def stream(client: Any, name: str, params: dict[str, Any]) -> _Frames:
         asked.append(params)
         since = params.get("since", 0)
-        lines = [(s, t) for s, t in log if dk._epoch_second(s) >= since]
+        lines = [(s, t) for s, t in log if ct.cursor_second(s) >= since]
         return _Frames(lines if params["tail"] == "all" else lines[-params["tail"] :])
 
     monkeypatch.setattr(dk, "_log_stream", stream)
@@ -253,7 +253,7 @@ def test_logs_continue_from_the_cursor_without_repeats_or_gaps(
     text, cursor = offline.get_job_logs(handle)
     assert (text, cursor) == ("a\nb\nc\n", f"{T2}#2") and "since" not in asked[-1]
     assert offline.get_job_logs(handle, cursor) == ("", cursor)  # nothing new: nothing repeated
-    assert asked[-1]["since"] == dk._epoch_second(T2)
+    assert asked[-1]["since"] == ct.cursor_second(T2)
     log += [(T2, "d"), (T3, "e")]  # a line with the same timestamp as the last one shown, then a later one
     assert offline.get_job_logs(handle, cursor) == ("d\ne\n", f"{T3}#1")
     assert offline.get_job_logs(handle, tail=2) == ("d\ne\n", f"{T3}#1")

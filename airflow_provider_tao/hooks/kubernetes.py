@@ -1,0 +1,1003 @@
+"""The ``kubernetes`` platform: each job is one ``batch/v1`` Job named after the task instance.
+
+Clients come from the cncf-kubernetes provider: ``KubernetesHook`` on the worker, ``AsyncKubernetesHook`` in the
+triggerer (one async client per poller, reopened periodically when the kubeconfig uses exec auth, whose tokens
+expire). Responses are read as JSON (``_preload_content=False``): the status of 300 jobs is two list calls, not
+600 model deserialisations.
+
+A job is created suspended, so everything it needs can be owned by it before a pod exists: a Secret with the
+job's secret environment (``envFrom``; no value in the Job or pod spec), the job's files as gzip'd tar chunks in
+immutable ConfigMaps (each well under the 1 MiB object limit; a 4 MiB spec is a handful of them), an image pull
+Secret made from the connection's NGC key, and for multi-node jobs a headless Service. Then it is resumed. All of
+them carry an owner reference to the Job, so deleting the Job -- with ``propagationPolicy: Background``, as every
+cancel here does; the API's default for Jobs orphans the pods -- removes everything, and ``ttlSecondsAfterFinished``
+does the same for finished jobs. A Job left suspended belongs to a worker that died mid-submission; the next try
+deletes it.
+
+Status: a Job is Running only while one of its pods runs a container. Pending pods say why (unschedulable, pulling,
+ContainerCreating, a config error); a pod that stays unschedulable past ``unschedulable_timeout_seconds`` (default
+15 min) or cannot start past ``start_timeout_seconds`` (image pull, config error; default 10 min) makes the job an
+Error, which the task's failure analysis turns into ``ERR_CAPACITY`` / ``ERR_IMAGE_PULL`` / ``ERR_CONFIG`` and
+whose cleanup deletes the Job. The ownership marks are annotations of the Job (merge patches).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Any
+
+from airflow_provider_tao.failures import FailureFacts
+from airflow_provider_tao.hooks import container as ct
+from airflow_provider_tao.hooks.base import (
+    MARK_CANCEL,
+    MARK_CONSUMED,
+    MARK_OWNER,
+    JobSubmitError,
+    JobValidationError,
+    TAOPlatformHook,
+    multi_node_env,
+)
+from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
+
+CONTAINER = "tao"
+RESULTS_MOUNT = "/results"
+DEFAULT_NAMESPACE = "default"
+DEFAULT_TTL_SECONDS = 24 * 3600
+DEFAULT_UNSCHEDULABLE_TIMEOUT = 15 * 60
+DEFAULT_START_TIMEOUT = 10 * 60
+DEFAULT_SHM_SIZE = "16Gi"
+DEFAULT_REGISTRY = "nvcr.io"
+#: Raw bytes of one files chunk: a ConfigMap holds at most 1 MiB, base64 and metadata come on top.
+PART_SIZE = 700 * 1024
+#: A Job still suspended after this long was left behind by a worker that died mid-submission.
+SETUP_TIMEOUT_SECONDS = 60.0
+#: How long an exec-auth client (EKS, GKE tokens) is used before it is rebuilt with a fresh token.
+EXEC_AUTH_REFRESH_SECONDS = 600.0
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+ANNOTATION_RUN_ID = f"{ct.LABEL_DOMAIN}/run-id"
+ANNOTATION_RESULTS_DIR = f"{ct.LABEL_DOMAIN}/results-dir"
+ANNOTATION_UNSCHEDULABLE = f"{ct.LABEL_DOMAIN}/unschedulable-timeout"
+ANNOTATION_START = f"{ct.LABEL_DOMAIN}/start-timeout"
+#: ``backend_details`` keys this platform understands.
+DETAIL_KEYS = frozenset(
+    {
+        "cpu",
+        "memory",
+        "shm_size",
+        "node_selector",
+        "tolerations",
+        "priority_class",
+        "service_account",
+        "unschedulable_timeout_seconds",
+        "start_timeout_seconds",
+        "active_deadline_seconds",
+    }
+)
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_MARK_KEYS = frozenset({MARK_OWNER, MARK_CANCEL, MARK_CONSUMED})
+_LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+_WAITING_FATAL = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+}
+
+
+def mark_annotation(key: str) -> str:
+    """The Job annotation that keeps ownership mark ``key``."""
+    return f"{ct.LABEL_DOMAIN}/{key}"
+
+
+def label_value(value: str) -> str:
+    """``value`` as a valid label value (at most 63 of ``[A-Za-z0-9_.-]``, alphanumeric at both ends); the exact
+    value goes into an annotation next to it."""
+    return _LABEL_VALUE_BAD.sub("-", value)[:63].strip("-_.")
+
+
+class TAOKubernetesHook(TAOPlatformHook):
+    """Runs jobs as Kubernetes Jobs, through the cncf-kubernetes provider's hooks.
+
+    Connection type ``tao_kubernetes``. Extras: ``namespace`` (default ``default``), ``kube_config_path`` or an
+    inline ``kube_config``, ``in_cluster``, ``cluster_context`` (read by the provider's hook, as on a
+    ``kubernetes`` connection), ``results_pvc`` (a PersistentVolumeClaim mounted at ``/results`` in every job and
+    exported as ``TAO_RESULTS_ROOT``; without one outputs go to S3 through the runner), ``service_account``,
+    ``image_pull_secret`` (an existing Secret), ``registry`` (default ``nvcr.io``: the registry the password --
+    the NGC key -- is for; a pull Secret owned by each Job is made from it), ``node_selector`` (dict),
+    ``tolerations`` (list), ``priority_class``, ``ttl_seconds_after_finished`` (default one day),
+    ``cancel_grace_seconds`` (default 30), ``shm_size`` (default 16Gi).
+
+    ``backend_details`` of a job: ``cpu`` (request, "4"), ``memory`` (request and limit, "32Gi": past it the job
+    is OOM-killed), ``shm_size``, ``node_selector``, ``tolerations``, ``priority_class``, ``service_account``,
+    ``unschedulable_timeout_seconds`` (default 900), ``start_timeout_seconds`` (default 600),
+    ``active_deadline_seconds`` (Kubernetes stops the job itself after this long).
+
+    :param conn_id: the ``tao_kubernetes`` connection, or None for the default kubeconfig.
+    """
+
+    platform = "kubernetes"
+    conn_type = "tao_kubernetes"
+    default_conn_name = "tao_kubernetes_default"
+    hook_name = "TAO Kubernetes"
+    # A DNS-1035 label (it also names the multi-node headless Service), short enough for "<name>-<index>" host names.
+    name_pattern = re.compile(r"^[a-z]([a-z0-9-]{0,56}[a-z0-9])?$")
+    name_rule = "lower-case letters, digits and '-', starting with a letter, at most 58 characters"
+    name_max_length = 58
+    name_letter_first = True
+    supports_multi_node = True
+    marks_storage = "annotations of the Job (merge patches)"
+    env_fallbacks = {"namespace": "TAO_K8S_NAMESPACE"}
+
+    def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(conn_id, **kwargs)
+        self._log_pods: dict[str, str] = {}  # job id -> the pod whose log is the job's (rank 0), from the last poll
+        self._aclient: Any = None
+        self._aclient_stack: contextlib.AsyncExitStack | None = None
+        self._aclient_born = 0.0
+        self._aclient_refresh = False
+
+    # ----------------------------------------------------------------- settings and clients
+
+    @property
+    def namespace(self) -> str:
+        self.load_connection()
+        return str(self.setting("namespace", DEFAULT_NAMESPACE))
+
+    def _int_setting(self, name: str, default: int) -> int:
+        self.load_connection()
+        return int(float(self.setting(name, default)))
+
+    def default_results_root(self) -> str | None:
+        self.load_connection()
+        return RESULTS_MOUNT if self.setting("results_pvc") else None
+
+    @cached_property
+    def api_client(self) -> Any:
+        """The provider's ``KubernetesHook`` client (kubeconfig file, inline kubeconfig or in-cluster)."""
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        self.load_connection()
+        return KubernetesHook(conn_id=self.conn_id, kubernetes_conn_id=None).api_client
+
+    def _api(self, group: str) -> Any:
+        from kubernetes import client
+
+        return client.BatchV1Api(self.api_client) if group == "batch" else client.CoreV1Api(self.api_client)
+
+    def _call(self, group: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """One API call; the answer as parsed JSON (or bytes for logs). Errors raise ``ApiException``."""
+        response = getattr(self._api(group), method)(*args, _preload_content=False, **kwargs)
+        return response.data if method.endswith("_log") else json.loads(response.data or b"null")
+
+    async def _aapi(self, group: str) -> Any:
+        from kubernetes_asyncio import client
+
+        if (
+            self._aclient is not None
+            and self._aclient_refresh
+            and time.monotonic() - self._aclient_born > (EXEC_AUTH_REFRESH_SECONDS)
+        ):
+            await self.aclose()  # an exec-auth token (EKS, GKE) expires: a new client asks for a new one
+        if self._aclient is None:
+            from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+
+            await self.aload_connection()
+            hook = AsyncKubernetesHook(conn_id=self.conn_id, kubernetes_conn_id=None, connection_extras=self._extras)
+            stack = contextlib.AsyncExitStack()
+            self._aclient = await stack.enter_async_context(hook.get_conn())
+            self._aclient_stack, self._aclient_born = stack, time.monotonic()
+            self._aclient_refresh = bool(hook._is_exec_auth)
+        return client.BatchV1Api(self._aclient) if group == "batch" else client.CoreV1Api(self._aclient)
+
+    async def _acall(self, group: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Async twin of :meth:`_call` (the async client does not raise on errors without preloading: we do)."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+        from kubernetes_asyncio.client.rest import RESTResponse
+
+        response = await getattr(await self._aapi(group), method)(*args, _preload_content=False, **kwargs)
+        try:
+            data = await response.read()
+            if not 200 <= response.status <= 299:
+                raise ApiException(http_resp=RESTResponse(response, data))  # type: ignore[arg-type]  # what rest.py passes
+        finally:
+            response.release()
+        return data if method.endswith("_log") else json.loads(data or b"null")
+
+    async def aclose(self) -> None:
+        stack, self._aclient, self._aclient_stack = self._aclient_stack, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    def test_connection(self) -> tuple[bool, str]:
+        """The UI's "Test" button: the API server answers and the namespace's Jobs can be listed."""
+        from kubernetes import client
+
+        try:
+            version = client.VersionApi(self.api_client).get_code().git_version
+            self._call("batch", "list_namespaced_job", self.namespace, limit=1)
+        except Exception as exc:
+            return False, f"cannot use the Kubernetes API: {exc}"
+        return True, f"Kubernetes {version}: namespace {self.namespace} is usable"
+
+    # ----------------------------------------------------------------- validation
+
+    def image_required(self, spec: JobSpec) -> str | None:
+        return "is required on the kubernetes platform: every job is a pod"
+
+    def validate_spec(self, spec: JobSpec) -> None:
+        super().validate_spec(spec)
+        if spec.gpu_count == -1:
+            raise JobValidationError(
+                "gpu_count",
+                "-1 ('all GPUs') cannot be expressed on Kubernetes: a pod asks for a number of nvidia.com/gpu",
+                "Give the number of GPUs per pod, e.g. gpu_count=8",
+            )
+        details = self.platform_details(spec)
+        if unknown := sorted(set(details) - DETAIL_KEYS):
+            raise JobValidationError(
+                f"backend_details[{unknown[0]!r}]",
+                "is not a kubernetes platform setting",
+                f"Use one of: {', '.join(sorted(DETAIL_KEYS))}",
+            )
+        for key in ("cpu", "memory", "shm_size"):
+            if key in details and not _QUANTITY.match(str(details[key])):
+                raise JobValidationError(
+                    f"backend_details[{key!r}]",
+                    f"{details[key]!r} is not a Kubernetes quantity",
+                    'Use e.g. "4" or "32Gi"',
+                )
+        for key in ("unschedulable_timeout_seconds", "start_timeout_seconds", "active_deadline_seconds"):
+            if key in details and not (isinstance(details[key], int | float) and details[key] > 0):
+                raise JobValidationError(
+                    f"backend_details[{key!r}]", f"{details[key]!r} is not a positive number", "Give seconds, e.g. 900"
+                )
+        if not isinstance(self._setting_or(details, "node_selector", {}), dict):
+            raise JobValidationError("backend_details['node_selector']", "is not a mapping", 'Use {"gpu": "a100"}')
+        if not isinstance(self._setting_or(details, "tolerations", []), list):
+            raise JobValidationError(
+                "backend_details['tolerations']",
+                "is not a list",
+                'Use [{"key": "nvidia.com/gpu", "operator": "Exists"}]',
+            )
+        if spec.results_uri and not spec.results_uri.startswith("s3://"):
+            raise JobValidationError(
+                "results_uri",
+                f"{spec.results_uri!r} is not an s3:// URI; pods cannot write to a path on the Airflow hosts",
+                "Use s3:// with storage_conn_id, or set results_pvc on the tao_kubernetes connection",
+            )
+
+    def _setting_or(self, details: dict[str, Any], key: str, default: Any) -> Any:
+        """A job's ``backend_details`` value, else the connection's default for it."""
+        self.load_connection()
+        value = details.get(key)
+        if value is None:
+            value = self.setting(key, default)
+        if isinstance(value, str) and key in ("node_selector", "tolerations"):
+            value = json.loads(value)  # a connection extra typed as text in the form
+        return value
+
+    def check_path(self, uri: str) -> bool:
+        """A local input lives on the cluster's volumes, not on the Airflow hosts: the in-job runner checks it
+        (and fails the job as ``ERR_CONFIG`` if it is missing)."""
+        self.log.info("%s is inside the cluster: the job checks it", uri)
+        return True
+
+    def list_path(self, uri: str) -> list[str]:
+        raise JobValidationError("uri", f"{uri} is inside the Kubernetes cluster", "Read results from s3:// instead")
+
+    # ----------------------------------------------------------------- submit
+
+    def create_job(self, spec: JobSpec, try_number: int = 1) -> JobHandle:
+        from kubernetes.client.exceptions import ApiException
+
+        self.validate_spec(spec)
+        handle = self.new_handle(spec, try_number)
+        parts = ct.files_in_parts(spec.files, PART_SIZE) if spec.files else []
+        try:
+            job = self._create_suspended(self._job_body(spec, handle, len(parts)), spec.name)
+        except ApiException as exc:
+            raise JobSubmitError(_refusal_class(exc), f"Kubernetes refused Job {spec.name}: {_explain(exc)}") from exc
+        if job["metadata"]["labels"].get(ct.LABEL_JOB_ID) != spec.job_id:
+            return self._handle_of(job)  # this task instance's job, submitted just now by another worker
+        try:
+            owner = [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "name": spec.name,
+                    "uid": job["metadata"]["uid"],
+                    "blockOwnerDeletion": True,
+                }
+            ]
+            for body in self._owned_objects(spec, parts):
+                body["metadata"].update(ownerReferences=owner, labels=self._object_labels(spec))
+                kind = (
+                    "secret" if body["kind"] == "Secret" else "service" if body["kind"] == "Service" else "config_map"
+                )
+                self._call("core", f"create_namespaced_{kind}", self.namespace, body)
+            self._call(
+                "batch",
+                "patch_namespaced_job",
+                spec.name,
+                self.namespace,
+                {"spec": {"suspend": False}},
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            # Still suspended: nothing ran. Deleting it takes whatever it already owns along.
+            self._delete(spec.name, job["metadata"]["uid"])
+            raise JobSubmitError(_refusal_class(exc), f"Job {spec.name} could not be set up: {_explain(exc)}") from exc
+        return replace(handle, backend_job_id=job["metadata"]["uid"])
+
+    def _create_suspended(self, body: dict[str, Any], name: str) -> dict[str, Any]:
+        """Create the Job; a Job of the same name that has ended (an earlier try's) is deleted first, one that is
+        still active is returned as it is (the API server's name uniqueness is what makes a double submission
+        impossible)."""
+        from kubernetes.client.exceptions import ApiException
+
+        for _ in range(3):
+            try:
+                return dict(self._call("batch", "create_namespaced_job", self.namespace, body))
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            existing = self._read_job(name)
+            if existing is None:
+                continue
+            status = self._statuses_from([self._handle_of(existing)], [existing], self._pods_of(name))
+            if not next(iter(status.values())).state.is_terminal and not existing["spec"].get("suspend"):
+                self.log.info("Job %s already runs for this task instance: watching it", name)
+                return existing
+            self.log.info("Deleting the ended Job %s of an earlier try before submitting a new one", name)
+            self._delete(name, existing["metadata"]["uid"])
+            self._wait_gone(name)
+        raise JobSubmitError(ErrClass.ERR_INFRA, f"Job {name} could not be created: its old Job did not go away")
+
+    def _wait_gone(self, name: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self._read_job(name) is not None and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+    def _object_labels(self, spec: JobSpec) -> dict[str, str]:
+        return {ct.LABEL_MANAGED: "true", ct.LABEL_JOB_ID: spec.job_id, ct.LABEL_NAME: spec.name}
+
+    def _job_body(self, spec: JobSpec, handle: JobHandle, parts: int) -> dict[str, Any]:
+        details = self.platform_details(spec)
+        labels = self._object_labels(spec) | {ct.LABEL_TRY: str(handle.try_number)}
+        labels.update({ct.ORIGIN_LABELS[k]: label_value(v) for k, v in spec.origin.items() if k != "run_id"})
+        annotations = {f"{ct.LABEL_DOMAIN}/{k.replace('_', '-')}": v for k, v in spec.origin.items()}
+        annotations.update(
+            {
+                ANNOTATION_RESULTS_DIR: handle.results_dir,
+                ANNOTATION_UNSCHEDULABLE: str(
+                    details.get("unschedulable_timeout_seconds", DEFAULT_UNSCHEDULABLE_TIMEOUT)
+                ),
+                ANNOTATION_START: str(details.get("start_timeout_seconds", DEFAULT_START_TIMEOUT)),
+                mark_annotation(MARK_OWNER): json.dumps(handle.try_number),
+            }
+        )
+        job_spec: dict[str, Any] = {
+            "suspend": True,
+            "backoffLimit": 0,
+            "ttlSecondsAfterFinished": self._int_setting("ttl_seconds_after_finished", DEFAULT_TTL_SECONDS),
+            "template": {
+                "metadata": {"labels": dict(labels), "annotations": {ANNOTATION_RUN_ID: spec.origin.get("run_id", "")}},
+                "spec": self._pod_spec(spec, details, parts),
+            },
+        }
+        if spec.num_nodes > 1:
+            job_spec.update(completionMode="Indexed", completions=spec.num_nodes, parallelism=spec.num_nodes)
+        deadline = details.get("active_deadline_seconds")
+        if deadline is None and spec.deadline is not None:
+            # Kubernetes stops the job itself shortly after the task's own deadline, even if Airflow is gone.
+            deadline = max(1, int(spec.deadline - time.time()) + 60)
+        if deadline is not None:
+            job_spec["activeDeadlineSeconds"] = int(deadline)
+        return {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": spec.name, "namespace": self.namespace, "labels": labels, "annotations": annotations},
+            "spec": job_spec,
+        }
+
+    def _pod_spec(self, spec: JobSpec, details: dict[str, Any], parts: int) -> dict[str, Any]:
+        assert spec.image is not None, "image_required() makes the operator demand one"
+        results_root = RESULTS_MOUNT if self.setting("results_pvc") else None
+        env = self.tao_env(spec, files_dir=ct.FILES_DIR, results_root=results_root)
+        if spec.gpu_count == 0:
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"  # NGC images say "all": without a GPU request, see none
+        env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
+        if spec.num_nodes > 1:
+            master = f"{spec.name}-0.{spec.name}"  # pod 0's stable host name under the headless Service
+            env_list += [
+                {"name": k, "value": v}
+                for k, v in multi_node_env(spec.num_nodes, max(spec.gpu_count, 0), master_addr=master).items()
+            ]
+            env_list.append(
+                {
+                    "name": "NODE_RANK",
+                    "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}},
+                }
+            )
+        resources: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
+        if spec.gpu_count > 0:
+            resources["limits"]["nvidia.com/gpu"] = str(spec.gpu_count)
+        if details.get("cpu") is not None:
+            resources["requests"]["cpu"] = str(details["cpu"])
+        if details.get("memory") is not None:
+            resources["requests"]["memory"] = resources["limits"]["memory"] = str(details["memory"])
+        shm = str(details.get("shm_size") or self.setting("shm_size", DEFAULT_SHM_SIZE))
+        container: dict[str, Any] = {
+            "name": CONTAINER,
+            "image": spec.image,
+            "command": ct.launcher_argv(spec.command),
+            "env": env_list,
+            "resources": {k: v for k, v in resources.items() if v},
+            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tao-job", "mountPath": ct.JOB_ROOT}],
+        }
+        volumes: list[dict[str, Any]] = [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+            {"name": "tao-job", "emptyDir": {}},
+        ]
+        if spec.secret_env:
+            container["envFrom"] = [{"secretRef": {"name": _secret_name(spec.job_id)}}]
+        if parts:
+            container["volumeMounts"].append({"name": "tao-job-parts", "mountPath": ct.PARTS_DIR, "readOnly": True})
+            sources = [
+                {"configMap": {"name": _part_name(spec.job_id, i), "items": [{"key": "part", "path": f"part-{i:03d}"}]}}
+                for i in range(parts)
+            ]
+            volumes.append({"name": "tao-job-parts", "projected": {"sources": sources}})
+        if claim := self.setting("results_pvc"):
+            container["volumeMounts"].append({"name": "results", "mountPath": RESULTS_MOUNT})
+            volumes.append({"name": "results", "persistentVolumeClaim": {"claimName": str(claim)}})
+        pod: dict[str, Any] = {
+            "restartPolicy": "Never",
+            "containers": [container],
+            "volumes": volumes,
+            "terminationGracePeriodSeconds": self._int_setting("cancel_grace_seconds", 30),
+        }
+        pull = [{"name": str(s)} for s in (self.setting("image_pull_secret"),) if s]
+        if self.setting("password"):
+            pull.append({"name": _pull_secret_name(spec.job_id)})
+        if pull:
+            pod["imagePullSecrets"] = pull
+        if node_selector := self._setting_or(details, "node_selector", {}):
+            pod["nodeSelector"] = dict(node_selector)
+        if tolerations := self._setting_or(details, "tolerations", []):
+            pod["tolerations"] = list(tolerations)
+        if priority := self._setting_or(details, "priority_class", None):
+            pod["priorityClassName"] = str(priority)
+        if account := self._setting_or(details, "service_account", None):
+            pod["serviceAccountName"] = str(account)
+        if spec.num_nodes > 1:
+            pod["subdomain"] = spec.name
+        return pod
+
+    def _owned_objects(self, spec: JobSpec, parts: list[bytes]) -> list[dict[str, Any]]:
+        """The Secret, the files' ConfigMaps, the pull Secret and the Service that the Job owns."""
+        objects: list[dict[str, Any]] = []
+        if spec.secret_env:
+            data = {k: base64.b64encode(v.encode()).decode() for k, v in spec.secret_env.items()}
+            objects.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "type": "Opaque",
+                    "immutable": True,
+                    "metadata": {"name": _secret_name(spec.job_id)},
+                    "data": data,
+                }
+            )
+        for index, part in enumerate(parts):
+            objects.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "immutable": True,
+                    "metadata": {"name": _part_name(spec.job_id, index)},
+                    "binaryData": {"part": base64.b64encode(part).decode()},
+                }
+            )
+        if key := self.setting("password"):
+            registry = str(self.setting("registry", DEFAULT_REGISTRY))
+            login = str(self.setting("login", "$oauthtoken"))
+            auth = base64.b64encode(f"{login}:{key}".encode()).decode()
+            config = {"auths": {registry: {"username": login, "password": key, "auth": auth}}}
+            objects.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "type": "kubernetes.io/dockerconfigjson",
+                    "immutable": True,
+                    "metadata": {"name": _pull_secret_name(spec.job_id)},
+                    "data": {".dockerconfigjson": base64.b64encode(json.dumps(config).encode()).decode()},
+                }
+            )
+        if spec.num_nodes > 1:
+            selector = {ct.LABEL_JOB_ID: spec.job_id}
+            objects.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": {"name": spec.name},
+                    "spec": {"clusterIP": "None", "selector": selector, "publishNotReadyAddresses": True},
+                }
+            )
+        return objects
+
+    # ----------------------------------------------------------------- find, status
+
+    def _read_job(self, name: str) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return dict(self._call("batch", "read_namespaced_job", name, self.namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _pods_of(self, name: str) -> list[dict[str, Any]]:
+        return list(
+            self._call("core", "list_namespaced_pod", self.namespace, label_selector=f"{ct.LABEL_NAME}={name}")["items"]
+        )
+
+    def _handle_of(self, job: dict[str, Any]) -> JobHandle:
+        meta = job["metadata"]
+        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+        return JobHandle(
+            platform=self.platform,
+            conn_id=self.conn_id,
+            job_id=labels[ct.LABEL_JOB_ID],
+            name=meta["name"],
+            backend_job_id=meta["uid"],
+            results_dir=annotations.get(ANNOTATION_RESULTS_DIR, ""),
+            try_number=int(labels.get(ct.LABEL_TRY) or 1),
+            submitted_at=_epoch(meta.get("creationTimestamp")) or time.time(),
+        )
+
+    def find_job(self, name: str) -> JobHandle | None:
+        """This task instance's Job. One still suspended was left by a worker that died mid-submission (only one try
+        runs at a time, and this is a later one): it never ran, so it is deleted, not reattached to."""
+        job = self._read_job(name)
+        if job is None or ct.LABEL_JOB_ID not in (job["metadata"].get("labels") or {}):
+            return None
+        if job["spec"].get("suspend"):
+            self.log.info("Deleting Job %s: its try died before starting it", name)
+            self._delete(name, job["metadata"]["uid"])
+            return None
+        return self._handle_of(job)
+
+    def _list_selector(self, handles: Sequence[JobHandle]) -> str:
+        narrow = f",{ct.LABEL_JOB_ID}={handles[0].job_id}" if len(handles) == 1 else ""
+        return f"{ct.LABEL_MANAGED}=true{narrow}"
+
+    def get_job_status(self, handle: JobHandle) -> JobStatus:
+        return self.get_job_statuses([handle])[handle.job_id]
+
+    def get_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
+        """ONE Job list and ONE Pod list of this namespace (narrowed to the job when there is one)."""
+        selector = self._list_selector(handles)
+        jobs = self._call("batch", "list_namespaced_job", self.namespace, label_selector=selector)["items"]
+        pods = self._call("core", "list_namespaced_pod", self.namespace, label_selector=selector)["items"]
+        return self._statuses_from(handles, jobs, pods)
+
+    async def aget_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
+        selector = self._list_selector(handles)
+        jobs = (await self._acall("batch", "list_namespaced_job", self.namespace, label_selector=selector))["items"]
+        pods = (await self._acall("core", "list_namespaced_pod", self.namespace, label_selector=selector))["items"]
+        return self._statuses_from(handles, jobs, pods)
+
+    def _statuses_from(
+        self, handles: Sequence[JobHandle], jobs: list[dict[str, Any]], pods: list[dict[str, Any]]
+    ) -> dict[str, JobStatus]:
+        by_id = {(j["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID): j for j in jobs}
+        pods_by_id: dict[str, list[dict[str, Any]]] = {}
+        for pod in pods:
+            pods_by_id.setdefault((pod["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID, ""), []).append(pod)
+        statuses = {}
+        for handle in handles:
+            job = by_id.get(handle.job_id)
+            own = pods_by_id.get(handle.job_id, [])
+            if rank0 := _rank0(own):
+                self._log_pods[handle.job_id] = rank0["metadata"]["name"]
+            statuses[handle.job_id] = (
+                job_status(job, own, time.time())
+                if job is not None
+                else JobStatus.missing(
+                    f"Job {handle.name} no longer exists in namespace {self.namespace}: it was deleted outside Airflow "
+                    "or by its ttlSecondsAfterFinished"
+                )
+            )
+        return statuses
+
+    # ----------------------------------------------------------------- logs
+
+    def _log_params(self, cursor: str, tail: int | None) -> dict[str, Any]:
+        params: dict[str, Any] = {"container": CONTAINER, "timestamps": True}
+        last, _ = ct.parse_log_cursor(cursor)
+        if tail is not None:
+            params["tail_lines"] = tail
+        elif last:
+            params["since_time"] = f"{last[:19]}Z"
+        return params
+
+    def get_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
+        """The log of the job's pod (rank 0 of a multi-node job), by timestamp cursor."""
+        from kubernetes.client.exceptions import ApiException
+
+        cursor = cursor if tail is None else ""
+        pod = self._log_pods.get(handle.job_id) or _name_of(_rank0(self._pods_of(handle.name)))
+        if not pod:
+            return "", cursor
+        try:
+            data = self._call("core", "read_namespaced_pod_log", pod, self.namespace, **self._log_params(cursor, tail))
+        except ApiException as exc:
+            if exc.status in (400, 404):  # not started yet, or gone
+                return "", cursor
+            raise
+        return ct.read_after(ct.timestamped_lines([data]), cursor)
+
+    async def aget_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        cursor = cursor if tail is None else ""
+        pod = self._log_pods.get(handle.job_id)
+        if pod is None:
+            selector = f"{ct.LABEL_NAME}={handle.name}"
+            pod = _name_of(
+                _rank0(
+                    (await self._acall("core", "list_namespaced_pod", self.namespace, label_selector=selector))["items"]
+                )
+            )
+        if not pod:
+            return "", cursor
+        try:
+            params = self._log_params(cursor, tail)
+            data = await self._acall("core", "read_namespaced_pod_log", pod, self.namespace, **params)
+        except ApiException as exc:
+            if exc.status in (400, 404):
+                return "", cursor
+            raise
+        return ct.read_after(ct.timestamped_lines([data]), cursor)
+
+    # ----------------------------------------------------------------- cancel, failure analysis, cleanup
+
+    def _delete_options(self, uid: str | None) -> dict[str, Any]:
+        # Background: the Job goes now and the garbage collector removes its pods, Secret, ConfigMaps and Service.
+        options: dict[str, Any] = {"propagationPolicy": "Background"}
+        if uid:
+            options["preconditions"] = {"uid": uid}  # never a newer Job of the same name
+        return options
+
+    def _delete(self, name: str, uid: str | None) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self._call("batch", "delete_namespaced_job", name, self.namespace, body=self._delete_options(uid))
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+
+    def _cancel(self, handle: JobHandle) -> bool:
+        self._delete(handle.name, handle.backend_job_id or None)
+        return True
+
+    async def _acancel(self, handle: JobHandle) -> bool:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            await self._acall(
+                "batch",
+                "delete_namespaced_job",
+                handle.name,
+                self.namespace,
+                body=self._delete_options(handle.backend_job_id or None),
+            )
+        except ApiException as exc:
+            if exc.status not in (404, 409):
+                raise
+        return True
+
+    def failure_facts(self, handle: JobHandle) -> FailureFacts:
+        job = self._read_job(handle.name)
+        pods = [p for p in self._pods_of(handle.name) if _labels(p).get(ct.LABEL_JOB_ID) == handle.job_id]
+        status = job_status(job, pods, time.time()) if job else JobStatus.missing("the Job is gone")
+        culprit = _culprit(pods)
+        events: list[str] = []
+        for obj in [job, *pods]:
+            if obj is not None:
+                selector = f"involvedObject.uid={obj['metadata']['uid']}"
+                for event in self._call("core", "list_namespaced_event", self.namespace, field_selector=selector)[
+                    "items"
+                ]:
+                    if event.get("type") == "Warning":
+                        events.append(
+                            f"{event['involvedObject']['name']}: {event.get('reason')}: {event.get('message')}"
+                        )
+        tail: list[str] = []
+        if culprit is not None and _terminated(culprit):
+            try:
+                data = self._call(
+                    "core",
+                    "read_namespaced_pod_log",
+                    culprit["metadata"]["name"],
+                    self.namespace,
+                    container=CONTAINER,
+                    tail_lines=200,
+                )
+                tail = data.decode(errors="replace").splitlines()
+            except Exception as exc:  # the log is evidence, not a requirement
+                self.log.info("Could not read the log of %s: %s", culprit["metadata"]["name"], exc)
+        return FailureFacts(
+            exit_code=status.exit_code,
+            raw_state=status.raw_state,
+            oom_killed=status.raw_state == "OOMKilled",
+            timed_out=status.raw_state == "DeadlineExceeded",
+            log_tail=tail,
+            events=events,
+            message=status.message,
+            details={"job": handle.name, "namespace": self.namespace, "pods": [_name_of(p) for p in pods]},
+        )
+
+    def cleanup_job(self, handle: JobHandle) -> None:
+        """A job given up on while Kubernetes still holds it (unschedulable, an image it cannot pull) is deleted
+        once its verdict has been read: nothing keeps waiting for a node. Finished Jobs stay until their TTL."""
+        try:
+            job = self._read_job(handle.name)
+            if job is None or (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) != handle.job_id:
+                return
+            if not _finished(job) and job_status(job, self._pods_of(handle.name), time.time()).state.is_terminal:
+                self.log.info("Deleting Job %s: it was given up on (%s)", handle.name, handle.job_id)
+                self._delete(handle.name, job["metadata"]["uid"])
+        except Exception as exc:  # best effort
+            self.log.warning("Cleaning up Job %s failed: %s", handle.name, exc)
+
+    # ----------------------------------------------------------------- marks
+
+    def read_marks(self, handle: JobHandle) -> dict[str, Any]:
+        job = self._read_job(handle.name)
+        return _marks(job, handle)
+
+    async def aread_marks(self, handle: JobHandle) -> dict[str, Any]:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            job = await self._acall("batch", "read_namespaced_job", handle.name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise
+        return _marks(job, handle)
+
+    def _mark_patch(self, handle: JobHandle, key: str, value: Any) -> dict[str, Any]:
+        return {"metadata": {"annotations": {mark_annotation(key): json.dumps(value)}}}
+
+    def write_mark(self, handle: JobHandle, key: str, value: Any) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self._call(
+                "batch",
+                "patch_namespaced_job",
+                handle.name,
+                self.namespace,
+                self._mark_patch(handle, key, value),
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.log.info("Job %s no longer exists: mark %s not kept", handle.name, key)
+
+    async def awrite_mark(self, handle: JobHandle, key: str, value: Any) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            await self._acall(
+                "batch",
+                "patch_namespaced_job",
+                handle.name,
+                self.namespace,
+                self._mark_patch(handle, key, value),
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+# ----------------------------------------------------------------------------- the status rule
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    """Why a pod does not run yet, and since when (epoch seconds)."""
+
+    reason: str
+    message: str
+    since: float
+
+
+def job_status(job: dict[str, Any], pods: list[dict[str, Any]], now: float) -> JobStatus:
+    """A Job's state from the Job and its pods (API JSON). Running only while a pod runs its container; a pod
+    that cannot be scheduled or started past its bound makes the job an Error."""
+    meta = job["metadata"]
+    name = meta["name"]
+    if meta.get("deletionTimestamp"):
+        return JobStatus(JobState.CANCELING, f"Job {name} is being deleted", raw_state="Deleting")
+    conditions = {c["type"]: c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
+    if "Complete" in conditions:
+        return JobStatus(JobState.COMPLETE, f"Job {name} completed", 0, "Complete")
+    failed = conditions.get("Failed") or conditions.get("FailureTarget")
+    if failed is not None:
+        return _failed_status(name, failed, pods)
+    if job["spec"].get("suspend"):
+        if now - (_epoch(meta.get("creationTimestamp")) or now) > SETUP_TIMEOUT_SECONDS:
+            return JobStatus(
+                JobState.ERROR,
+                f"Job {name} was created but never started (the submitting worker died?)",
+                raw_state="Suspended",
+            )
+        return JobStatus(JobState.PENDING, f"Job {name} is being set up", raw_state="Suspended")
+    active = [p for p in pods if p["status"].get("phase") in ("Pending", "Running")]
+    running = [p for p in active if _running(p)]
+    if running:
+        return JobStatus(
+            JobState.RUNNING, f"{len(running)}/{len(active)} pod(s) of Job {name} running", raw_state="Running"
+        )
+    waiting = [w for w in (_waiting(p) for p in active) if w is not None]
+    if not waiting:
+        return JobStatus(JobState.PENDING, f"Job {name} is waiting for its pods", raw_state="Pending")
+    annotations = meta.get("annotations") or {}
+    for item in waiting:
+        fatal = item.reason == "Unschedulable" or item.reason in _WAITING_FATAL
+        key = ANNOTATION_UNSCHEDULABLE if item.reason == "Unschedulable" else ANNOTATION_START
+        default = DEFAULT_UNSCHEDULABLE_TIMEOUT if item.reason == "Unschedulable" else DEFAULT_START_TIMEOUT
+        bound = float(annotations.get(key) or default)
+        if fatal and now - item.since > bound:
+            return JobStatus(
+                JobState.ERROR,
+                f"Job {name}: {item.reason} for {now - item.since:.0f} s (more than {bound:.0f} s): {item.message}",
+                raw_state=item.reason,
+            )
+    first = waiting[0]
+    return JobStatus(
+        JobState.PENDING, f"Job {name}: {first.reason}: {first.message}".rstrip(": "), raw_state=first.reason
+    )
+
+
+def _failed_status(name: str, condition: dict[str, Any], pods: list[dict[str, Any]]) -> JobStatus:
+    reason = str(condition.get("reason") or "Failed")
+    culprit = _culprit(pods)
+    if reason == "DeadlineExceeded" or culprit is None:
+        return JobStatus(
+            JobState.ERROR, f"Job {name} failed: {reason}: {condition.get('message', '')}", raw_state=reason
+        )
+    pod = culprit["metadata"]["name"]
+    status = culprit["status"]
+    terminated = _terminated(culprit) or {}
+    code = terminated.get("exitCode")
+    disruption = next(
+        (c for c in status.get("conditions") or [] if c["type"] == "DisruptionTarget" and c.get("status") == "True"),
+        None,
+    )
+    if status.get("reason") == "Evicted" or disruption is not None:
+        why = status.get("message") or (disruption or {}).get("message") or "evicted"
+        return JobStatus(JobState.ERROR, f"Job {name}: pod {pod} was evicted: {why}", code, "Evicted")
+    raw = str(terminated.get("reason") or reason)
+    what = "was killed by the out-of-memory killer" if raw == "OOMKilled" else f"exited with code {code}"
+    return JobStatus(JobState.ERROR, f"Job {name}: pod {pod} container {CONTAINER} {what}", code, raw)
+
+
+def _labels(obj: dict[str, Any]) -> dict[str, str]:
+    return dict(obj["metadata"].get("labels") or {})
+
+
+def _index(pod: dict[str, Any]) -> int:
+    return int((pod["metadata"].get("annotations") or {}).get(INDEX_ANNOTATION) or 0)
+
+
+def _rank0(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The pod whose log is the job's: completion index 0 (or the only pod), newest first."""
+    candidates = [p for p in pods if _index(p) == 0]
+    return max(candidates, key=lambda p: p["metadata"].get("creationTimestamp") or "", default=None)
+
+
+def _name_of(pod: dict[str, Any] | None) -> str:
+    return str(pod["metadata"]["name"]) if pod else ""
+
+
+def _container(pod: dict[str, Any]) -> dict[str, Any]:
+    statuses = pod["status"].get("containerStatuses") or []
+    return next((s for s in statuses if s.get("name") == CONTAINER), statuses[0] if statuses else {})
+
+
+def _running(pod: dict[str, Any]) -> bool:
+    return pod["status"].get("phase") == "Running" and "running" in ((_container(pod).get("state")) or {})
+
+
+def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
+    return ((_container(pod).get("state")) or {}).get("terminated")
+
+
+def _culprit(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The pod that failed the job: the first failed one (evicted before the rest), else rank 0."""
+    failed = [p for p in pods if p["status"].get("phase") == "Failed"]
+    return min(failed, key=lambda p: (_terminated(p) or {}).get("finishedAt") or "", default=None) or _rank0(pods)
+
+
+def _waiting(pod: dict[str, Any]) -> _Waiting | None:
+    """Why a pending pod does not run: the scheduler's verdict first, then its container's waiting reason."""
+    conditions = {c["type"]: c for c in pod["status"].get("conditions") or []}
+    scheduled = conditions.get("PodScheduled")
+    created = _epoch(pod["metadata"].get("creationTimestamp")) or time.time()
+    if scheduled is not None and scheduled.get("status") == "False":
+        since = _epoch(scheduled.get("lastTransitionTime")) or created
+        return _Waiting(str(scheduled.get("reason") or "Unschedulable"), str(scheduled.get("message") or ""), since)
+    waiting = ((_container(pod).get("state")) or {}).get("waiting")
+    if waiting is None:
+        return None
+    since = _epoch((scheduled or {}).get("lastTransitionTime")) or created
+    return _Waiting(str(waiting.get("reason") or "Waiting"), str(waiting.get("message") or ""), since)
+
+
+def _finished(job: dict[str, Any]) -> bool:
+    return any(
+        c["type"] in ("Complete", "Failed") and c.get("status") == "True"
+        for c in (job.get("status") or {}).get("conditions") or []
+    )
+
+
+def _marks(job: dict[str, Any] | None, handle: JobHandle) -> dict[str, Any]:
+    if job is None or (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) != handle.job_id:
+        return {}  # gone, or a newer job of the same name: nothing of this one was claimed
+    marks: dict[str, Any] = {}
+    prefix = f"{ct.LABEL_DOMAIN}/"
+    for key, value in (job["metadata"].get("annotations") or {}).items():
+        if key.startswith(prefix) and key.removeprefix(prefix) in _MARK_KEYS:
+            with contextlib.suppress(ValueError):
+                marks[key.removeprefix(prefix)] = json.loads(value)
+    return marks
+
+
+def _epoch(stamp: str | None) -> float | None:
+    return float(ct.cursor_second(stamp)) if stamp else None
+
+
+def _secret_name(job_id: str) -> str:
+    return f"tao-{job_id}-env"
+
+
+def _pull_secret_name(job_id: str) -> str:
+    return f"tao-{job_id}-pull"
+
+
+def _part_name(job_id: str, index: int) -> str:
+    return f"tao-{job_id}-files-{index}"
+
+
+def _explain(exc: Exception) -> str:
+    body = getattr(exc, "body", None)
+    try:
+        return str(json.loads(body)["message"]) if body else str(exc)
+    except (ValueError, KeyError, TypeError):
+        return str(exc)
+
+
+def _refusal_class(exc: Exception) -> ErrClass:
+    """The API server refusing a job: 401/403 are credentials, 422/400 the job's configuration, the rest (quota
+    409s, 5xx) the platform's."""
+    status = int(getattr(exc, "status", 0) or 0)
+    if status in (401, 403):
+        return ErrClass.ERR_AUTH
+    return ErrClass.ERR_CONFIG if status in (400, 404, 422) else ErrClass.ERR_INFRA
