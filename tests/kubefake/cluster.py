@@ -71,7 +71,8 @@ class DockerRuntime:
         import docker
 
         self.client = docker.APIClient(base_url=base_url, version="auto", timeout=120)
-        with contextlib.suppress(docker.errors.APIError):
+        # Docker allows several networks of one name (then none can be used by name): create it only when missing.
+        if not [n for n in self.client.networks(names=[self.NETWORK]) if n["Name"] == self.NETWORK]:
             self.client.create_network(self.NETWORK, driver="bridge", labels={"kubefake": "1"})
         self._finished: dict[str, dict[str, Any]] = {}
 
@@ -123,7 +124,11 @@ class DockerRuntime:
             host_config=self.client.create_host_config(**host),
             networking_config=networking,
         )
-        self.client.start(created["Id"])
+        try:
+            self.client.start(created["Id"])
+        except Exception as exc:  # the kubelet's RunContainerError: the pod waits, nothing ran
+            self.client.remove_container(created["Id"], force=True)
+            raise RuntimeProblem("RunContainerError", str(exc)) from exc
         return f"docker://{created['Id']}"
 
     def states(self) -> dict[str, dict[str, Any]]:

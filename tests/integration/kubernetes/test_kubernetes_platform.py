@@ -1,0 +1,385 @@
+"""The kubernetes platform through the operator and the triggerer loop, against the fake API server.
+
+Our code reaches the server only through the cncf-kubernetes provider's hooks and the real ``kubernetes`` /
+``kubernetes_asyncio`` clients over HTTP; pods run as real containers. Every count (Jobs, pods, Secrets,
+ConfigMaps, Services) is asked of the server itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
+
+from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook, mark_annotation
+from airflow_provider_tao.jobs import JobHandle, JobState
+from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
+from airflow_provider_tao.triggers.job import StatusPoller
+from tests.integration.docker.conftest import DockerEngine
+from tests.integration.kubernetes.conftest import CONN_ID, NAMESPACE, KubeFake
+from tests.integration.taskrun import TaskRun, Triggerer, finish, kill, make_operator, start
+from tests.unit.fakes import Store, make_context
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def hook(kubefake: KubeFake) -> TAOKubernetesHook:
+    hook = TAOKubernetesHook(CONN_ID)
+    hook.load_connection()
+    return hook
+
+
+def _op(image: str, command: str | list[str], **kwargs: Any) -> Any:
+    return make_operator(CONN_ID, image=image, command=command, gpu_count=kwargs.pop("gpu_count", 0), **kwargs)
+
+
+def _run_id() -> str:
+    return f"manual__{uuid.uuid4().hex[:10]}"
+
+
+def _name(run: TaskRun) -> str:
+    return run.trigger.handle.name
+
+
+# --------------------------------------------------------------------------- outcomes
+
+
+def test_success_streams_the_log_and_writes_outputs_to_the_results_pvc(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer, capfd: Any
+) -> None:
+    op = _op(
+        docker_engine.python,
+        "mkdir -p /work/out && echo model of $TAO_JOB_ID > /work/out/model.txt && echo epoch-1 && echo epoch-2",
+        outputs=["/work/out"],
+    )
+    run = start(triggerer, op)
+    result = finish(run)
+
+    assert result["state"] == "Complete" and result["platform"] == "kubernetes"
+    assert result["results_dir"] == f"/results/{run.job_id}"
+    out = result["outputs"]["/work/out"]
+    assert out.startswith(f"/results/{run.job_id}/")
+    written = kubefake.results_dir / out.removeprefix("/results/")  # the PVC's folder on this machine
+    assert (written / "model.txt").read_text() == f"model of {run.job_id}\n"
+    assert json.loads((written / MANIFEST_NAME).read_text())["files"][0]["path"] == "model.txt"
+    logged = capfd.readouterr()
+    assert "[job] epoch-1" in logged.out + logged.err and "[job] epoch-2" in logged.out + logged.err
+    (job,) = kubefake.jobs_named(_name(run))
+    assert job.metadata.uid == result["backend_job_id"] and job.spec.backoff_limit == 0
+    assert job.metadata.annotations["tao.nvidia.com/run-id"] == run.context["ti"].run_id  # not a valid label value
+    assert job.spec.template.spec.restart_policy == "Never" and job.spec.ttl_seconds_after_finished == 86400
+
+
+def test_non_zero_exit_is_a_program_error_not_retried(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer
+) -> None:
+    run = start(triggerer, _op(docker_engine.busybox, "echo about to fail; exit 3"))
+    with pytest.raises(AirflowFailException, match="ERR_PROGRAM"):
+        finish(run)
+    (job,) = kubefake.jobs_named(_name(run))
+    assert job.status.failed == 1 and len(kubefake.pods_of(_name(run))) == 1
+
+
+def test_out_of_memory_kill_is_err_oom(docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer) -> None:
+    hog = "python3 -c 'b = bytearray(512 * 1024 * 1024); print(len(b))'"
+    run = start(triggerer, _op(docker_engine.python, hog, backend_details={"memory": "64Mi"}))
+    with pytest.raises(AirflowFailException, match="ERR_OOM"):
+        finish(run)
+    (pod,) = kubefake.pods_of(_name(run))
+    assert pod.status.container_statuses[0].state.terminated.reason == "OOMKilled"
+
+
+def test_unschedulable_is_pending_with_the_reason_then_err_capacity_and_deleted(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer, hook: TAOKubernetesHook
+) -> None:
+    op = _op(docker_engine.busybox, "echo never", gpu_count=4, backend_details={"unschedulable_timeout_seconds": 5})
+    run = start(triggerer, op)
+    time.sleep(2)
+    status = hook.get_job_status(JobHandle.from_json(run.handle))
+    assert status.state is JobState.PENDING and "Insufficient nvidia.com/gpu" in status.message, status
+    with pytest.raises(AirflowException, match="ERR_CAPACITY") as failed:
+        finish(run, timeout=60)
+    assert not isinstance(failed.value, AirflowFailException)  # capacity is retriable
+    kubefake.wait_gone(run.job_id)  # given up: the Job and its pending pod are deleted, nothing waits for a node
+
+
+def test_image_pull_backoff_is_err_image_pull_not_retried(kubefake: KubeFake, triggerer: Triggerer) -> None:
+    run = start(triggerer, _op("local/no-such-image:1", "echo never", backend_details={"start_timeout_seconds": 5}))
+    with pytest.raises(AirflowFailException, match="ERR_IMAGE_PULL"):
+        finish(run, timeout=60)
+    kubefake.wait_gone(run.job_id)
+
+
+def test_an_eviction_is_retried_by_airflow_with_one_new_job(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer
+) -> None:
+    run_id = _run_id()
+    first = start(triggerer, _op(docker_engine.busybox, "sleep 30"), run_id=run_id)
+    pod = kubefake.wait_running(_name(first))
+    kubefake.evict(pod.metadata.name)
+    with pytest.raises(AirflowException, match="ERR_PREEMPTED") as failed:
+        finish(first, timeout=60)
+    assert not isinstance(failed.value, AirflowFailException)
+
+    retry = start(triggerer, _op(docker_engine.busybox, "echo second"), store=first.store, try_number=2, run_id=run_id)
+    assert retry.job_id != first.job_id and _name(retry) == _name(first)
+    result = finish(retry)
+    (job,) = kubefake.jobs_named(_name(first))  # one Job of this name: the new one
+    assert result["state"] == "Complete" and job.metadata.labels["tao.nvidia.com/job-id"] == retry.job_id
+
+
+def test_two_node_indexed_job_gets_ranks_and_one_master_address(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer
+) -> None:
+    command = (
+        'out="$TAO_RESULTS_ROOT/$TAO_JOB_ID"; mkdir -p "$out"; '
+        "resolved=no; for i in $(seq 40); do "
+        'getent hosts "$MASTER_ADDR" > /dev/null && { resolved=yes; break; }; sleep 0.25; done; '
+        'echo "$NODE_RANK $MASTER_ADDR $MASTER_PORT $WORLD_SIZE $NNODES $resolved" > "$out/rank-$NODE_RANK"; '
+        "sleep 3"  # rank 0 stays up (and resolvable) while rank 1 looks it up, as a rendezvous would
+    )
+    run = start(triggerer, _op(docker_engine.python, command, num_nodes=2))
+    result = finish(run)
+    ranks = {
+        int(path.name.split("-")[1]): path.read_text().split()
+        for path in (kubefake.results_dir / run.job_id).glob("rank-*")
+    }
+    name = _name(run)
+    assert result["state"] == "Complete" and sorted(ranks) == [0, 1]
+    assert ranks[0][1:] == ranks[1][1:] == [f"{name}-0.{name}", "29500", "2", "2", "yes"]
+    (service,) = (
+        kubefake.api().list_namespaced_service(NAMESPACE, label_selector=f"tao.nvidia.com/job-id={run.job_id}").items
+    )
+    assert service.spec.cluster_ip == "None" and service.metadata.name == name
+    assert len(kubefake.pods_of(name)) == 2
+
+
+# --------------------------------------------------------------------------- cancel: nothing orphaned
+
+
+def test_mark_failed_while_deferred_deletes_the_job_its_pods_and_its_secret(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer, storage: str
+) -> None:
+    run = start(triggerer, _op(docker_engine.busybox, "sleep 60", storage_conn_id=storage))
+    kubefake.wait_running(_name(run))
+    owned = kubefake.objects_of(run.job_id)
+    assert set(owned) == {"jobs", "pods", "secrets", "configmaps"}, owned
+    kill(run)
+    kubefake.wait_gone(run.job_id)
+
+
+def test_execution_timeout_deletes_everything(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer
+) -> None:
+    run = start(triggerer, _op(docker_engine.busybox, "sleep 60", execution_timeout=timedelta(seconds=6)))
+    kubefake.wait_running(_name(run))
+    with pytest.raises(AirflowTaskTimeout):
+        finish(run, timeout=60)
+    kubefake.wait_gone(run.job_id)
+
+
+def test_cancel_on_kill_false_leaves_the_job(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer, hook: TAOKubernetesHook
+) -> None:
+    run = start(triggerer, _op(docker_engine.busybox, "sleep 3", cancel_on_kill=False))
+    kubefake.wait_running(_name(run))
+    kill(run)
+    assert hook.get_job_status(JobHandle.from_json(run.handle)).state in (JobState.RUNNING, JobState.COMPLETE)
+
+
+# --------------------------------------------------------------------------- durable identity
+
+
+_WORKER = """
+import sys
+from airflow_provider_tao.operators.submit import TAOSubmitOperator
+from tests.unit.fakes import Store, make_context
+op = TAOSubmitOperator(task_id="train", conn_id="tao_k8s_ci", image=sys.argv[1], command=sys.argv[3],
+                       gpu_count=0, deferrable=False, poll_interval=1)
+context = make_context(Store(), 1, sys.argv[2])
+print(op._job_name(context, op._hook()), flush=True)
+op.execute(context)
+"""
+
+
+def test_worker_sigkill_right_after_submission_then_the_retry_runs_one_job(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer
+) -> None:
+    run_id = _run_id()
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _WORKER, docker_engine.busybox, run_id, "sleep 4; echo done"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=Path(__file__).resolve().parents[3],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert worker.stdout is not None
+    name = worker.stdout.readline().strip()
+    while "Submitted kubernetes job" not in (line := worker.stdout.readline()):
+        assert line, "the worker ended before it submitted"
+    worker.send_signal(signal.SIGKILL)  # the store write may not have happened
+    worker.wait()
+
+    retry = start(triggerer, _op(docker_engine.busybox, "sleep 4; echo done"), try_number=2, run_id=run_id)
+    assert _name(retry) == name
+    result = finish(retry)
+    (job,) = kubefake.jobs_named(name)
+    assert result["state"] == "Complete" and job.metadata.uid == result["backend_job_id"]
+    assert json.loads(job.metadata.annotations[mark_annotation("owner_try")]) == 2
+
+
+def test_clear_while_deferred_runs_exactly_one_job_to_completion(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer, hook: TAOKubernetesHook
+) -> None:
+    run_id = _run_id()
+    first = start(triggerer, _op(docker_engine.busybox, "sleep 4; echo finished"), run_id=run_id)
+    second = start(
+        triggerer, _op(docker_engine.busybox, "sleep 4; echo finished"), store=first.store, try_number=2, run_id=run_id
+    )
+    assert second.job_id == first.job_id
+    kill(first)  # try 1's on_kill: try 2 owns the job now, so nothing is deleted
+    result = finish(second)
+    (job,) = kubefake.jobs_named(_name(first))
+    assert result["state"] == "Complete" and job.status.succeeded == 1
+    marks = hook.read_marks(JobHandle.from_json(second.handle))
+    assert marks.get("owner_try") == 2 and "cancel_requested_by" not in marks and marks.get("consumed_by") == 2
+
+
+# --------------------------------------------------------------------------- outages
+
+
+def test_a_60_second_burst_of_503_while_deferred_neither_fails_nor_duplicates(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer
+) -> None:
+    run = start(triggerer, _op(docker_engine.busybox, "sleep 40; echo survived"))
+    kubefake.wait_running(_name(run))
+    kubefake.faults(503, 60)
+    time.sleep(45)  # the job ends during the outage
+    assert not run.future.done()  # Unknown is never an outcome
+    result = finish(run, timeout=120)
+    assert result["state"] == "Complete" and len(kubefake.jobs_named(_name(run))) == 1
+
+
+def test_one_job_list_and_one_pod_list_per_interval_whatever_the_number_of_jobs(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer
+) -> None:
+    runs = [start(triggerer, _op(docker_engine.busybox, "sleep 8", stream_logs=False)) for _ in range(4)]
+    for run in runs:
+        kubefake.wait_running(_name(run))
+    poller = StatusPoller._instances[next(k for k in StatusPoller._instances if k[1:] == ("kubernetes", CONN_ID))]
+    kubefake.stats(reset=True)
+    calls = poller.calls
+    time.sleep(4)
+    counts = kubefake.stats()["by"]
+    polls = poller.calls - calls
+    assert polls >= 3
+    assert counts.get("GET jobs (list)", 0) <= polls + 1 and counts.get("GET pods (list)", 0) <= polls + 1, counts
+    assert not any(key.startswith("GET jobs") and "list" not in key for key in counts), counts  # no per-job read
+    for run in runs:
+        assert finish(run)["state"] == "Complete"
+
+
+# --------------------------------------------------------------------------- large specs, secrets
+
+SECRET = f"k8s-secret-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def storage(monkeypatch: pytest.MonkeyPatch) -> str:
+    """An ``aws`` connection whose secret key is :data:`SECRET`: the job receives it as secret environment."""
+    conn = {"conn_type": "aws", "login": "AKIDKUBEFAKE", "password": SECRET, "extra": {"region_name": "us-east-1"}}
+    monkeypatch.setenv("AIRFLOW_CONN_S3_K8S", json.dumps(conn))
+    return "s3_k8s"
+
+
+CHECK = r"""
+import hashlib, json, os, sys
+spec = json.load(open(sys.argv[1]))
+blob = spec["train"]["blob"]
+key = os.environ["AWS_SECRET_ACCESS_KEY"]
+print("spec", len(blob), hashlib.sha256(blob.encode()).hexdigest() == os.environ["WANT_SPEC"])
+print("secret", hashlib.sha256(key.encode()).hexdigest() == os.environ["WANT_KEY"])
+os.makedirs(spec["train"]["results_dir"], exist_ok=True)
+open(os.path.join(spec["train"]["results_dir"], "ok"), "w").write("ok")
+"""
+
+
+def test_a_4_mib_spec_reaches_the_job_and_no_secret_value_is_in_any_object_or_log(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer, storage: str, capfd: Any
+) -> None:
+    blob = secrets.token_hex(2 * 1024 * 1024)  # 4 MiB of text
+    op = _op(
+        docker_engine.python,
+        ["python3", "-c", CHECK, "{config_path}"],
+        storage_conn_id=storage,
+        specs={"train": {"blob": blob, "results_dir": "output"}},
+        outputs=["train.results_dir"],
+        config_format="json",
+        env={
+            "WANT_SPEC": hashlib.sha256(blob.encode()).hexdigest(),
+            "WANT_KEY": hashlib.sha256(SECRET.encode()).hexdigest(),
+        },
+    )
+    run = start(triggerer, op)
+    kubefake.wait_running(_name(run), timeout=120)
+    dumped = _every_object(kubefake, run.job_id)
+    result = finish(run, timeout=180)
+
+    logged = capfd.readouterr()
+    assert f"[job] spec {len(blob)} True" in logged.out + logged.err
+    assert "[job] secret True" in logged.out + logged.err
+    assert result["state"] == "Complete"
+    assert len(json.loads(dumped["configmaps"])["items"]) >= 3  # the files, in chunks under the 1 MiB object limit
+    for resource, text in dumped.items():
+        if resource != "secrets":
+            assert SECRET not in text, f"the secret is in a {resource} object"
+    job_and_pods = dumped["jobs"] + dumped["pods"]
+    assert "secretRef" in job_and_pods and "AWS_SECRET_ACCESS_KEY" not in job_and_pods
+    assert SECRET not in logged.out + logged.err and SECRET not in json.dumps(result)
+
+
+def _every_object(fake: KubeFake, job_id: str) -> dict[str, str]:
+    """Each resource's objects of one job as the API serves them (JSON text)."""
+    import urllib.request
+
+    texts: dict[str, str] = {}
+    for resource, prefix in (
+        ("jobs", "/apis/batch/v1"),
+        ("pods", "/api/v1"),
+        ("configmaps", "/api/v1"),
+        ("secrets", "/api/v1"),
+        ("services", "/api/v1"),
+    ):
+        url = f"{fake.url}{prefix}/namespaces/{NAMESPACE}/{resource}?labelSelector=tao.nvidia.com/job-id%3D{job_id}"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            texts[resource] = response.read().decode()
+    return texts
+
+
+def test_bad_input_is_refused_before_anything_is_created(kubefake: KubeFake, hook: TAOKubernetesHook) -> None:
+    before = kubefake.objects().get("jobs", [])
+    for kwargs, parameter in (
+        ({"gpu_count": -1}, "gpu_count"),
+        ({"backend_details": {"memory": "lots"}}, "backend_details['memory']"),
+        ({"results_uri": "/mnt/results"}, "results_uri"),
+        ({"backend_details": {"gpus": 2}}, "backend_details['gpus']"),
+    ):
+        op = _op("local/busybox:ci", "true", deferrable=False, **kwargs)
+        with pytest.raises(AirflowFailException, match=f"nothing was submitted: {re.escape(parameter)}"):
+            op.execute(make_context(Store(), 1, _run_id()))
+    assert kubefake.objects().get("jobs", []) == before

@@ -1,0 +1,265 @@
+"""The kubernetes hook without a server: the status rule, the Job it builds, validation, the files' chunks."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import re
+import secrets
+import tarfile
+import time
+from typing import Any
+
+import pytest
+
+from airflow_provider_tao.failures import FailureFacts, classify
+from airflow_provider_tao.hooks import container as ct
+from airflow_provider_tao.hooks.base import JobValidationError
+from airflow_provider_tao.hooks.kubernetes import (
+    PART_SIZE,
+    TAOKubernetesHook,
+    job_status,
+    label_value,
+)
+from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
+
+NOW = time.time()
+
+
+def _stamp(seconds_ago: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(NOW - seconds_ago))
+
+
+def _job(**status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "j",
+            "uid": "u",
+            "creationTimestamp": _stamp(100),
+            "annotations": {"tao.nvidia.com/unschedulable-timeout": "60", "tao.nvidia.com/start-timeout": "120"},
+        },
+        "spec": {"suspend": status.pop("suspend", False)},
+        "status": status,
+    }
+
+
+def _pod(phase: str, state: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    conditions = extra.pop("conditions", [{"type": "PodScheduled", "status": "True", "lastTransitionTime": _stamp(50)}])
+    return {
+        "metadata": {"name": "j-abcde", "uid": "p", "creationTimestamp": _stamp(60), "annotations": {}},
+        "status": {
+            "phase": phase,
+            "conditions": conditions,
+            "containerStatuses": [{"name": "tao", "state": state}],
+            **extra,
+        },
+    }
+
+
+def _failed() -> list[dict[str, Any]]:
+    return [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "backoff"}]
+
+
+# --------------------------------------------------------------------------- the status rule
+
+
+def test_running_only_while_a_container_runs() -> None:
+    creating = _pod("Pending", {"waiting": {"reason": "ContainerCreating"}})
+    assert job_status(_job(active=1), [creating], NOW).state is JobState.PENDING  # active counts pending pods too
+    running = _pod("Running", {"running": {"startedAt": _stamp(5)}})
+    assert job_status(_job(active=1), [running], NOW).state is JobState.RUNNING
+
+
+def test_unschedulable_is_pending_with_the_reason_then_an_error_past_its_bound() -> None:
+    message = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    pod = _pod(
+        "Pending",
+        {},
+        conditions=[
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+                "lastTransitionTime": _stamp(20),
+            }
+        ],
+    )
+    pending = job_status(_job(active=1), [pod], NOW)
+    assert pending.state is JobState.PENDING and message in pending.message and pending.raw_state == "Unschedulable"
+    late = job_status(_job(active=1), [pod], NOW + 60)
+    assert late.state is JobState.ERROR and late.raw_state == "Unschedulable" and message in late.message
+    assert classify(FailureFacts(raw_state=late.raw_state)).err_class is ErrClass.ERR_CAPACITY
+
+
+@pytest.mark.parametrize(
+    ("reason", "err_class"),
+    [
+        ("ImagePullBackOff", ErrClass.ERR_IMAGE_PULL),
+        ("ErrImagePull", ErrClass.ERR_IMAGE_PULL),
+        ("CreateContainerConfigError", ErrClass.ERR_CONFIG),
+    ],
+)
+def test_a_pod_that_cannot_start_is_an_error_past_the_start_bound(reason: str, err_class: ErrClass) -> None:
+    pod = _pod("Pending", {"waiting": {"reason": reason, "message": "why"}})
+    assert job_status(_job(active=1), [pod], NOW).state is JobState.PENDING
+    late = job_status(_job(active=1), [pod], NOW + 100)
+    assert late.state is JobState.ERROR and late.raw_state == reason
+    assert classify(FailureFacts(raw_state=late.raw_state)).err_class is err_class
+
+
+def test_failed_jobs_say_why_from_their_pods() -> None:
+    oom = _pod("Failed", {"terminated": {"exitCode": 137, "reason": "OOMKilled"}})
+    status = job_status(_job(conditions=_failed()), [oom], NOW)
+    assert (status.state, status.raw_state, status.exit_code) == (JobState.ERROR, "OOMKilled", 137)
+    evicted = _pod("Failed", {"terminated": {"exitCode": 137, "reason": "Error"}}, reason="Evicted", message="low mem")
+    status = job_status(_job(conditions=_failed()), [evicted], NOW)
+    assert status.raw_state == "Evicted" and "low mem" in status.message
+    assert classify(FailureFacts(exit_code=137, raw_state="Evicted")).err_class is ErrClass.ERR_PREEMPTED
+    program = _pod("Failed", {"terminated": {"exitCode": 3, "reason": "Error"}})
+    assert job_status(_job(conditions=_failed()), [program], NOW).exit_code == 3
+    deadline = [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "too long"}]
+    assert job_status(_job(conditions=deadline), [], NOW).raw_state == "DeadlineExceeded"
+
+
+def test_complete_suspended_and_deleting_jobs() -> None:
+    done = [{"type": "Complete", "status": "True"}]
+    assert job_status(_job(conditions=done), [], NOW).state is JobState.COMPLETE
+    assert job_status(_job(suspend=True), [], NOW - 90).state is JobState.PENDING  # being set up
+    assert job_status(_job(suspend=True), [], NOW).state is JobState.ERROR  # its worker died mid-submission
+    deleting = _job()
+    deleting["metadata"]["deletionTimestamp"] = _stamp(1)
+    assert job_status(deleting, [], NOW).state is JobState.CANCELING
+
+
+# --------------------------------------------------------------------------- the Job it builds
+
+
+@pytest.fixture
+def hook(monkeypatch: pytest.MonkeyPatch) -> TAOKubernetesHook:
+    extra = {
+        "namespace": "train",
+        "results_pvc": "results",
+        "node_selector": '{"gpu": "a100"}',
+        "image_pull_secret": "regcred",
+    }
+    conn = {"conn_type": "tao_kubernetes", "password": "ngc-key-123", "extra": extra}
+    monkeypatch.setenv("AIRFLOW_CONN_K8S_UNIT", json.dumps(conn))
+    hook = TAOKubernetesHook("k8s_unit")
+    hook.load_connection()
+    return hook
+
+
+def _spec(**kwargs: Any) -> JobSpec:
+    base: dict[str, Any] = {
+        "name": "dag-train-0123456789",
+        "job_id": "abcdef012345",
+        "command": "python train.py",
+        "image": "nvcr.io/nvidia/tao/tao-toolkit:6.0-pyt",
+        "gpu_count": 2,
+        "secret_env": {"AWS_SECRET_ACCESS_KEY": "s3cr3t-value"},
+        "files": {"runner.py": b"print(1)"},
+        "origin": {
+            "dag_id": "my.dag",
+            "task_id": "train",
+            "run_id": "manual__2026-11-25T10:00:00+00:00",
+            "map_index": "-1",
+        },
+    }
+    return JobSpec(**{**base, **kwargs})
+
+
+def _handle(hook: TAOKubernetesHook, spec: JobSpec) -> JobHandle:
+    return hook.new_handle(spec, 1)
+
+
+def test_the_job_carries_no_secret_and_has_what_a_gpu_job_needs(hook: TAOKubernetesHook) -> None:
+    spec = _spec(backend_details={"memory": "32Gi", "cpu": "8"})
+    body = hook._job_body(spec, _handle(hook, spec), parts=1)
+    text = json.dumps(body)
+    assert "s3cr3t-value" not in text and "ngc-key-123" not in text and "AWS_SECRET_ACCESS_KEY" not in text
+    pod = body["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert body["spec"]["suspend"] is True and body["spec"]["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
+    assert container["envFrom"] == [{"secretRef": {"name": "tao-abcdef012345-env"}}]
+    assert container["resources"] == {
+        "limits": {"nvidia.com/gpu": "2", "memory": "32Gi"},
+        "requests": {"cpu": "8", "memory": "32Gi"},
+    }
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
+    assert volumes["results"]["persistentVolumeClaim"]["claimName"] == "results"
+    assert volumes["tao-job-parts"]["projected"]["sources"][0]["configMap"]["name"] == "tao-abcdef012345-files-0"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TAO_RESULTS_ROOT"] == "/results" and env["TAO_JOB_ID"] == "abcdef012345"
+    assert pod["nodeSelector"] == {"gpu": "a100"}
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "tao-abcdef012345-pull"}]
+    labels = body["metadata"]["labels"]
+    assert all(len(v) <= 63 and re.match(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]?$", v) for v in labels.values())
+    assert "tao.nvidia.com/run-id" not in labels
+    assert body["metadata"]["annotations"]["tao.nvidia.com/run-id"] == spec.origin["run_id"]
+
+
+def test_owned_objects_hold_the_secrets_and_the_pull_credentials(hook: TAOKubernetesHook) -> None:
+    kinds = {o["kind"] + ":" + o.get("type", ""): o for o in hook._owned_objects(_spec(), [b"x"])}
+    assert set(kinds) == {"Secret:Opaque", "ConfigMap:", "Secret:kubernetes.io/dockerconfigjson"}
+    assert kinds["ConfigMap:"]["immutable"] is True
+
+
+def test_a_multi_node_job_is_indexed_with_the_rendezvous_contract(hook: TAOKubernetesHook) -> None:
+    spec = _spec(num_nodes=2)
+    body = hook._job_body(spec, _handle(hook, spec), parts=0)
+    assert (body["spec"]["completionMode"], body["spec"]["completions"], body["spec"]["parallelism"]) == (
+        "Indexed",
+        2,
+        2,
+    )
+    pod = body["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["MASTER_ADDR"]["value"] == f"{spec.name}-0.{spec.name}" and pod["subdomain"] == spec.name
+    assert env["WORLD_SIZE"]["value"] == env["NNODES"]["value"] == "2" and env["NUM_GPU_PER_NODE"]["value"] == "2"
+    assert "job-completion-index" in env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+    (service,) = [o for o in hook._owned_objects(spec, []) if o["kind"] == "Service"]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+
+
+@pytest.mark.parametrize(
+    ("changes", "parameter"),
+    [
+        ({"gpu_count": -1}, "gpu_count"),
+        ({"backend_details": {"memory": "lots"}}, "backend_details['memory']"),
+        ({"backend_details": {"node_selector": ["a"]}}, "backend_details['node_selector']"),
+        ({"backend_details": {"unschedulable_timeout_seconds": 0}}, "backend_details['unschedulable_timeout_seconds']"),
+        ({"backend_details": {"gpus": 1}}, "backend_details['gpus']"),
+        ({"results_uri": "/mnt/out"}, "results_uri"),
+        ({"name": "9-starts-with-a-digit"}, "job_name"),
+    ],
+)
+def test_bad_input_names_the_parameter(hook: TAOKubernetesHook, changes: dict[str, Any], parameter: str) -> None:
+    with pytest.raises(JobValidationError) as error:
+        hook.validate_spec(_spec(**changes))
+    assert error.value.parameter == parameter
+
+
+def test_names_fit_the_kubernetes_rules(hook: TAOKubernetesHook) -> None:
+    name = hook.job_name_for("9" + "x" * 80, "0123456789")
+    assert len(name) <= 58 and name[0].isalpha() and name.endswith("-0123456789")
+    hook.validate_name(name)
+    assert label_value("manual__2026-11-25T10:00:00+00:00") == "manual__2026-11-25T10-00-00-00-00"
+
+
+def test_a_4_mib_spec_travels_in_chunks_under_the_object_limit() -> None:
+    files = {"spec.json": secrets.token_hex(2 * 1024 * 1024).encode(), "runner/main.py": b"print(1)"}
+    parts = ct.files_in_parts(files, PART_SIZE)
+    assert len(parts) >= 3 and all(len(p) <= PART_SIZE for p in parts)
+    assert all(len(p) * 4 / 3 < 1 << 20 for p in parts)  # base64 in the ConfigMap still fits
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(b"".join(parts)))) as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    assert got == {f"files/{k}": v for k, v in files.items()}
+
+
+def test_the_launcher_unpacks_nothing_where_no_parts_exist() -> None:
+    argv = ct.launcher_argv("echo ran")
+    assert ct.PARTS_DIR in argv[2] and not os.path.exists(ct.PARTS_DIR)
