@@ -47,6 +47,8 @@ class FakeApiServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the real server: the clients reuse their connections
+    # headers and body go out as two writes: without TCP_NODELAY, Nagle + delayed ACK add 40 ms to each answer
+    disable_nagle_algorithm = True
     server: FakeApiServer
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet

@@ -22,6 +22,7 @@ from airflow_provider_tao.hooks.kubernetes import (
     TAOKubernetesHook,
     job_status,
     label_value,
+    pods_needed,
 )
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 
@@ -132,6 +133,27 @@ def test_complete_suspended_and_deleting_jobs() -> None:
     deleting = _job()
     deleting["metadata"]["deletionTimestamp"] = _stamp(1)
     assert job_status(deleting, [], NOW).state is JobState.CANCELING
+
+
+def test_a_poll_lists_pods_only_when_a_jobs_own_status_cannot_settle_its_state() -> None:
+    def labelled(job: dict[str, Any], job_id: str) -> dict[str, Any]:
+        job["metadata"]["labels"] = {ct.LABEL_JOB_ID: job_id}
+        return job
+
+    running = labelled(_job(active=1, ready=1), "a")
+    done = labelled(_job(conditions=[{"type": "Complete", "status": "True"}]), "b")
+    assert not pods_needed([running, done], {"a", "b"})
+    assert not pods_needed([running], {"a", "gone"})  # a vanished Job is "not found", its pods do not matter
+    assert not pods_needed([running, labelled(_job(active=1), "other")], {"a"})  # not watched here
+    # Pending (or a cluster that does not report status.ready): the reason is in the pods.
+    assert pods_needed([labelled(_job(active=1), "c")], {"c"})
+    assert pods_needed([labelled(_job(active=1, ready=1, conditions=_failed()), "d")], {"d"})  # the culprit
+    deleting = labelled(_job(active=1, ready=1), "e")
+    deleting["metadata"]["deletionTimestamp"] = _stamp(1)
+    assert pods_needed([deleting], {"e"})
+    # Without its pods, a Job with a ready pod is Running (a pod is Ready only while its containers run).
+    status = job_status(_job(active=2, ready=1), [], NOW)
+    assert (status.state, status.message) == (JobState.RUNNING, "1/2 pod(s) of Job j running")
 
 
 # --------------------------------------------------------------------------- the Job it builds

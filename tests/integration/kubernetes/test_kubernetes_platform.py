@@ -275,7 +275,7 @@ def test_a_60_second_burst_of_503_while_deferred_neither_fails_nor_duplicates(
     assert result["state"] == "Complete" and len(kubefake.jobs_named(_name(run))) == 1
 
 
-def test_one_job_list_and_one_pod_list_per_interval_whatever_the_number_of_jobs(
+def test_one_job_list_per_interval_whatever_the_number_of_jobs_and_pods_only_when_needed(
     docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer
 ) -> None:
     runs = [start(triggerer, _op(docker_engine.busybox, "sleep 8", stream_logs=False)) for _ in range(4)]
@@ -288,7 +288,9 @@ def test_one_job_list_and_one_pod_list_per_interval_whatever_the_number_of_jobs(
     counts = kubefake.stats()["by"]
     polls = poller.calls - calls
     assert polls >= 3
-    assert counts.get("GET jobs (list)", 0) <= polls + 1 and counts.get("GET pods (list)", 0) <= polls + 1, counts
+    assert counts.get("GET jobs (list)", 0) <= polls + 1, counts
+    # Running Jobs say so themselves (status.ready): their pods are listed at most once (the controller's lag).
+    assert counts.get("GET pods (list)", 0) <= 1, counts
     assert not any(key.startswith("GET jobs") and "list" not in key for key in counts), counts  # no per-job read
     for run in runs:
         assert finish(run)["state"] == "Complete"
