@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_tao.jobs import ErrClass, FailureAnalysis
+from airflow_provider_tao.runner.job.progress import FAILURE_PREFIX
 
-#: Prefix of the line the in-job runner prints when it fails by itself (see runner/script_runner.py).
-RUNNER_FAILURE_PREFIX = "TAO_FAILURE "
+#: Prefix of the line the in-job runner prints when it fails by itself.
+RUNNER_FAILURE_PREFIX = FAILURE_PREFIX
 
 SUGGESTIONS: dict[ErrClass, str] = {
     ErrClass.ERR_PROGRAM: "The training program failed. Read the evidence and the job log; "

@@ -3,7 +3,7 @@
 Starts its own moto S3 server on loopback (a separate process, so neither client shares its GIL), builds the data
 sets, and measures for each case (a) 1 file of 512 MiB and (b) 2,000 files of 64 KiB, download and upload:
 
-* **runner** -- the real thing: ``build_entrypoint`` -> staged files -> ``/bin/sh -c ... python3 script_runner.py``
+* **runner** -- the real thing: ``build_entrypoint`` -> staged files -> ``/bin/sh -c ... python3 runner.pyz``
   as a subprocess, timed from process start to exit (interpreter start-up, boto3 import, listing, the transfer,
   sha256 of every uploaded file and the manifests all count). Its own phase time is shown too.
 * **boto3 TM** -- ``s3transfer.manager.TransferManager`` (what ``upload_file`` / ``download_file`` use) with the same
@@ -96,8 +96,8 @@ def run_runner(ep: Any, endpoint: str, work: Path, env: dict[str, str]) -> tuple
     """Run the real entrypoint; returns (wall seconds, the runner's own phase seconds)."""
     files = work / "files"
     files.mkdir(parents=True, exist_ok=True)
-    for name, text in ep.files.items():
-        (files / name).write_text(text, encoding="utf-8")
+    for name, content in ep.files.items():
+        (files / name).write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
     job_env = {k: v for k, v in os.environ.items() if not k.startswith(("TAO_", "AWS_", "S3_"))}
     job_env.update(
         CREDS,

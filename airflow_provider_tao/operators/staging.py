@@ -1,10 +1,11 @@
 """``S3StagingMixin``: wraps a job's command in the in-job runner when it has a data contract.
 
 When the operator is given ``specs`` / ``args`` / ``inputs`` / ``outputs`` or a ``storage_conn_id``, the job runs
-the runner (``runner/script_runner.py``) instead of the bare command: it downloads the declared inputs, writes the
-spec, runs the command and commits the outputs with a manifest. Before anything is submitted the mixin checks that
-every declared input exists -- on S3 through the amazon provider's ``S3Hook``, on the platform's own storage through
-the platform hook -- and it passes the storage credentials into the job as secret environment variables only.
+the in-job runner (``runner/job/``, shipped as ``runner.pyz``) instead of the bare command: it downloads the declared
+inputs, writes the spec, runs the command and commits the outputs with a manifest. Before anything is submitted the
+mixin checks that every declared input exists -- on S3 through the amazon provider's ``S3Hook``, on the platform's
+own storage through the platform hook -- and it passes the storage credentials into the job as secret environment
+variables only.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ class S3StagingMixin:
 
 def _input_uris(entrypoint: Entrypoint) -> list[tuple[str, str]]:
     """(parameter path, URI) of every declared input, from the runner manifest."""
-    from airflow_provider_tao.runner.script_runner import get_path
+    from airflow_provider_tao.runner.job.paths import get_path
 
     manifest = entrypoint.manifest
     found: list[tuple[str, str]] = []

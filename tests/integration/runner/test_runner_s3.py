@@ -15,8 +15,14 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tao.runner.entrypoint import build_entrypoint, is_complete, parse_progress, read_manifest
-from airflow_provider_tao.runner.script_runner import CACHE_META_DIR, MANIFEST_NAME
+from airflow_provider_tao.runner.entrypoint import (
+    MANIFEST_NAME,
+    build_entrypoint,
+    is_complete,
+    parse_progress,
+    read_manifest,
+)
+from airflow_provider_tao.runner.job.fsops import CACHE_META_DIR
 from tests.integration.runner.tcp_proxy import TcpProxy
 from tests.unit.runner.runner_harness import JobRun, job_env, stage
 

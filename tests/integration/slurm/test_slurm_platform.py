@@ -545,6 +545,29 @@ def test_runner_passthrough_job_with_cluster_inputs_commits_its_outputs(slurm_cl
         start(triggerer, local)
 
 
+def test_runner_on_bare_metal_nodes_runs_the_archive_with_the_nodes_python3(slurm_cluster: Any, triggerer: Any) -> None:
+    # container_runtime=none: runner.pyz arrives in TAO_JOB_FILES and the nodes' own python3 (3.11, PyYAML, no
+    # boto3) runs it; config mode writes the spec, the cluster input is rewritten in place, the output auto-filled
+    data = f"{slurm_cluster.results_root}/datasets/{uuid.uuid4().hex[:8]}"
+    slurm_cluster.ssh(f"mkdir -p {data} && printf 'a,b\\n1,2\\n' > {data}/train.csv")
+    count = (
+        "import sys, yaml; s = yaml.safe_load(open(sys.argv[1])); "
+        "open(s['out'] + '/lines.txt', 'w').write(str(len(open(s['data']).read().splitlines())))"
+    )
+    op = make_operator(
+        command=["python3", "-c", count, "{config_path}"],
+        specs={"data": f"{data}/train.csv", "out": ""},
+        inputs=["data"],
+        outputs=["out"],
+        backend_details={"container_runtime": "none"},
+    )
+    run = start(triggerer, op)
+    result = finish(run)
+    assert result["state"] == "Complete"
+    assert _cat(slurm_cluster, f"{result['outputs']['out']}/lines.txt").strip() == "2"
+    assert _exists(slurm_cluster, f"{result['outputs']['out']}/_TAO_MANIFEST.json")
+
+
 def test_batched_status_of_many_jobs_is_one_squeue_and_at_most_one_sacct(
     slurm_cluster: Any, triggerer: Any, hook: SlurmHook
 ) -> None:

@@ -54,8 +54,8 @@ class JobRun:
 def stage(ep: Entrypoint, folder: Path) -> Path:
     """Write ``ep.files`` the way a platform does."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name, text in ep.files.items():
-        (folder / name).write_text(text, encoding="utf-8")
+    for name, content in ep.files.items():
+        (folder / name).write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
     return folder
 
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from airflow_provider_tao.runner import entrypoint as ep_mod
-from airflow_provider_tao.runner import script_runner
+from airflow_provider_tao.runner.bundle import runner_archive
 from airflow_provider_tao.runner.entrypoint import (
     RUNNER_FILE,
     RUNNER_MANIFEST_FILE,
@@ -269,15 +269,15 @@ def test_command_is_fixed_and_carries_no_user_content() -> None:
     ep = build_entrypoint(f"echo {marker}", specs={"v": marker * 1000}, outputs=[], config_format="json")
     assert ep.command == list(ep_mod.RUNNER_COMMAND)
     assert ep.command[:2] == ["/bin/sh", "-c"]
-    assert 'exec python3 -u -B "$TAO_JOB_FILES/script_runner.py" "$TAO_JOB_FILES/runner.json"' in ep.command[2]
+    assert 'exec python3 -u -B "$TAO_JOB_FILES/runner.pyz" "$TAO_JOB_FILES/runner.json"' in ep.command[2]
     assert marker not in json.dumps(ep.command) + json.dumps(ep.env)
     assert marker in ep.files[RUNNER_MANIFEST_FILE]
     assert set(ep.files) == {RUNNER_FILE, RUNNER_MANIFEST_FILE}
 
 
-def test_files_hold_the_runner_source_and_an_ascii_manifest() -> None:
+def test_files_hold_the_runner_archive_and_an_ascii_manifest() -> None:
     ep = build_entrypoint(["python", "x.py"], specs={"name": "日本語 é"})
-    assert ep.files[RUNNER_FILE] == Path(script_runner.__file__).read_text(encoding="utf-8")
+    assert ep.files[RUNNER_FILE] == runner_archive()
     ep.files[RUNNER_MANIFEST_FILE].encode("ascii")
     m = manifest(ep)
     assert m["specs"] == {"name": "日本語 é"}

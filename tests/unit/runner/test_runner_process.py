@@ -9,7 +9,6 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 import tomllib
 from collections.abc import Callable
@@ -21,8 +20,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_tao.runner.entrypoint import build_entrypoint
-from airflow_provider_tao.runner.script_runner import MANIFEST_NAME, PLACEHOLDERS, is_complete, read_manifest
+from airflow_provider_tao.runner.entrypoint import (
+    MANIFEST_NAME,
+    PLACEHOLDERS,
+    RUNNER_MANIFEST_FILE,
+    build_entrypoint,
+    is_complete,
+    read_manifest,
+)
 from tests.unit.runner.runner_harness import JobRun, job_env, stage
 
 RunJob = Callable[..., JobRun]
@@ -498,19 +503,6 @@ def test_missing_optional_packages_name_the_pinned_version(
     assert failure["err_class"] == "ERR_CONFIG" and needle in failure["message"]
 
 
-@pytest.fixture
-def bare_python(tmp_path: Path) -> Path:
-    """A PATH dir whose python3 is the system interpreter without site-packages (no boto3, no PyYAML)."""
-    bindir = tmp_path / "barebin"
-    bindir.mkdir()
-    wrapper = bindir / "python3"
-    base = Path(sys.base_prefix) / "bin" / "python3"
-    interpreter = base if base.exists() else Path("/usr/bin/python3")
-    wrapper.write_text(f'#!/bin/sh\nexec {interpreter} -S "$@"\n')
-    wrapper.chmod(0o755)
-    return bindir
-
-
 def test_runner_is_stdlib_only_and_yaml_falls_back_to_json(run_job: RunJob, bare_python: Path) -> None:
     ep = build_entrypoint('cat {config_path} > "$ECHO_OUT"', specs={"a": {"b": ["é", 1]}}, config_format="yaml")
     run = run_echo(run_job, ep, PATH=f"{bare_python}{os.pathsep}/usr/bin:/bin")
@@ -536,7 +528,7 @@ def test_secrets_are_never_printed_or_staged(run_job: RunJob, tmp_path: Path) ->
     ep = build_entrypoint("echo done", specs={"a": "file:///nonexistent"}, inputs=["a"])
     run = run_job(ep, env=secrets)
     ok = run_job(build_entrypoint("echo done", outputs=[str(tmp_path / "o")]), env=secrets)
-    blob = run.stdout + run.proc.stderr + ok.stdout + ok.proc.stderr + json.dumps(ep.files)
+    blob = run.stdout + run.proc.stderr + ok.stdout + ok.proc.stderr + json.dumps(ep.files[RUNNER_MANIFEST_FILE])
     assert not [value for value in secrets.values() if value in blob]
 
 
