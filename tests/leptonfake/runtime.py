@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -86,7 +87,17 @@ class DockerRuntime:
         self._lock = threading.Lock()
         self._ids: dict[str, str] = {}  # rid -> container id
         self._ended: dict[str, dict[str, Any]] = {}
+        self._remove_orphans()
         self._ensure_network()
+
+    def _remove_orphans(self) -> None:
+        """Containers of a fake on this machine that died without cleaning up (SIGKILL): its pid is gone."""
+        for listed in self.client.containers(all=True, filters={"label": "leptonfake=1"}):
+            labels = listed.get("Labels") or {}
+            pid, host = labels.get("leptonfake.pid", ""), labels.get("leptonfake.host", "")
+            if host == socket.gethostname() and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                with contextlib.suppress(Exception):
+                    self.client.remove_container(listed["Id"], force=True, v=True)
 
     def _ensure_network(self) -> None:
         # Docker allows several networks of one name (then none can be used by name): create it only when missing.
@@ -145,6 +156,8 @@ class DockerRuntime:
             labels={
                 "leptonfake": "1",
                 "leptonfake.server": self.server_id,
+                "leptonfake.pid": str(os.getpid()),
+                "leptonfake.host": socket.gethostname(),
                 "leptonfake.job": launch.job_id,
                 "leptonfake.replica": launch.rid,
             },
@@ -160,9 +173,9 @@ class DockerRuntime:
         return str(created["Id"])
 
     def poll(self) -> dict[str, dict[str, Any]]:
-        """One list call; an inspect only for a container that has just ended."""
-        if not self._ids:
-            return {}
+        """One list call while a container may still run; an inspect only for one that has just ended."""
+        if not set(self._ids) - set(self._ended):
+            return dict(self._ended)
         found: dict[str, dict[str, Any]] = {}
         for listed in self.client.containers(all=True, filters={"label": f"leptonfake.server={self.server_id}"}):
             rid = listed["Labels"].get("leptonfake.replica", "")
