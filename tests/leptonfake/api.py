@@ -96,22 +96,8 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             raise bad_request(f"the request body is not valid JSON: {exc}") from exc
 
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def do_PATCH(self) -> None:
-        self._dispatch("PATCH")
-
-    def do_PUT(self) -> None:
-        self._dispatch("PUT")
-
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
-
-    def _dispatch(self, method: str) -> None:
+    def _dispatch(self) -> None:
+        method = self.command
         url = urlsplit(self.path)
         query = parse_qs(url.query, keep_blank_values=True)
         parts = [unquote(p) for p in url.path.split("/") if p]
@@ -132,6 +118,8 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             if parts[:1] != ["fake"]:
                 self.server.recent.append(f"{method} {self.path} -> {self._status}")
+
+    do_GET = do_POST = do_PATCH = do_PUT = do_DELETE = _dispatch
 
     # ------------------------------------------------------------------ the workspace API
 

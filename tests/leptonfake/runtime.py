@@ -244,72 +244,60 @@ class DockerRuntime:
 
 
 class SimRuntime:
-    """Replicas that "run" for ``seconds`` and print ``step N`` once a second; no containers."""
+    """Replicas that "run" for ``seconds`` and print ``step N`` once a second; no containers. The clock is the
+    Kubernetes fake's simulated runtime, keyed here by replica id."""
 
     def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.started: dict[str, float] = {}
-        self.stopped: dict[str, float] = {}
+        from tests.kubefake.cluster import SimRuntime as SimulatedPods
+
+        self.pods = SimulatedPods(seconds)
 
     def has_image(self, image: str) -> bool:
         return True
 
     def start(self, launch: Launch) -> str:
-        self.started[launch.rid] = time.time()
+        self.pods.start({"metadata": {"uid": launch.rid}}, launch.env, {})
         return f"sim-{launch.rid}"
 
-    def _end(self, rid: str) -> float:
-        return min(self.started[rid] + self.seconds, self.stopped.get(rid, float("inf")))
-
     def poll(self) -> dict[str, dict[str, Any]]:
-        now = time.time()
-        found: dict[str, dict[str, Any]] = {}
-        for rid in list(self.started):
-            if now < self._end(rid):
-                found[rid] = {"running": True}
-            else:
-                code = 137 if rid in self.stopped and self.stopped[rid] < self.started[rid] + self.seconds else 0
-                found[rid] = {"running": False, "exit_code": code, "oom": False, "error": ""}
-        return found
+        return {
+            rid: {"running": state["running"], "exit_code": state.get("exitCode", 0), "oom": False, "error": ""}
+            for rid, state in self.pods.states().items()
+        }
 
     def stop(self, rid: str, grace: float) -> None:
-        if rid in self.started:
-            self.stopped.setdefault(rid, time.time())
+        if rid in self.pods.started:
+            self.pods.stop(rid, int(grace))
 
     def logs(self, rid: str) -> list[tuple[int, str]]:
-        start = self.started.get(rid)
-        if start is None:
-            return []
-        steps = int(min(time.time(), self._end(rid)) - start) + 1
-        return [(int((start + n) * 1e9), f"step {n}") for n in range(steps)]
+        return split_stamped(self.pods.logs(rid, {}))
 
     def follow(self, rid: str) -> Iterator[bytes]:
         sent = 0
-        while rid in self.started:
+        while rid in self.pods.started:
             lines = self.logs(rid)
             for _, text in lines[sent:]:
                 yield (text + "\n").encode()
             sent = len(lines)
-            if time.time() >= self._end(rid):
+            if not self.poll().get(rid, {}).get("running"):
                 return
             time.sleep(0.5)
 
     def remove(self, rid: str) -> None:
-        self.started.pop(rid, None)
-        self.stopped.pop(rid, None)
+        self.pods.remove(rid)
 
     def containers(self) -> list[dict[str, Any]]:
-        now = time.time()
+        states = self.poll()
         return [
-            {"id": f"sim-{rid}", "name": rid, "replica": rid, "state": "running" if now < self._end(rid) else "exited"}
-            for rid in self.started
+            {"id": f"sim-{rid}", "name": rid, "replica": rid, "state": "running" if s["running"] else "exited"}
+            for rid, s in states.items()
         ]
 
     def network(self) -> dict[str, Any]:
         return {}
 
     def close(self) -> None:
-        self.started.clear()
+        self.pods.remove_all()
 
 
 def workdir_for(pid: int | None = None) -> str:
