@@ -19,6 +19,7 @@ from leptonai.api.v2.api_resource import ClientError, ServerError
 from leptonai.api.v2.log import LogAPIError
 from leptonai.api.v2.types.job import LeptonJob, LeptonJobState
 from leptonai.api.v2.types.secret import SecretItem
+from leptonai.api.v2.types.storage_permission import StoragePermission
 from leptonai.api.v2.utils import WorkspaceUnauthorizedError
 
 from tests.integration.lepton.conftest import LeptonFake
@@ -143,6 +144,15 @@ def test_workspace_node_groups_shapes_and_storage_parse_into_the_client_types(cl
     assert all(s.spec.node_group_id == lustre.metadata.id_ and "job" in s.spec.listable_in for s in shapes)
     permissions = client.nodegroup.list_storage_permissions(lustre, "lustre-fs")
     assert [p.path_prefix for p in permissions] == ["/lustre/fsw/portfolios/ci"]
+    extra = StoragePermission(path_prefix="/lustre/fsw/scratch")
+    assert client.nodegroup.set_storage_permission(lustre, "filestore-fs", extra)
+    assert "/lustre/fsw/scratch" in [
+        p.path_prefix for p in client.nodegroup.list_storage_permissions(lustre, "filestore-fs")
+    ]
+    assert client.nodegroup.delete_storage_permission(lustre, "filestore-fs", "/lustre/fsw/scratch")
+    assert [p.path_prefix for p in client.nodegroup.list_storage_permissions(lustre, "filestore-fs")] == [
+        "/filestore/home"
+    ]
     with pytest.raises(ClientError) as missing:
         client.nodegroup.get("ng-lustre")  # a name is not an id
     assert missing.value.response.status_code == 404
@@ -452,6 +462,13 @@ def test_eviction_and_an_unhealthy_node_as_injected(client: Any, lepton_fake: Le
     analysis = raw(lepton_fake, "GET", f"/jobs/{evicted}/failure-analysis").json()
     assert analysis["job_failure_by_node_event"][0]["node_event_name"] == "Evicted"
     assert any(e.reason == "Evicted" for e in client.job.get_events(evicted))
+    exited = _name("exit")
+    client.job.create(job(exited, ["sleep", "30"], client=client))
+    wait_job(client, exited, ("Running",))
+    lepton_fake.inject("exit", id=exited, code=7)
+    assert wait_job(client, exited, FINAL).status.state == LeptonJobState.Failed
+    terminations = raw(lepton_fake, "GET", f"/jobs/{exited}/failure-analysis").json()["replica_terminations"]
+    assert [t["exit_code"] for t in terminations] == [7]
     sick = _name("sick")
     assert lepton_fake.inject("unhealthy_node", name=sick)["pending"]
     client.job.create(job(sick, ["true"], client=client))
