@@ -75,6 +75,10 @@ class LeptonFake:
         """Node-group volume name -> the host folder behind it (the volume's root, i.e. its from_path)."""
         return {name: Path(path) for name, path in self._fake("volumes").items()}
 
+    def network(self) -> dict[str, Any]:
+        """The replicas' Docker network: ``{"name", "internal", "subnet", "gateway"}`` (the host, from a replica)."""
+        return dict(self._fake("network"))
+
     # ------------------------------------------------------------------ steering
 
     def faults(self, status: int | str = 503, seconds: float = 60, route: str = "", **extra: Any) -> None:

@@ -146,6 +146,8 @@ class Job:
     failure: dict[str, Any] | None = None  # err_class + suggestion once something went wrong
 
     def set_state(self, state: str) -> None:
+        if self.state in ("Deleting", "Deleted") and state != "Deleted":
+            return  # a deletion is final: the controller's step that read an older state must not undo a DELETE
         if state != self.state:
             self.state, self.state_since = state, time.time()
             self.history.append({"state": state, "at": time.time()})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -324,6 +325,32 @@ def test_two_replicas_resolve_each_other_by_the_master_name(client: Any) -> None
     assert [r.metadata.id_[: len(name) + 2] for r in replicas] == [f"{name}-0", f"{name}-1"]
     lines = log_lines(client, name)
     assert "rank0 got hello-from-1" in lines and f"rank1 reached {name}-0.{name}-job-svc" in lines
+
+
+def test_replicas_reach_nothing_but_the_host_gateway(client: Any, lepton_fake: LeptonFake) -> None:
+    network = lepton_fake.network()
+    assert network["internal"] is True and network["gateway"]
+    listener = socket.create_server(("0.0.0.0", 0))  # a service of this machine, e.g. an S3 endpoint
+    listener.settimeout(30)
+    port = listener.getsockname()[1]
+    name = _name("net")
+    probe = (
+        "import socket\n"
+        f"socket.create_connection(('{network['gateway']}', {port}), timeout=5).sendall(b'hi')\n"
+        "try:\n"
+        "    socket.create_connection(('192.0.2.1', 80), timeout=1); print('outbound open')\n"
+        "except OSError as exc:\n"
+        "    print('outbound closed', type(exc).__name__)\n"
+    )
+    try:
+        client.job.create(job(name, ["python3", "-c", probe], client=client, image=PYTHON))
+        connection, _ = listener.accept()
+        assert connection.recv(2) == b"hi"
+        connection.close()
+    finally:
+        listener.close()
+    assert wait_job(client, name, FINAL).status.state == LeptonJobState.Completed
+    assert [line.split()[0:2] for line in log_lines(client, name)] == [["outbound", "closed"]]
 
 
 def test_a_secret_reference_resolves_at_start_and_a_missing_one_holds_the_replica(
