@@ -8,6 +8,7 @@ a PATCH changes labels) the tests run against each variant.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
 from airflow_provider_tao.hooks import lepton as lp
+from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.lepton import LeptonHook
 from airflow_provider_tao.jobs import JobHandle, JobState
 from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
@@ -116,16 +118,29 @@ def ws(lepton_fake: LeptonFake, triggerer: Triggerer) -> Workspace:
     return Workspace(lepton_fake, CONN_ID)
 
 
-@pytest.fixture(params=["accept", "ignore", "reject"])
-def label_mode(request: pytest.FixtureRequest, ws: Workspace) -> Iterator[str]:
-    """Each answer a workspace may give to a PATCH of metadata.labels; the hook learns it afresh."""
-    ws.fake.config(patch_labels=request.param)
-    lp._LABELS_PATCHABLE.clear()
+@contextlib.contextmanager
+def _patch_labels(ws: Workspace, mode: str) -> Iterator[str]:
+    ws.fake.config(patch_labels=mode)
+    lp._LABELS_PATCHABLE.clear()  # the hook learns the workspace's behaviour afresh
     try:
-        yield request.param
+        yield mode
     finally:
         ws.fake.config(patch_labels="accept")
         lp._LABELS_PATCHABLE.clear()
+
+
+@pytest.fixture(params=["accept", "ignore", "reject"])
+def label_mode(request: pytest.FixtureRequest, ws: Workspace) -> Iterator[str]:
+    """Each answer a workspace may give to a PATCH of metadata.labels."""
+    with _patch_labels(ws, request.param) as mode:
+        yield mode
+
+
+@pytest.fixture(params=["ignore", "reject"])
+def marks_in_secrets(request: pytest.FixtureRequest, ws: Workspace) -> Iterator[str]:
+    """The answers that leave a job's labels as created: the marks are kept in secrets."""
+    with _patch_labels(ws, request.param) as mode:
+        yield mode
 
 
 @pytest.fixture(params=["with-analysis", "no-analysis"])
@@ -380,6 +395,30 @@ def test_bad_placement_is_refused_before_anything_is_created(docker_engine: Dock
     assert len(ws.fake.jobs()) == before
 
 
+def test_a_local_input_must_be_on_a_mounted_volume(docker_engine: DockerEngine, ws: Workspace) -> None:
+    op = ws.op(docker_engine.python, "true", deferrable=False, inputs={"/data/train": "/home/me/train"})
+    with pytest.raises(AirflowFailException, match=r"nothing was submitted: inputs: /home/me/train is not on a volume"):
+        op.execute(make_context(Store(), 1, _run_id()))
+    on_volume = ws.op(docker_engine.python, "test -d /data/train", deferrable=False,
+                      inputs={"/data/train": f"{LUSTRE}/datasets/train"})  # fmt: skip
+    ws.on_volume(f"{LUSTRE}/datasets/train").mkdir(parents=True, exist_ok=True)
+    assert on_volume.execute(make_context(Store(), 1, _run_id()))["state"] == "Complete"
+
+
+def test_the_seeds_discovery_calls(ws: Workspace) -> None:
+    hook = _hook()
+    shapes = hook.list_resource_shapes("ng-lustre")
+    assert shapes["gpu.8xh100-80gb"]["gpus"] == 8 and shapes["cpu.small"]["gpus"] == 0
+    volumes = hook.get_volumes()  # the connection's node group
+    assert [(v["name"], v["type"], v["from_path"]) for v in volumes] == [
+        ("lustre-fs", "lustre", "/lustre"),
+        ("filestore-fs", "filestore", "/filestore"),
+    ]
+    assert hook.get_storage_permissions("lustre-fs", "ng-lustre") == ["/lustre/fsw/portfolios/ci"]
+    with pytest.raises(JobValidationError, match="node groups: ng-filestore, ng-lustre, ng-plain"):
+        hook.get_volumes("ng-nowhere")
+
+
 # --------------------------------------------------------------------------- cancel: nothing orphaned
 
 
@@ -491,6 +530,19 @@ def test_clear_while_deferred_runs_exactly_one_job_to_completion(
     # a clear after success runs the job again (its result was used), even with the store emptied
     third = start(triggerer, ws.op(docker_engine.busybox, "echo again"), try_number=3, run_id=run_id)
     assert third.job_id != first.job_id and finish(third)["state"] == "Complete"
+
+
+def test_where_labels_do_not_change_the_marks_of_a_job_that_expired_are_swept(
+    docker_engine: DockerEngine, ws: Workspace, triggerer: Triggerer, marks_in_secrets: str
+) -> None:
+    short = ws.op(docker_engine.busybox, "echo done", backend_details={"ttl_seconds_after_finished": 1})
+    first = start(triggerer, short)
+    assert finish(first)["state"] == "Complete"
+    assert [n for n in ws.secrets_of(first.job_id) if ".mark." in n] == [f"tao.{first.job_id}.mark.consumed_by.1"]
+    ws.fake.wait_state(ws.job(first.job_id)["id"], "Archived")  # expired: no longer a job of the workspace
+    second = start(triggerer, ws.op(docker_engine.busybox, "echo next"))
+    assert ws.secrets_of(first.job_id) == []  # swept when the next job was created
+    assert finish(second)["state"] == "Complete"
 
 
 # --------------------------------------------------------------------------- outages, polling
