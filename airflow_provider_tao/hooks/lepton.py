@@ -1068,7 +1068,7 @@ class LeptonHook(TAOPlatformHook):
         return str(self._api("creating a staging job", lambda c: c.job.create(body)).metadata.id_)
 
     def _wait_staged(self, spec: JobSpec, names: list[str]) -> None:
-        timeout = self._number(self.platform_details(spec), "staging_timeout_seconds", DEFAULT_STAGING_TIMEOUT)
+        timeout = float(self.setting("staging_timeout_seconds", DEFAULT_STAGING_TIMEOUT))
         deadline = time.monotonic() + timeout
         states: dict[str, str] = {}
         while time.monotonic() < deadline:
@@ -1526,17 +1526,12 @@ class LeptonHook(TAOPlatformHook):
 
 
 def status_of(exc: BaseException) -> int | None:
-    """The HTTP status of a ``leptonai`` error (``ClientError`` / ``ServerError`` / ``LogAPIError`` / workspace
-    errors), None for transport failures (timeouts, refused connections)."""
+    """The HTTP status of a ``leptonai`` error (``ClientError`` / ``ServerError`` carry the response,
+    ``LogAPIError`` its code), None for transport failures (timeouts, refused connections)."""
     code = getattr(exc, "status_code", None)
-    if isinstance(code, int):
-        return code
-    response = getattr(exc, "response", None)
-    code = getattr(response, "status_code", None)
-    if isinstance(code, int):
-        return code
-    name = type(exc).__name__
-    return {"WorkspaceUnauthorizedError": 401, "WorkspaceForbiddenError": 403, "WorkspaceNotFoundError": 404}.get(name)
+    if not isinstance(code, int):
+        code = getattr(getattr(exc, "response", None), "status_code", None)
+    return code if isinstance(code, int) else None
 
 
 def _starting(job: dict[str, Any]) -> bool:
