@@ -105,6 +105,12 @@ RAW_STATE_CLASSES: dict[str, ErrClass] = {
     "UNSCHEDULABLE": ErrClass.ERR_CAPACITY,
     "CREATECONTAINERCONFIGERROR": ErrClass.ERR_CONFIG,
     "CREATECONTAINERERROR": ErrClass.ERR_CONFIG,
+    # Lepton: queued past the capacity bound; a replica's image pull failed; a replica stuck on its node's fault
+    # (readiness ConfigError such as "Mount point not found") or never ready past the start bound
+    "NOCAPACITY": ErrClass.ERR_CAPACITY,
+    "IMAGEPULLFAILED": ErrClass.ERR_IMAGE_PULL,
+    "CONFIGERROR": ErrClass.ERR_INFRA,
+    "STARTTIMEOUT": ErrClass.ERR_INFRA,
     "CANCELLED": ErrClass.ERR_CANCELED,
     "CANCELED": ErrClass.ERR_CANCELED,
 }

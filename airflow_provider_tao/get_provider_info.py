@@ -148,6 +148,69 @@ def _kubernetes_connection_type() -> dict[str, Any]:
     }
 
 
+def _lepton_connection_type() -> dict[str, Any]:
+    """``tao_lepton``: password = the Lepton API token; the workspace and the jobs' defaults in extras."""
+    return {
+        "connection-type": "tao_lepton",
+        "hook-class-name": "airflow_provider_tao.hooks.lepton.LeptonHook",
+        "hook-name": "TAO DGX Cloud Lepton",
+        "conn-fields": {
+            "workspace_id": _field("Workspace id", "The Lepton workspace the jobs run in (LEPTON_WORKSPACE_ID)."),
+            "workspace_url": _field(
+                "Workspace URL",
+                "API URL of the workspace (LEPTON_WORKSPACE_URL); default the DGX Cloud gateway's "
+                "https://gateway.dgxc-lepton.nvidia.com/api/v2/workspaces/<id>.",
+            ),
+            "node_group": _field("Node group", "Default dedicated node group of the jobs (name or id)."),
+            "resource_shape": _field(
+                "Resource shape",
+                "Default resource shape (else chosen from the task's gpu_count), e.g. gpu.8xh100-80gb.",
+            ),
+            "image_pull_secret": _field("Image pull secret", "An existing Lepton image pull secret for the jobs."),
+            "ngc_api_key": _field(
+                "NGC API key",
+                "Becomes a per-job image pull secret for the registry and the jobs' NGC_KEY (NGC_KEY).",
+                secret=True,
+            ),
+            "hf_token": _field("Hugging Face token", "The jobs' HF_TOKEN, as a secret (HF_TOKEN).", secret=True),
+            "registry": _field("Registry", "Registry the NGC key is for (default nvcr.io)."),
+            "ttl_seconds_after_finished": _field(
+                "TTL after finished (s)", "Seconds Lepton keeps a finished job (default 86400).", kind="integer"
+            ),
+            "capacity_timeout_seconds": _field(
+                "Capacity timeout (s)",
+                "A job queueing for capacity longer fails as ERR_CAPACITY and is deleted (default 900).",
+                kind="integer",
+            ),
+            "start_timeout_seconds": _field(
+                "Start timeout (s)",
+                "Replicas not ready after this long (image pull, node fault) fail the job (default 600).",
+                kind="integer",
+            ),
+            "staging_timeout_seconds": _field(
+                "Staging timeout (s)",
+                "How long large job files may take to stage onto the volume (600).",
+                kind="integer",
+            ),
+            "shared_memory_size": _field(
+                "Shared memory (MiB)",
+                "/dev/shm of the jobs (default: half the shape's memory, at most 16384).",
+                kind="integer",
+            ),
+        },
+        "ui-field-behaviour": {
+            "hidden-fields": ["host", "schema", "login", "port", "extra"],
+            "relabeling": {"password": "API token"},
+            "placeholders": {
+                "workspace_id": "my-workspace",
+                "node_group": "h100-pool",
+                "resource_shape": "gpu.8xh100-80gb",
+                "registry": "nvcr.io",
+            },
+        },
+    }
+
+
 def get_provider_info() -> dict[str, Any]:
     """The provider's metadata: connection types with their form fields, hooks, triggers, links and config."""
     return {
@@ -173,6 +236,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_tao.hooks.slurm",
                     "airflow_provider_tao.hooks.docker",
                     "airflow_provider_tao.hooks.kubernetes",
+                    "airflow_provider_tao.hooks.lepton",
                 ],
             }
         ],
@@ -199,6 +263,7 @@ def get_provider_info() -> dict[str, Any]:
             _slurm_connection_type(),
             _docker_connection_type(),
             _kubernetes_connection_type(),
+            _lepton_connection_type(),
         ],
         "config": {
             "tao": {

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from measure import cpu, first_event, rss_mib
+from measure import cpu, first_event, print_watch_table, process_cpu, rss_mib
 
 from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
 from airflow_provider_tao.jobs import JobHandle, JobSpec
@@ -96,8 +96,7 @@ class Server:
             return dict(json.loads(response.read())["by"])
 
     def cpu(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu(self.proc.pid)
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -205,30 +204,8 @@ def main() -> None:
             server.stop()
 
     status, logs = provider["status"], provider["logs"]
-    print(f"\n== {args.jobs} running Jobs, one namespace, {args.rounds} poll intervals of {args.interval:g} s")
-    print(f"  {'':34} {'provider':>14} {'provider+logs':>14} {'naive (SDK/KJO)':>16}")
-    rows = [
-        ("API requests per interval", "{:.1f}", "requests_per_interval"),
-        ("CPU ms per job per poll", "{:.3f}", "cpu_ms_per_job_per_poll"),
-        ("RSS KiB per watched job", "{:.1f}", "rss_kib_per_job"),
-        ("API server CPU s per interval", "{:.2f}", "server_cpu_s_per_interval"),
-    ]
-    for name, fmt, key in rows:
-        values = [fmt.format(r[key]) for r in (status, logs, naive)]
-        print(f"  {name:34} {values[0]:>14} {values[1]:>14} {values[2]:>16}")
-    print(
-        f"  trigger start (outside the steady state): {status['startup_cpu_ms_per_trigger']:.2f} ms CPU per trigger "
-        f"(status only), {logs['startup_cpu_ms_per_trigger']:.2f} ms (with logs)"
-    )
-    print(f"  provider requests (status only): {status['requests_by_kind']}")
-    print(f"  provider requests (with logs):   {logs['requests_by_kind']}")
-    print(f"  naive requests: {naive['requests_by_kind']}; its slowest round took {naive['round_wall_s']:.2f} s")
-    print(
-        "  ratios naive / provider (status only): requests "
-        f"{naive['requests_per_interval'] / max(1e-9, status['requests_per_interval']):.0f}x, CPU "
-        f"{naive['cpu_ms_per_job_per_poll'] / max(1e-9, status['cpu_ms_per_job_per_poll']):.1f}x, API server CPU "
-        f"{naive['server_cpu_s_per_interval'] / max(1e-9, status['server_cpu_s_per_interval']):.1f}x"
-    )
+    title = f"{args.jobs} running Jobs, one namespace, {args.rounds} poll intervals of {args.interval:g} s"
+    print_watch_table(title, status, logs, naive, "naive (SDK/KJO)")
     sys.stdout.flush()
 
 

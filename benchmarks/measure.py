@@ -1,7 +1,9 @@
-"""What every benchmark here measures the same way: this process's CPU time and RSS, and a trigger's first event."""
+"""What every benchmark here measures the same way: this process's CPU time and RSS, another process's CPU time, a
+trigger's first event, and the side-by-side table of the polling benchmarks of API platforms."""
 
 from __future__ import annotations
 
+import os
 import resource
 import time
 from collections.abc import AsyncGenerator
@@ -31,3 +33,41 @@ async def first_event(trigger: Any) -> float:
     finally:
         await events.aclose()
     return time.monotonic()
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) another process (an API server) used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def print_watch_table(
+    title: str, status: dict[str, Any], logs: dict[str, Any], naive: dict[str, Any], who: str
+) -> None:
+    """The provider's triggers (status only, and with log streaming) next to a naive per-job watcher (``who``):
+    requests, CPU and RSS per watched job, the API server's CPU; then the ratios naive / provider."""
+    print(f"\n== {title}")
+    print(f"  {'':34} {'provider':>14} {'provider+logs':>14} {who:>16}")
+    rows = [
+        ("API requests per interval", "{:.1f}", "requests_per_interval"),
+        ("CPU ms per job per poll", "{:.3f}", "cpu_ms_per_job_per_poll"),
+        ("RSS KiB per watched job", "{:.1f}", "rss_kib_per_job"),
+        ("API server CPU s per interval", "{:.2f}", "server_cpu_s_per_interval"),
+    ]
+    for name, fmt, key in rows:
+        values = [fmt.format(r[key]) for r in (status, logs, naive)]
+        print(f"  {name:34} {values[0]:>14} {values[1]:>14} {values[2]:>16}")
+    if "startup_cpu_ms_per_trigger" in status:
+        print(
+            f"  trigger start (outside the steady state): {status['startup_cpu_ms_per_trigger']:.2f} ms CPU per "
+            f"trigger (status only), {logs['startup_cpu_ms_per_trigger']:.2f} ms (with logs)"
+        )
+    print(f"  provider requests (status only): {status['requests_by_kind']}")
+    print(f"  provider requests (with logs):   {logs['requests_by_kind']}")
+    print(f"  naive requests: {naive['requests_by_kind']}; its slowest round took {naive['round_wall_s']:.2f} s")
+    print(
+        "  ratios naive / provider (status only): requests "
+        f"{naive['requests_per_interval'] / max(1e-9, status['requests_per_interval']):.0f}x, CPU "
+        f"{naive['cpu_ms_per_job_per_poll'] / max(1e-9, status['cpu_ms_per_job_per_poll']):.1f}x, API server CPU "
+        f"{naive['server_cpu_s_per_interval'] / max(1e-9, status['server_cpu_s_per_interval']):.1f}x"
+    )

@@ -14,6 +14,7 @@ PLATFORMS: dict[str, tuple[str, str]] = {
     "slurm": ("tao_slurm", "airflow_provider_tao.hooks.slurm.SlurmHook"),
     "docker": ("tao_docker", "airflow_provider_tao.hooks.docker.TAODockerHook"),
     "kubernetes": ("tao_kubernetes", "airflow_provider_tao.hooks.kubernetes.TAOKubernetesHook"),
+    "lepton": ("tao_lepton", "airflow_provider_tao.hooks.lepton.LeptonHook"),
 }
 
 

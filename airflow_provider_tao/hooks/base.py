@@ -272,6 +272,12 @@ class TAOPlatformHook(BaseHook):
         """The platform's persistent results root, exported into jobs as ``TAO_RESULTS_ROOT``; None if none."""
         return None
 
+    def runner_mount_path(self, spec: JobSpec) -> str | None:
+        """The shared cache the in-job runner keeps S3 inputs on (``<mount>/<bucket>/<key>``, reused while size and
+        ETag match), when the platform mounts one into ``spec``'s job by itself (Lepton: a Lustre volume of the node
+        group). ``backend_details["mount_path"]`` wins over it."""
+        return None
+
     def results_dir_for(self, spec: JobSpec) -> str:
         """Where a job's results land -- the in-job runner's order: an explicit root (``results_uri``), the
         platform's persistent root, ``s3://$S3_BUCKET_NAME/results``, else the job's own ``/results``."""

@@ -7,15 +7,21 @@ Inside the container::
     /tao-job/files/       the spec's files (the in-job runner and its manifest): ``TAO_JOB_FILES``
     /tao-job/secret.env   the secrets as ``export K='v'`` lines, 0600; sourced and deleted by the launcher
     /tao-job/marks/<key>  the ownership marks (one small JSON value per file), kept with the job
-    /tao-job-parts/*      where the files arrive in pieces (Kubernetes: gzip'd tar chunks from ConfigMaps); the
-                          launcher unpacks them into /tao-job before anything else
+    /tao-job/setup.sh     a platform's setup, sourced by the launcher after unpacking (Lepton: the multi-node
+                          variables from its worker variables)
+    /tao-job-parts/*      where the files arrive in pieces (Kubernetes: gzip'd tar chunks from ConfigMaps; Lepton:
+                          ``$TAO_JOB_PARTS_DIR`` on a shared volume); the launcher unpacks them into /tao-job first
+    $TAO_JOB_PART_<i>     the same gzip'd tar, base64 in ``$TAO_JOB_PARTS_ENV`` environment variables (Lepton:
+                          each under Linux's 128 KiB limit of one string); unpacked, then unset
 """
 
 from __future__ import annotations
 
+import base64
 import gzip
 import io
 import json
+import re
 import tarfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -32,6 +38,7 @@ LABEL_NAME = f"{LABEL_DOMAIN}/job-name"
 LABEL_TRY = f"{LABEL_DOMAIN}/try"
 LABEL_RESULTS_DIR = f"{LABEL_DOMAIN}/results-dir"
 #: ``JobSpec.origin`` keys, as labels (``dag_id`` -> ``tao.nvidia.com/dag-id``).
+_LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 ORIGIN_LABELS = {key: f"{LABEL_DOMAIN}/{key.replace('_', '-')}" for key in ("dag_id", "task_id", "run_id", "map_index")}
 
 JOB_ROOT = "/tao-job"
@@ -39,18 +46,41 @@ FILES_DIR = f"{JOB_ROOT}/files"
 SECRETS_FILE = f"{JOB_ROOT}/secret.env"
 MARKS_DIR = f"{JOB_ROOT}/marks"
 PARTS_DIR = "/tao-job-parts"
-#: Exit code of a launcher that could not unpack the job's files (the image lacks tar or gzip).
+SETUP_FILE = f"{JOB_ROOT}/setup.sh"
+#: Environment variables of the files-in-environment channel: the number of parts, and each part's name prefix.
+PARTS_ENV_COUNT = "TAO_JOB_PARTS_ENV"
+PARTS_ENV_PREFIX = "TAO_JOB_PART_"
+#: Environment variable naming another folder of parts (a shared volume) instead of :data:`PARTS_DIR`.
+PARTS_DIR_ENV = "TAO_JOB_PARTS_DIR"
+#: Exit code of a launcher that could not unpack the job's files (the image lacks tar, gzip or base64).
 UNPACK_FAILED_EXIT = 70
 
+_UNPACK = (
+    f"gzip -dc | tar -xf - -C {JOB_ROOT} || "
+    f'{{ echo "tao-launch: cannot unpack the job files (the image needs tar, gzip and base64)" >&2; '
+    f"exit {UNPACK_FAILED_EXIT}; }}"
+)
 # Fixed text: the command arrives as "$@", the secrets from a file; nothing of either is in the container's spec.
-# A string command runs under bash, or sh in an image without bash (alpine, busybox).
+# A string command runs under bash, or sh in an image without bash (alpine, busybox). Parts in the environment are
+# unset once unpacked: the command's own children never inherit megabytes of environment.
 _LAUNCHER = (
-    f"if [ -d {PARTS_DIR} ]; then cat {PARTS_DIR}/part-* | gzip -dc | tar -xf - -C {JOB_ROOT} || "
-    f'{{ echo "tao-launch: cannot unpack the job files (the image needs tar and gzip)" >&2; '
-    f"exit {UNPACK_FAILED_EXIT}; }}; fi; "
+    f'if [ -n "${{{PARTS_ENV_COUNT}:-}}" ]; then mkdir -p {JOB_ROOT}; '
+    f'i=0; while [ "$i" -lt "${PARTS_ENV_COUNT}" ]; do eval "printf %s \\"\\${PARTS_ENV_PREFIX}$i\\""; '
+    f"i=$((i+1)); done | base64 -d | {_UNPACK}; "
+    f'i=0; while [ "$i" -lt "${PARTS_ENV_COUNT}" ]; do unset "{PARTS_ENV_PREFIX}$i"; i=$((i+1)); done; '
+    f"unset {PARTS_ENV_COUNT} i; "
+    f'elif [ -d "${{{PARTS_DIR_ENV}:-{PARTS_DIR}}}" ]; then mkdir -p {JOB_ROOT}; '
+    f'cat "${{{PARTS_DIR_ENV}:-{PARTS_DIR}}}"/part-* | {_UNPACK}; fi; '
+    f"if [ -f {SETUP_FILE} ]; then . {SETUP_FILE}; fi; "
     f"if [ -f {SECRETS_FILE} ]; then set -a; . {SECRETS_FILE}; set +a; rm -f {SECRETS_FILE}; fi; "
     'if [ "$1" = --shell ]; then [ -x /bin/bash ] && exec /bin/bash -c "$2"; exec /bin/sh -c "$2"; fi; exec "$@"'
 )
+
+
+def label_value(value: str) -> str:
+    """``value`` as a valid Kubernetes-style label value (at most 63 of ``[A-Za-z0-9_.-]``, alphanumeric at both
+    ends), for platforms whose labels follow that rule (Kubernetes, Lepton); the exact value is kept elsewhere."""
+    return _LABEL_VALUE_BAD.sub("-", value)[:63].strip("-_.")
 
 
 def job_labels(spec: JobSpec, try_number: int, results_dir: str) -> dict[str, str]:
@@ -100,15 +130,31 @@ def job_archive(
     return buffer.getvalue()
 
 
-def files_in_parts(files: Mapping[str, bytes], part_size: int) -> list[bytes]:
-    """The job's files as a gzip'd tar (relative to :data:`JOB_ROOT`) cut into pieces of at most ``part_size``
-    bytes, for platforms whose objects are size-limited; the launcher joins and unpacks them from :data:`PARTS_DIR`.
-    Owned by whoever unpacks them (the container's user)."""
+def pack_files(files: Mapping[str, bytes], setup: bytes | None = None) -> bytes:
+    """The job's files (and a platform's :data:`SETUP_FILE`) as one gzip'd tar relative to :data:`JOB_ROOT`, the
+    form every parts channel of the launcher unpacks. Owned by whoever unpacks it (the container's user)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         _add_files(tar, FILES_DIR.removeprefix(f"{JOB_ROOT}/"), files, (0, 0))
-    packed = gzip.compress(buffer.getvalue(), compresslevel=6, mtime=0)
+        if setup is not None:
+            _add(tar, SETUP_FILE.removeprefix(f"{JOB_ROOT}/"), setup, 0o600, (0, 0))
+    return gzip.compress(buffer.getvalue(), compresslevel=6, mtime=0)
+
+
+def files_in_parts(files: Mapping[str, bytes], part_size: int, setup: bytes | None = None) -> list[bytes]:
+    """:func:`pack_files` cut into pieces of at most ``part_size`` bytes, for platforms whose objects are
+    size-limited; the launcher joins and unpacks them from :data:`PARTS_DIR` (or ``$TAO_JOB_PARTS_DIR``)."""
+    packed = pack_files(files, setup)
     return [packed[start : start + part_size] for start in range(0, len(packed), part_size)]
+
+
+def files_in_env(files: Mapping[str, bytes], value_size: int, setup: bytes | None = None) -> dict[str, str]:
+    """:func:`pack_files` as base64 environment variables of at most ``value_size`` characters each, plus their
+    count in :data:`PARTS_ENV_COUNT`: for platforms whose only way into a container is its environment. The
+    launcher joins, decodes and unpacks them, then unsets them."""
+    text = base64.b64encode(pack_files(files, setup)).decode()
+    chunks = [text[start : start + value_size] for start in range(0, len(text), value_size)]
+    return {PARTS_ENV_COUNT: str(len(chunks))} | {f"{PARTS_ENV_PREFIX}{i}": chunk for i, chunk in enumerate(chunks)}
 
 
 def _add_files(tar: tarfile.TarFile, root: str, files: Mapping[str, bytes], owner: tuple[int, int]) -> None:

@@ -44,6 +44,7 @@ from airflow_provider_tao.hooks.base import (
     TAOPlatformHook,
     multi_node_env,
 )
+from airflow_provider_tao.hooks.container import label_value
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
 CONTAINER = "tao"
@@ -82,7 +83,6 @@ DETAIL_KEYS = frozenset(
 )
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _MARK_KEYS = frozenset({MARK_OWNER, MARK_CANCEL, MARK_CONSUMED})
-_LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 _WAITING_FATAL = {
     "ErrImagePull",
     "ImagePullBackOff",
@@ -95,12 +95,6 @@ _WAITING_FATAL = {
 def mark_annotation(key: str) -> str:
     """The Job annotation that keeps ownership mark ``key``."""
     return f"{ct.LABEL_DOMAIN}/{key}"
-
-
-def label_value(value: str) -> str:
-    """``value`` as a valid label value (at most 63 of ``[A-Za-z0-9_.-]``, alphanumeric at both ends); the exact
-    value goes into an annotation next to it."""
-    return _LABEL_VALUE_BAD.sub("-", value)[:63].strip("-_.")
 
 
 class TAOKubernetesHook(TAOPlatformHook):

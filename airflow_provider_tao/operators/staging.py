@@ -29,7 +29,8 @@ class S3StagingMixin:
     """Data staging for :class:`~airflow_provider_tao.operators.submit.TAOSubmitOperator`.
 
     Reads the operator's ``command``, ``specs``, ``args``, ``inputs``, ``outputs``, ``config_format``,
-    ``upload_excludes``, ``storage_conn_id``, ``results_uri`` and ``backend_details["mount_path"]``.
+    ``upload_excludes``, ``storage_conn_id``, ``results_uri`` and ``backend_details["mount_path"]`` (else the
+    platform's own shared cache, :meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.runner_mount_path`).
     """
 
     command: str | list[str]
@@ -47,8 +48,11 @@ class S3StagingMixin:
     def uses_runner(self) -> bool:
         return any(getattr(self, name) is not None for name in STAGING_FIELDS)
 
-    def build_job_entrypoint(self) -> Entrypoint:
-        """The runner entrypoint for this task (pure: the same rendered parameters give the same result)."""
+    def build_job_entrypoint(self, mount_path: str | None = None) -> Entrypoint:
+        """The runner entrypoint for this task (pure: the same rendered parameters give the same result).
+
+        :param mount_path: the platform's shared input cache, when ``backend_details`` names none.
+        """
         from airflow_provider_tao.runner.entrypoint import build_entrypoint
 
         try:
@@ -60,7 +64,7 @@ class S3StagingMixin:
                 outputs=self.outputs,
                 config_format=self.config_format,
                 upload_excludes=self.upload_excludes,
-                mount_path=self.backend_details.get("mount_path"),
+                mount_path=self.backend_details.get("mount_path") or mount_path,
             )
         except ValueError as exc:
             parameter, _, rest = str(exc).partition(": ")
@@ -79,7 +83,7 @@ class S3StagingMixin:
             )
         if not self.uses_runner:
             return spec, {}
-        entrypoint = self.build_job_entrypoint()
+        entrypoint = self.build_job_entrypoint(hook.runner_mount_path(spec))
         self._check_inputs(entrypoint, hook)
         env = {**spec.env, **entrypoint.env}
         secret_env = dict(spec.secret_env)

@@ -279,7 +279,10 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         try_number = context["ti"].try_number
         # Reattach first: an earlier try's job that still runs is this task's job, whatever a new validation of
         # today's inputs would say (the job itself may have moved them), and its outputs are the ones that count.
-        found = self._find_previous(context, hook, name) if reattach else None
+        try:
+            found = self._find_previous(context, hook, name) if reattach else None
+        except JobValidationError as exc:  # e.g. the platform refused the connection's credentials
+            raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
         if found is not None and found[1].state is JobState.COMPLETE:
             self._handle = found[0]
             self._publish(context, found[0])
@@ -322,7 +325,8 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
                     deadline=deadline,
                     stream_logs=self.stream_logs,
                     cancel_on_kill=self.cancel_on_kill,
-                    secret_conn_ids=[self.storage_conn_id] if self.storage_conn_id else [],
+                    # the platform connection too: its extras may hold keys the job receives (NGC, HF tokens)
+                    secret_conn_ids=[c for c in (self.storage_conn_id, self.conn_id) if c],
                 ),
                 method_name="execute_complete",
                 # The trigger enforces the deadline itself and the operator cancels the job; a framework timeout

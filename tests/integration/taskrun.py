@@ -6,6 +6,8 @@
   ``serialize()`` as the triggerer does, and starts its ``run()`` on the triggerer loop.
 * :func:`finish` waits for the trigger's event and resumes the task with ``execute_complete`` (worker side).
 * :func:`kill` is "mark the task failed while deferred": the triggerer cancels ``run()`` and calls ``on_kill()``.
+* :func:`sigkill_worker_after_submission` is a worker that dies (SIGKILL) right after it submitted a job, before it
+  could store the handle.
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ import asyncio
 import concurrent.futures
 import copy
 import importlib
+import os
+import signal
+import subprocess
 import sys
 import threading
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 from airflow.sdk.exceptions import TaskDeferred
@@ -136,3 +142,35 @@ def kill(run: TaskRun) -> None:
     """The task is marked failed while deferred: the triggerer cancels ``run()`` and calls ``on_kill()``."""
     run.future.cancel()
     run.triggerer.call(run.trigger.on_kill(), timeout=60)
+
+
+_WORKER = """
+import sys
+from airflow_provider_tao.operators.submit import TAOSubmitOperator
+from tests.unit.fakes import Store, make_context
+op = TAOSubmitOperator(task_id="train", conn_id=sys.argv[1], image=sys.argv[2], command=sys.argv[3],
+                       gpu_count=0, deferrable=False, poll_interval=1)
+context = make_context(Store(), 1, sys.argv[4])
+print(op._job_name(context, op._hook()), flush=True)
+op.execute(context)
+"""
+
+
+def sigkill_worker_after_submission(conn_id: str, image: str, command: str, run_id: str) -> str:
+    """Run a task (non-deferrable, try 1) in a worker process and SIGKILL it as soon as it logs "Submitted ... job":
+    the store write may not have happened. Returns the job's deterministic name."""
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _WORKER, conn_id, image, command, run_id],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert worker.stdout is not None
+    name = worker.stdout.readline().strip()
+    while not ((line := worker.stdout.readline()).startswith("Submitted") or " Submitted " in line):
+        assert line, "the worker ended before it submitted"
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    return name
