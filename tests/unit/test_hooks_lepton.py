@@ -243,7 +243,7 @@ def _hook_with(placement: lp.Placement) -> lp.LeptonHook:
 
 def _runner_spec(blob: str, **kwargs: Any) -> JobSpec:
     entry = build_entrypoint("python3 train.py", specs={"train": {"blob": blob}})
-    files = {k: v.encode() for k, v in entry.files.items()}
+    files = {k: v.encode() if isinstance(v, str) else v for k, v in entry.files.items()}
     return JobSpec(name="train-0123456789", job_id="abc123def456", command=entry.command, image="i", files=files,
                    **kwargs)  # fmt: skip
 
