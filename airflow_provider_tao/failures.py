@@ -104,6 +104,10 @@ RAW_STATE_CLASSES: dict[str, ErrClass] = {
     "UNSCHEDULABLE": ErrClass.ERR_CAPACITY,
     "CREATECONTAINERCONFIGERROR": ErrClass.ERR_CONFIG,
     "CREATECONTAINERERROR": ErrClass.ERR_CONFIG,
+    # Brev: the instance under the job failed, went unhealthy or is being deleted
+    "FAILURE": ErrClass.ERR_INFRA,
+    "UNHEALTHY": ErrClass.ERR_INFRA,
+    "DELETING": ErrClass.ERR_INFRA,
     "CANCELLED": ErrClass.ERR_CANCELED,
     "CANCELED": ErrClass.ERR_CANCELED,
 }
