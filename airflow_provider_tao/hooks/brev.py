@@ -268,14 +268,16 @@ class BrevHook(TAOPlatformHook):
         details = self.platform_details(spec)
         reuse = details.get("instance_id")
         instance = str(reuse or spec.name)
-        exists = False  # whether the task's own instance exists (then a failed launch deletes it)
+        exists = False  # the task's own instance exists: a failed submission deletes it
         try:
             instances = self.session.instances()  # a refused token fails here, before anything is created
             if reuse:
                 instance = self._reused_instance(str(reuse), instances)
             else:
-                exists = spec.name in instances
-                exists = self._ephemeral_instance(spec, details, try_number, instances) or exists
+                lease = self._lease(spec, details, try_number)
+                self._own_instance(spec, self._types(details), lease, instances)
+                exists = True
+                self._wait_ready(instance, lease)
             handle = self.new_handle(spec, try_number, backend_job_id=instance)
             if not reuse and not handle.results_dir.startswith("s3://"):
                 self.log.warning(
@@ -285,19 +287,13 @@ class BrevHook(TAOPlatformHook):
                 )  # fmt: skip
             self._launch(spec, handle, details)
         except BrevError as exc:
-            if exists or (not reuse and spec.name in self._instances_or_empty()):
-                self._delete_instance(instance, f"job {spec.job_id} could not be launched")
+            if exists:
+                self._delete_instance(instance, f"job {spec.job_id} could not be launched ({exc.err_class.value})")
             raise JobSubmitError(exc.err_class, str(exc)) from exc
         self.log.info(
             "Job %s runs in container %s on instance %s", spec.job_id, ct.container_name(spec.job_id), instance
         )
         return handle
-
-    def _instances_or_empty(self) -> dict[str, dict[str, Any]]:
-        try:
-            return self.session.instances()
-        except BrevError:
-            return {}
 
     def _reused_instance(self, wanted: str, instances: Mapping[str, Mapping[str, Any]]) -> str:
         """The existing instance a job asked for (by name or id), running and answering."""
@@ -320,11 +316,11 @@ class BrevHook(TAOPlatformHook):
         self._wait_ready(name, None)
         return name
 
-    def _ephemeral_instance(
-        self, spec: JobSpec, details: Mapping[str, Any], try_number: int, instances: Mapping[str, Mapping[str, Any]]
-    ) -> bool:
-        """The task's own instance, named after the task instance: found (an earlier try made it) or created.
-        Returns whether this call created it."""
+    def _own_instance(
+        self, spec: JobSpec, types: Sequence[str], lease: Mapping[str, Any], instances: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        """The task's own instance, named after the task instance: found (an earlier try made it) or created with
+        the type chain. Returns once it exists; a refused creation leaves nothing behind and raises."""
         name = spec.name
         entry = instances.get(name)
         if entry is not None and entry.get("status") in ("FAILURE", "DELETING"):
@@ -333,23 +329,22 @@ class BrevHook(TAOPlatformHook):
                 self.session.delete(name)
             self._wait_gone(name)
             entry = None
-        lease = self._lease(spec, details, try_number)
-        created = entry is None
-        if created:
-            types = self._types(details)
-            self.log.info(
-                "Creating instance %s (types %s; lease %s h)", name, ",".join(types) or "auto", lease["lease_hours"]
-            )
-            try:
-                self.session.create(name, types, remote.startup_script(lease))
-            except BrevError as exc:
-                if "already exists" not in str(exc.result.stderr if exc.result else exc):
-                    raise
-                created = False  # another submission of this task instance made it just now
-        else:
-            self.log.info("Instance %s of an earlier try exists (%s): using it", name, (entry or {}).get("status"))
-        self._wait_ready(name, lease)
-        return created
+        if entry is not None:
+            self.log.info("Instance %s of an earlier try exists (%s): using it", name, entry.get("status"))
+            return
+        self.log.info(
+            "Creating instance %s (types %s; lease %s h)", name, ",".join(types) or "auto", lease["lease_hours"]
+        )
+        try:
+            skipped = self.session.create(name, types, remote.startup_script(lease))
+            for line in skipped:
+                self.log.warning("brev create: %s (instance type chain %s)", line, ",".join(types))
+        except BrevError as exc:
+            # A lost answer (the API made it, the CLI saw an error) or another submission of this task instance
+            # that made it just now: the instance is there, and it is this task's.
+            if exc.err_class in (ErrClass.ERR_CONFIG, ErrClass.ERR_CAPACITY) or name not in self.session.instances():
+                raise
+            self.log.warning("brev create failed (%s), yet instance %s exists: using it", exc, name)
 
     def _lease(self, spec: JobSpec, details: Mapping[str, Any], try_number: int) -> dict[str, Any]:
         hours = self._lease_hours(details)
@@ -503,7 +498,13 @@ class BrevHook(TAOPlatformHook):
         """The newest container of this job name: on the task's own instance if it exists, else on every running
         instance (a reused one). A launch still going on (its worker died mid-submission, the CLI call did not) is
         waited for; a container created but never started is removed (it never ran anything)."""
-        instances = self.session.instances()
+        try:
+            instances = self.session.instances()
+        except BrevError as exc:
+            if exc.err_class is ErrClass.ERR_INFRA:
+                raise  # cannot tell whether the job exists: the operator submits nothing
+            self.log.info("Cannot look for job %s (%s): the submission will say why", name, exc)
+            return None  # a refused token or a missing CLI: nothing can be submitted either
         if name in instances:
             candidates = [name] if instances[name].get("status") in _EXEC_STATES else []
         else:

@@ -230,7 +230,7 @@ class BrevSession:
         private_folder(self.home / ".brev")
         credentials = json.dumps(credentials_for(self._token), indent=2).encode()
         write_private_file(self.home / ".brev" / "credentials.json", credentials)
-        if self.org:
+        if self.org and not (self.home / ".brev" / "active_org.json").exists():
             result = self._run(["set", self.org], SET_TIMEOUT)
             if is_logged_out(result):
                 raise _auth_error(result)
@@ -281,15 +281,22 @@ class BrevSession:
     def instances(self, timeout: float = LS_TIMEOUT) -> dict[str, dict[str, Any]]:
         """``brev ls --json``: the account's instances by name (``{"workspaces": null}`` is none)."""
         result = self.check(["ls", "--json"], timeout, "listing the instances (brev ls --json)")
+        text = result.text
+        # The CLI may print notices on stdout first (e.g. about the saved token at start-up): the JSON object is
+        # the one that starts a line.
+        start = 0 if text.startswith("{") else text.find("\n{") + 1
         try:
-            listed = json.loads(result.text)
-        except ValueError as exc:
-            raise BrevError(ErrClass.ERR_INFRA, f"brev ls --json printed no JSON: {result.text[:300]!r}") from exc
+            listed, _ = json.JSONDecoder().raw_decode(text, start) if start >= 0 else (None, 0)
+        except ValueError:
+            listed = None
+        if not isinstance(listed, dict):
+            raise BrevError(ErrClass.ERR_INFRA, f"brev ls --json printed no JSON object: {text[:300]!r}", result)
         return {str(w.get("name")): w for w in (listed.get("workspaces") or []) if isinstance(w, dict)}
 
-    def create(self, name: str, types: Sequence[str], startup_script: str) -> None:
+    def create(self, name: str, types: Sequence[str], startup_script: str) -> list[str]:
         """``brev create <name> [--type a,b] --detached --startup-script <script>``; a refusal is a
-        :class:`BrevError` of the class :func:`create_failure` decides."""
+        :class:`BrevError` of the class :func:`create_failure` decides. Returns what the CLI said about the types
+        it skipped (unknown, no capacity) before one worked."""
         args = ["create", name, "--detached"]
         if types:
             args += ["--type", ",".join(types)]
@@ -298,6 +305,7 @@ class BrevSession:
         result = self.call(args, CREATE_TIMEOUT)
         if not result.ok:
             raise create_failure(result, types)
+        return [line.removeprefix("Skipping: ").strip() for line in result.stderr.splitlines() if "Skipping:" in line]
 
     def delete(self, name: str) -> bool:
         """``brev delete <name>`` (no flags: the CLI has no ``--yes``). False when it was not there."""
