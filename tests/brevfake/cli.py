@@ -146,6 +146,8 @@ def run(io: Io, world: World, home: str, args: list[str], record: dict[str, Any]
         handler(context, values, positional)
     finally:
         record["targets"] = context.targets
+        if command == "exec":
+            record["ssh_agents_started"] = context.ssh_agents_started
 
 
 def print_error(io: Io, error: GoError) -> None:

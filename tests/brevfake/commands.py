@@ -74,6 +74,7 @@ class Context:
     world: World
     session: Session
     targets: list[str] = field(default_factory=list)
+    ssh_agents_started: int = 0
 
     @property
     def scale(self) -> float:
@@ -441,13 +442,7 @@ def create(ctx: Context, v: dict[str, Any], args: list[str]) -> None:
     if v["count"] < 1:
         raise validation("--count must be at least 1")
     types = _instance_types(ctx, v["type"])
-    startup_script = v["startup-script"]
-    if startup_script.startswith("@"):
-        try:
-            with open(startup_script[1:]) as script:
-                startup_script = script.read()
-        except OSError as missing:
-            raise GoError(f"open {startup_script[1:]}: {(missing.strerror or 'error').lower()}") from None
+    startup_script = read_at_file(v["startup-script"])
     if not types:
         filters = {**v, "min-total-vram": v["min-total-vram"] or 20.0, "min-capability": v["min-capability"] or 8.0}
         if not any(v[k] for k in ("gpu-name", "provider", "min-vram", "min-disk", "max-boot-time", "stoppable")):
@@ -459,6 +454,18 @@ def create(ctx: Context, v: dict[str, Any], args: list[str]) -> None:
         io.out(", ".join(types) + "\n")
         return
     _run_create(ctx, name, types, v, startup_script)
+
+
+def read_at_file(value: str) -> str:
+    """A flag or argument that reads a local file when it starts with ``@`` (exec's command, create's startup
+    script); a missing file fails as Go's ``os.ReadFile`` does."""
+    if not value.startswith("@"):
+        return value
+    try:
+        with open(value[1:]) as script:
+            return script.read()
+    except OSError as missing:
+        raise GoError(f"open {value[1:]}: {(missing.strerror or 'error').lower()}") from None
 
 
 def _instance_types(ctx: Context, flag: str) -> list[str]:
@@ -645,12 +652,7 @@ def exec_command(ctx: Context, v: dict[str, Any], args: list[str]) -> None:
     command, names = args[-1], args[:-1] + io.stdin_names()
     if not names:
         raise validation("instance name required: provide as argument or pipe from another command")
-    if command.startswith("@"):
-        try:
-            with open(command[1:]) as script:
-                command = script.read()
-        except OSError as missing:
-            raise GoError(f"open {command[1:]}: {(missing.strerror or 'error').lower()}") from None
+    command = read_at_file(command)
     if not command:
         raise validation("command is required")
     errors = []
@@ -673,7 +675,12 @@ def exec_command(ctx: Context, v: dict[str, Any], args: list[str]) -> None:
 
 
 def _ssh(ctx: Context, alias: str, command: str, connect_timeout: float) -> int:
+    """``runSSHWithTimeout``. Its shell line starts an ``ssh-agent`` (never stopped) when ``SSH_AUTH_SOCK`` is
+    unset: the fake counts those instead of leaking them."""
     from . import instances  # lazily: API-only calls start faster without the engine client
+
+    if not os.environ.get("SSH_AUTH_SOCK"):
+        ctx.ssh_agents_started += 1
 
     def relay(stream: int, chunk: bytes) -> None:
         (ctx.io.write_out if stream == 1 else ctx.io.write_err)(chunk)
@@ -855,34 +862,42 @@ def go_duration(seconds: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- delete / stop
-def delete(ctx: Context, v: dict[str, Any], args: list[str]) -> None:
-    io, session = ctx.io, ctx.session
-    names = args + io.stdin_names()
+def for_each_instance(ctx: Context, args: list[str], act: Callable[[str], None]) -> None:
+    """``util.GetInstanceNames`` (the arguments, then a piped stdin's lines), ``act`` on each, the failures
+    aggregated in one multierror; piped, the names are printed only when every one succeeded."""
+    names = args + ctx.io.stdin_names()
     if not names:
         raise validation("instance name required: provide as argument or pipe from another command")
     errors = []
     for name in names:
         ctx.targets.append(name)
         try:
-            try:
-                workspace = session.user_workspace(name)
-            except GoError as lookup:
-                raise _admin_only(ctx, lookup).traced(
-                    "pkg/cmd/delete.deleteWorkspace", "pkg/cmd/delete/delete.go", 78
-                ) from None
-            try:
-                deleted = session.call(lambda t, w=workspace: session.server.delete_workspace(t, w["id"]))
-            except GoError as failed:
-                raise failed.traced("pkg/cmd/delete.deleteWorkspace", "pkg/cmd/delete/delete.go", 91) from None
+            act(name)
         except GoError as failed:
             errors.append(failed)
-            continue
-        if not io.stdout_piped:
-            io.out(f"Deleting instance {deleted['name']}. This can take a few minutes. Run 'brev ls' to check status\n")
     if errors:
         raise multierror(errors)
-    if io.stdout_piped:
-        io.out("".join(f"{n}\n" for n in names))
+    if ctx.io.stdout_piped:
+        ctx.io.out("".join(f"{n}\n" for n in names))
+
+
+def delete(ctx: Context, v: dict[str, Any], args: list[str]) -> None:
+    io, session = ctx.io, ctx.session
+    where = ("pkg/cmd/delete.deleteWorkspace", "pkg/cmd/delete/delete.go")
+
+    def delete_one(name: str) -> None:
+        try:
+            workspace = session.user_workspace(name)
+        except GoError as lookup:
+            raise _admin_only(ctx, lookup).traced(*where, 78) from None
+        try:
+            deleted = session.call(lambda t: session.server.delete_workspace(t, workspace["id"]))
+        except GoError as failed:
+            raise failed.traced(*where, 91) from None
+        if not io.stdout_piped:
+            io.out(f"Deleting instance {deleted['name']}. This can take a few minutes. Run 'brev ls' to check status\n")
+
+    for_each_instance(ctx, args, delete_one)
 
 
 def _admin_only(ctx: Context, lookup: GoError) -> GoError:
@@ -904,41 +919,31 @@ def stop(ctx: Context, v: dict[str, Any], args: list[str]) -> None:
     if v["all"]:
         _stop_all(ctx)
         return
-    names = args + io.stdin_names()
-    if not names:
-        raise validation("instance name required: provide as argument or pipe from another command")
-    errors = []
-    for name in names:
-        ctx.targets.append(name)
-        where = ("pkg/cmd/stop.stopWorkspace", "pkg/cmd/stop/stop.go")
-        try:
-            if not session.is_api_key():
-                try:
-                    session.me()
-                except GoError as failed:
-                    raise failed.traced(*where, 143) from None
+    where = ("pkg/cmd/stop.stopWorkspace", "pkg/cmd/stop/stop.go")
+
+    def stop_one(name: str) -> None:
+        if not session.is_api_key():
             try:
-                workspace = session.user_workspace(name)
-            except GoError as lookup:
-                raise lookup.traced(*where, 173 if "not found" in lookup.full else 162) from None
-            if not workspace["instanceTypeInfo"]["stoppable"]:
-                raise validation(f'instance "{workspace["name"]}" does not support stop.')
-            try:
-                session.call(lambda t, w=workspace: session.server.stop_workspace(t, w["id"]))
+                session.me()
             except GoError as failed:
-                raise failed.traced(*where, 185) from None
+                raise failed.traced(*where, 143) from None
+        try:
+            workspace = session.user_workspace(name)
+        except GoError as lookup:
+            raise lookup.traced(*where, 173 if "not found" in lookup.full else 162) from None
+        if not workspace["instanceTypeInfo"]["stoppable"]:
+            raise validation(f'instance "{workspace["name"]}" does not support stop.')
+        try:
+            session.call(lambda t: session.server.stop_workspace(t, workspace["id"]))
         except GoError as failed:
-            errors.append(failed)
-            continue
+            raise failed.traced(*where, 185) from None
         if not io.stdout_piped:
             io.out(
                 io.green(f"Stopping instance {name}.\n")
                 + "Note: this can take a few seconds. Run 'brev ls' to check status\n"
             )
-    if errors:
-        raise multierror(errors)
-    if io.stdout_piped:
-        io.out("".join(f"{n}\n" for n in names))
+
+    for_each_instance(ctx, args, stop_one)
 
 
 def _stop_all(ctx: Context) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from . import instances
 from .engine import Engine
 from .server import Server, new_instance
-from .world import DEFAULT_DURATIONS, World, login_token, mint_jwt, schedule
+from .world import World, default_state, login_token, mint_jwt, schedule
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 GENERIC_BINARY = Path(__file__).resolve().parent / "bin" / "brev"
@@ -51,8 +51,6 @@ class BrevWorld:
         :param time_scale: real seconds per world second (default 0.02: a 60 s deploy takes 1.2 s).
         :param durations: world seconds of the ``deploy``, ``start``, ``stop`` and ``delete`` transitions.
         """
-        from .world import default_state
-
         directory = Path(state_dir)
         directory.mkdir(parents=True, exist_ok=True)
         directory.chmod(0o755)
@@ -369,11 +367,13 @@ class BrevWorld:
         stdin: Any = subprocess.DEVNULL,
         input: str | None = None,
         timeout: float = 60,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run this world's ``brev`` with a private ``HOME``: stdin from /dev/null, or a pipe holding ``input``."""
+        """Run this world's ``brev`` with a private ``HOME``: stdin from /dev/null, or a pipe holding ``input``;
+        ``env`` adds variables."""
         return subprocess.run(
             [self.brev, *args],
-            env=self.env(home),
+            env={**self.env(home), **(env or {})},
             stdin=None if input is not None else stdin,
             input=input,
             capture_output=True,
@@ -386,9 +386,6 @@ class BrevWorld:
         """``brev login --token`` in ``home`` (for tests of the fake; the provider logs in by itself)."""
         done = self.run("login", "--token", self.token, home=home)
         assert done.returncode == 0, done.stderr
-
-
-DURATION_NAMES = tuple(DEFAULT_DURATIONS)
 
 
 def _find(state: dict[str, Any], name: str) -> dict[str, Any]:

@@ -81,19 +81,10 @@ class Engine:
         conn.request(method, path, body=body, headers=sent_headers)
         return conn.getresponse(), conn
 
-    def call(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        query: dict[str, Any] | None = None,
-        headers: dict[str, str] | None = None,
-        ok: tuple[int, ...] = (),
-    ) -> Any:
-        """One request; the decoded JSON answer (``None`` when empty). Raises :class:`EngineError` on >= 400
-        unless the status is listed in ``ok``."""
-        response, conn = self._open(method, path, body, query=query, headers=headers)
+    def call(self, method: str, path: str, body: Any = None, *, ok: tuple[int, ...] = (), **request: Any) -> Any:
+        """One request (``query``, ``headers`` as :meth:`_open` takes them); the decoded JSON answer (``None``
+        when empty). Raises :class:`EngineError` on >= 400 unless the status is listed in ``ok``."""
+        response, conn = self._open(method, path, body, **request)
         try:
             data = response.read()
         finally:

@@ -271,6 +271,8 @@ def scp_upload(world: World, instance: dict[str, Any], local: str, remote: str) 
             raise ScpError(f'scp: dest open "{remote}": No such file or directory\r\n')
         if found is not None and os.path.isdir(local):
             raise ScpError(f'scp: "{remote}" exists but is not a directory\r\n')
+    if not _may(engine, name, "-w", directory):
+        raise ScpError(f'scp: dest open "{remote}": Permission denied\r\n')
     engine.put_archive(name, directory, _tar_of(local, entry))
 
 
@@ -280,6 +282,8 @@ def scp_download(world: World, instance: dict[str, Any], remote: str, local: str
     engine = engine_of(state)
     name = container_name(state, instance["id"])
     source = remote_path(remote)
+    if engine.stat_path(name, source) is not None and not _may(engine, name, "-r", source):
+        raise ScpError(f'scp: open remote "{remote}": Permission denied\r\n')
     try:
         data = engine.get_archive(name, source)
     except EngineError as missing:
@@ -291,6 +295,12 @@ def scp_download(world: World, instance: dict[str, Any], remote: str, local: str
         if not os.path.isdir(directory):
             raise ScpError(f'scp: open local "{local}": No such file or directory\r\n')
     _extract(data, directory, rename)
+
+
+def _may(engine: Engine, name: str, test: str, path: str) -> bool:
+    """Whether the login user passes ``test -w`` / ``test -r`` on a path (the engine's archive calls run as root;
+    scp runs as the user)."""
+    return engine.exec_stream(name, ["test", test, path], lambda _s, _c: None, user="ubuntu") == 0
 
 
 def _tar_of(local: str, entry: str) -> bytes:

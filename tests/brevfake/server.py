@@ -8,6 +8,7 @@ once after refreshing. Errors injected with ``BrevWorld.api_errors`` are answere
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .world import (
@@ -146,51 +147,56 @@ class Server:
                     )
 
     def delete_workspace(self, token: str, workspace_id: str) -> dict[str, Any]:
-        from . import instances  # lazily: API-only calls start faster without the engine client
-
-        path = f"api/workspaces/{workspace_id}"
-        self._enter(token, path)
-        with self.world.mutate() as state:
-            instance = state["instances"].get(workspace_id)
-            if instance is None:
-                raise ApiError(404, "Not Found", api_errors_body("workspace not found"), path)
+        def begin(state: dict[str, Any], instance: dict[str, Any], _path: str) -> bool:
             if instance["status"] != "DELETING":
                 schedule(state, instance, "DELETING", "delete", "GONE")
-            entity = workspace_entity(state, instance)
-        instances.destroy(self.world, self.world.read(), workspace_id)
-        return entity
+            return True
+
+        return self._transition(token, workspace_id, "", begin)
 
     def stop_workspace(self, token: str, workspace_id: str) -> dict[str, Any]:
-        from . import instances  # lazily: API-only calls start faster without the engine client
-
-        path = f"api/workspaces/{workspace_id}/stop"
-        self._enter(token, path)
-        with self.world.mutate() as state:
-            instance = state["instances"].get(workspace_id)
-            if instance is None:
-                raise ApiError(404, "Not Found", api_errors_body("workspace not found"), path)
+        def begin(state: dict[str, Any], instance: dict[str, Any], _path: str) -> bool:
             if instance["status"] in ("DELETING", "STOPPING", "STOPPED"):
-                return workspace_entity(state, instance)
+                return False
             schedule(state, instance, "STOPPING", "stop", "STOPPED")
-            entity = workspace_entity(state, instance)
-        instances.halt(self.world.read(), workspace_id)
-        return entity
+            return True
+
+        return self._transition(token, workspace_id, "/stop", begin)
 
     def start_workspace(self, token: str, workspace_id: str) -> dict[str, Any]:
-        from . import instances  # lazily: API-only calls start faster without the engine client
-
-        path = f"api/workspaces/{workspace_id}/start"
-        self._enter(token, path)
-        with self.world.mutate() as state:
-            instance = state["instances"].get(workspace_id)
-            if instance is None:
-                raise ApiError(404, "Not Found", api_errors_body("workspace not found"), path)
+        def begin(state: dict[str, Any], instance: dict[str, Any], path: str) -> bool:
             if instance["status"] != "STOPPED":
                 message = f"workspace is not stopped (status {instance['status']})"
                 raise ApiError(400, "Bad Request", api_errors_body(message), path)
             schedule(state, instance, "STARTING", "start", "RUNNING")
+            return True
+
+        return self._transition(token, workspace_id, "/start", begin)
+
+    def _transition(
+        self, token: str, workspace_id: str, action: str, begin: Callable[[dict[str, Any], dict[str, Any], str], bool]
+    ) -> dict[str, Any]:
+        """``DELETE api/workspaces/{id}`` (action ``""``) or ``PUT api/workspaces/{id}/stop|start``: ``begin``
+        moves the instance to its next status under the world's lock (False: nothing to do), then the VM's
+        containers follow (removed, killed or started)."""
+        from . import instances  # lazily: API-only calls start faster without the engine client
+
+        path = f"api/workspaces/{workspace_id}{action}"
+        self._enter(token, path)
+        with self.world.mutate() as state:
+            instance = state["instances"].get(workspace_id)
+            if instance is None:
+                raise ApiError(404, "Not Found", api_errors_body("workspace not found"), path)
+            act = begin(state, instance, path)
             entity = workspace_entity(state, instance)
-        instances.resume(self.world.read(), workspace_id)
+        if act:
+            current = self.world.read()
+            if action == "":
+                instances.destroy(self.world, current, workspace_id)
+            elif action == "/stop":
+                instances.halt(current, workspace_id)
+            else:
+                instances.resume(current, workspace_id)
         return entity
 
 

@@ -23,6 +23,7 @@ import json
 import os
 import secrets
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,7 @@ def default_state(engine: str, tag: str) -> dict[str, Any]:
         "orgs": orgs,
         "auth": {
             "session_key": secrets.token_hex(16),
-            "device_id": _uuid4(),
+            "device_id": str(uuid.uuid4()),
             "token_valid": True,
             "api_keys": {f"bak-{secrets.token_hex(20)}": orgs[0]["id"]},
             "secret": secrets.token_hex(32),
@@ -146,14 +147,6 @@ def default_state(engine: str, tag: str) -> dict[str, Any]:
         "deleted": [],
         "faults": {"flaky_ssh": [], "api_errors": [], "create_lost_response": 0, "failing_deploys": []},
     }
-
-
-def _uuid4() -> str:
-    raw = bytearray(secrets.token_bytes(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40
-    raw[8] = (raw[8] & 0x3F) | 0x80
-    h = raw.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class World:

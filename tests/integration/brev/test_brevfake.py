@@ -481,6 +481,7 @@ def test_copy_has_scp_semantics_through_the_engine(world: BrevWorld, home: Path,
     )
     missing = failed(brev(world, home, "copy", str(secret), "box:/no/such/dir/x"))
     assert missing.stderr.startswith("scp failed: exit status 1\nOutput: scp: ")
+    assert "Permission denied" in failed(brev(world, home, "copy", str(secret), "box:/etc/x")).stderr
     world.set_status("box", "STOPPED")
     started = ok(brev(world, home, "copy", str(secret), "box:again.txt"))
     assert started.stdout.startswith("Instance box is starting. \n\n")
@@ -544,6 +545,17 @@ def test_invocation_log_and_concurrent_calls(world: BrevWorld, home: Path) -> No
     assert world.calls("ls")[-1]["stderr"] == failure.stderr
 
 
+def test_the_time_scale_stretches_the_clis_own_waits(world: BrevWorld, home: Path) -> None:
+    world.create_instance("box")
+    ok(brev(world, home, "exec", "box", "true", env={"SSH_AUTH_SOCK": ""}))
+    assert world.calls("exec")[-1]["ssh_agents_started"] == 2  # the real exec leaks one per ssh attempt
+    ok(brev(world, home, "exec", "box", "true", env={"SSH_AUTH_SOCK": "/nonexistent"}))
+    assert world.calls("exec")[-1]["ssh_agents_started"] == 0
+    started = time.monotonic()
+    ok(brev(world, home, "copy", "box:.profile", str(home / "p"), env={"BREV_FAKE_TIME_SCALE": "0.2"}))
+    assert time.monotonic() - started >= 1.0  # copy always sleeps its 5 s before looking at the instance
+
+
 def test_teardown_removes_only_the_worlds_containers(brev_world: BrevWorld, home: Path, tmp_path: Path) -> None:
     other = BrevWorld.create(tmp_path / "other", brev_world.state()["engine"])
     try:
@@ -553,6 +565,8 @@ def test_teardown_removes_only_the_worlds_containers(brev_world: BrevWorld, home
         other.teardown()
         assert other.containers() == [] and other.job_containers() == []
         assert [c["Labels"]["brevfake.instance"] for c in brev_world.containers()] == ["mine"]
+        brev_world.reset()
+        assert brev_world.instances() == [] and brev_world.containers() == []
     finally:
         other.teardown()
 
