@@ -772,7 +772,7 @@ def _ssh_error(code: int) -> GoError:
     return exit_status(code).traced("pkg/cmd/exec.runSSHWithTimeout", "pkg/cmd/exec/exec.go", 311)
 
 
-def _start_stopped(ctx: Context, name: str, workspace: dict[str, Any], timeout_s: float) -> None:
+def _start_stopped(ctx: Context, name: str, workspace: dict[str, Any], timeout_s: float | None) -> None:
     """``util.StartWorkspaceIfStopped``."""
     session = ctx.session
     started = session.call(lambda t: session.server.start_workspace(t, workspace["id"]))
@@ -946,6 +946,10 @@ def stop(ctx: Context, v: dict[str, Any], args: list[str]) -> None:
     for_each_instance(ctx, args, stop_one)
 
 
+def _stop_by_id(session: Session, workspace_id: str) -> None:
+    session.call(lambda t: session.server.stop_workspace(t, workspace_id))
+
+
 def _stop_all(ctx: Context) -> None:
     io, session = ctx.io, ctx.session
     org = session.active_org()
@@ -961,7 +965,7 @@ def _stop_all(ctx: Context) -> None:
             if not io.stdout_piped:
                 io.out(io.yellow(f"\n{workspace['name']} skipped (does not support stop)"))
             continue
-        session.call(lambda t, w=workspace: session.server.stop_workspace(t, w["id"]))
+        _stop_by_id(session, workspace["id"])
         stopped.append(workspace["name"])
         ctx.targets.append(workspace["name"])
         if not io.stdout_piped:

@@ -353,8 +353,9 @@ def _extract(data: bytes, directory: str, rename: str | None) -> None:
             elif member.isfile():
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 extracted = tar.extractfile(member)
+                assert extracted is not None  # a regular file member always has content
                 with open(path, "wb") as out:
-                    shutil.copyfileobj(extracted, out)  # type: ignore[misc]
+                    shutil.copyfileobj(extracted, out)
                 os.chmod(path, member.mode & ~umask & 0o7777)
             elif member.issym():
                 if os.path.lexists(path):

@@ -503,21 +503,22 @@ def test_delete_stop_start(world: BrevWorld, home: Path) -> None:
     assert ok(brev(world, home, "stop", "box")).stdout == "box\n"
     assert world.instance("box")["status"] == "STOPPING"
     world.wait_status("box", "STOPPED")
-    assert world.container_of("box")["State"]["Running"] is False
+    assert _running(world, "box") is False
     not_stopped = failed(brev(world, home, "start", "h100"))
     assert not_stopped.stderr == "Instance is not stopped status=RUNNING\n"
     started = ok(brev(world, home, "start", "box"))
     assert started.stdout.startswith("Instance box is starting. \nNote: this can take about a minute.")
     assert "Your instance is ready!" in started.stdout and started.stdout.endswith("box\n")
-    assert world.instance("box")["status"] == "RUNNING" and world.container_of("box")["State"]["Running"]
+    assert world.instance("box")["status"] == "RUNNING" and _running(world, "box")
     unknown = ok(brev(world, home, "start", "no-such-box"))
     assert unknown.stdout == "tried to start with local path but path not found\nno-such-box\n"
 
+    assert ok(brev(world, home, "delete", world.instance("h100")["id"])).stdout == world.instance("h100")["id"] + "\n"
     assert ok(brev(world, home, "delete", "box")).stdout == "box\n"
     assert world.instance("box")["status"] == "DELETING"
-    assert len(world.containers()) == 1  # the VM is torn down at once
-    _wait(lambda: "box" not in {i["name"] for i in world.instances()}, "box gone after DELETING")
-    assert [d["name"] for d in world.deleted()] == ["box"]
+    assert world.containers() == []  # the VMs are torn down at once
+    _wait(lambda: world.instances() == [], "both gone after DELETING")
+    assert sorted(d["name"] for d in world.deleted()) == ["box", "h100"]
 
 
 # ---------------------------------------------------------------------------------------------------- the world
@@ -535,10 +536,24 @@ def test_invocation_log_and_concurrent_calls(world: BrevWorld, home: Path) -> No
         thread.join()
     assert results == [0] * 12
     calls = world.calls()
-    assert [c["command"] for c in calls] == ["login"] + ["ls"] * 12
+    assert [c["command"] for c in calls] == ["login", *["ls"] * 12]
     assert all(c["exit"] == 0 and c["end"] >= c["start"] and c["home"] == str(home) for c in calls)
     assert world.token in calls[0]["argv"]  # the log shows what a process list shows
     assert all(world.token not in " ".join(c["argv"]) for c in calls[1:])
+    creates: list[subprocess.CompletedProcess[str]] = []
+
+    def create(name: str) -> None:
+        creates.append(brev(world, home, "create", name, "-t", "g5.xlarge", "-d"))
+
+    racers = [threading.Thread(target=create, args=(name,)) for name in ("same", "same", "same", "other")]
+    for thread in racers:
+        thread.start()
+    for thread in racers:
+        thread.join()
+    assert sorted(c.returncode for c in creates) == [0, 0, 1, 1]  # one "same" wins the name, "other" is made
+    assert sorted(i["name"] for i in world.instances()) == ["box", "other", "same"]
+    assert len(world.containers()) == 3
+
     world.api_errors(1, 502)
     failure = failed(brev(world, home, "ls", "--json"))
     assert " 502 Bad Gateway " in failure.stderr
@@ -569,6 +584,13 @@ def test_teardown_removes_only_the_worlds_containers(brev_world: BrevWorld, home
         assert brev_world.instances() == [] and brev_world.containers() == []
     finally:
         other.teardown()
+
+
+def _running(world: BrevWorld, name: str) -> bool:
+    """Whether the engine says the instance's container runs."""
+    container = world.container_of(name)
+    assert container is not None, f"no container for {name}"
+    return bool(container["State"]["Running"])
 
 
 def _umask() -> int:
