@@ -84,6 +84,7 @@ _INSTANCE_WAITING = {
     "STOPPING": JobState.PAUSED,
     "STOPPED": JobState.PAUSED,
 }
+_LIVE_JOB_STATES = (JobState.PENDING, JobState.RUNNING, JobState.PAUSED)
 _EXEC_STATES = ("RUNNING", "UNHEALTHY")  # states in which a probe may answer (never exec a stopped instance: it starts)
 
 
@@ -136,6 +137,7 @@ class BrevHook(TAOPlatformHook):
         self._ended: dict[str, JobStatus] = {}  # job id -> its final status (an ended container is final)
         self._log_cursors: dict[str, str] = {}  # job id -> the cursor its last log read returned
         self._prefetched: dict[str, tuple[str, bytes]] = {}  # job id -> (cursor, log bytes read by a probe)
+        self._live: set[str] = set()  # jobs the last probe found not ended
 
     # ----------------------------------------------------------------- settings and session
 
@@ -579,6 +581,9 @@ class BrevHook(TAOPlatformHook):
                     with self._lock:
                         self._ended[handle.job_id] = status
                 statuses[handle.job_id] = status
+        with self._lock:
+            self._live -= set(statuses)
+            self._live |= {job for job, status in statuses.items() if status.state in _LIVE_JOB_STATES}
         return statuses
 
     def _probe(self, instance: str, handles: Sequence[JobHandle]) -> remote.InstanceProbe | str:
@@ -652,11 +657,18 @@ class BrevHook(TAOPlatformHook):
 
     def get_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
         """By timestamp cursor, as on the docker platform (``docker logs --timestamps --since`` on the instance,
-        from the cursor's exact time). The log lines of the last status probe serve the read when it continues from
-        the cursor the probe read from: a watched job's log costs no call of its own."""
+        from the cursor's exact time). A job this hook's status probes watch has its new lines read by the probe
+        from the cursor of its last read: the read returns them without a call of its own (the very first read of a
+        watched job registers its cursor and returns nothing yet; its lines arrive one interval later)."""
         cursor = cursor if tail is None else ""
         with self._lock:
             prefetched = self._prefetched.pop(handle.job_id, None) if tail is None else None
+            watched = tail is None and handle.job_id in self._live
+            if watched and (prefetched is None or prefetched[0] != cursor):
+                # A job the status probes watch: its lines from this cursor on come with the next probe, never
+                # with a call of their own (a job that has ended is read at once, below).
+                self._log_cursors[handle.job_id] = cursor
+                return "", cursor
         if prefetched is not None and prefetched[0] == cursor:
             data = prefetched[1]
         else:

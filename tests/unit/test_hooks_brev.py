@@ -568,13 +568,19 @@ def test_a_watched_jobs_log_comes_with_the_status_probe(monkeypatch: pytest.Monk
     hook = _hook(monkeypatch, session)
     handle = _handle("j1", "box")
     hook.get_job_statuses([handle])
-    text, cursor = hook.get_job_logs(handle, "")  # the first read asks the instance itself
+    assert hook.get_job_logs(handle, "") == ("", "")  # the first read registers the cursor: no call of its own
+    hook.get_job_statuses([handle])
+    text, cursor = hook.get_job_logs(handle, "")  # the probe read the log from the start
     assert text == "epoch 0\nepoch 1\n" and session.calls.count(("exec", "box")) == 2
     served["log"] = b"".join(lines[1:])  # the next probe reads from the cursor's exact time on
     hook.get_job_statuses([handle])
     text, cursor = hook.get_job_logs(handle, cursor)
-    assert text == "epoch 2\nepoch 3\n" and session.calls.count(("exec", "box")) == 3  # no exec of its own
+    assert text == "epoch 2\nepoch 3\n" and session.calls.count(("exec", "box")) == 3  # still one exec a poll
     assert cursor.startswith("2026-11-25T07:24:03")
+    # a job no probe watches (the operator's own hook after the end) is read at once
+    fresh = _hook(monkeypatch, session)
+    assert fresh.get_job_logs(handle, "")[0] == "epoch 1\nepoch 2\nepoch 3\n"
+    assert session.calls.count(("exec", "box")) == 4
 
 
 def test_a_cut_log_read_never_shows_half_a_line(monkeypatch: pytest.MonkeyPatch) -> None:
