@@ -29,6 +29,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_tao.hooks import brev_remote as remote
 from airflow_provider_tao.hooks.brev import BrevHook
+from airflow_provider_tao.jobs import JobHandle, JobState
 from airflow_provider_tao.triggers.job import StatusPoller
 from tests.brevfake.control import BrevWorld
 from tests.integration.brev.conftest import CONN_ID, brev_connection
@@ -219,22 +220,66 @@ def test_an_image_that_cannot_be_pulled_is_err_image_pull_and_the_instance_is_de
 # --------------------------------------------------------------------------- races, outages, auth, capacity
 
 
+def _when_created(world: BrevWorld, act: Any) -> threading.Thread:
+    """A thread that calls ``act(name)`` as soon as the world has its first instance."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while not world.instances() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        act(world.instances()[0]["name"])
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    return thread
+
+
+def test_an_instance_that_fails_after_create_said_yes_is_err_infra_and_deleted(
+    brev_world: BrevWorld, docker_engine: DockerEngine, triggerer: Triggerer
+) -> None:
+    brev_world.set_time_scale(0.02, deploy=150)
+    failing = _when_created(brev_world, lambda name: brev_world.set_status(name, "FAILURE", "out of host capacity"))
+    with pytest.raises(AirflowException, match="ERR_INFRA") as failed:
+        start(triggerer, _op(docker_engine.busybox, "echo never"))
+    failing.join()
+    assert not isinstance(failed.value, AirflowFailException)  # retriable: the next try gets a new instance
+    (created,) = [c for c in brev_world.calls() if _sub(c) == "create"]
+    assert created["exit"] == 0  # create exits 0 whatever becomes of the instance
+    _wait_gone(brev_world, created["argv"][2])
+
+
+def test_an_instance_failing_under_a_running_job_is_retriable_infrastructure_and_a_stopped_one_pauses(
+    brev_world: BrevWorld, docker_engine: DockerEngine, triggerer: Triggerer
+) -> None:
+    brev_world.create_instance("box")
+    hook = BrevHook(CONN_ID)
+    paused = start(triggerer, _op(docker_engine.busybox, "sleep 300", backend_details={"instance_id": "box"}))
+    _wait_job_running(brev_world, _name(paused))
+    brev_world.set_status("box", "STOPPED")
+    assert hook.get_job_status(JobHandle.from_json(paused.handle)).state is JobState.PAUSED
+    assert not paused.future.done()
+    kill(paused)
+
+    run = start(triggerer, _op(docker_engine.busybox, "sleep 300"))
+    _wait_job_running(brev_world, _name(run))
+    brev_world.set_status(_name(run), "FAILURE", "host lost")
+    with pytest.raises(AirflowException, match="ERR_INFRA") as failed:
+        finish(run, timeout=60)
+    assert not isinstance(failed.value, AirflowFailException)
+    _wait_gone(brev_world, _name(run))  # the failed instance is the task's own: deleted by the cleanup
+
+
 def test_an_instance_that_answers_exec_only_after_some_tries_is_waited_for(
     brev_world: BrevWorld, docker_engine: DockerEngine, triggerer: Triggerer
 ) -> None:
     brev_world.set_time_scale(0.02, deploy=150)  # 3 s of DEPLOYING: time to make its sshd slow
     planted: list[str] = []
 
-    def plant() -> None:
-        deadline = time.monotonic() + 60
-        while not brev_world.instances() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        name = brev_world.instances()[0]["name"]
+    def slow_sshd(name: str) -> None:
         brev_world.not_ready(name, 4)
         planted.append(name)
 
-    planter = threading.Thread(target=plant)
-    planter.start()
+    planter = _when_created(brev_world, slow_sshd)
     run = start(triggerer, _op(docker_engine.busybox, "echo ready"))
     planter.join()
     assert finish(run)["state"] == "Complete" and planted == [_name(run)]
