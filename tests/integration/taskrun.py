@@ -6,6 +6,8 @@
   ``serialize()`` as the triggerer does, and starts its ``run()`` on the triggerer loop.
 * :func:`finish` waits for the trigger's event and resumes the task with ``execute_complete`` (worker side).
 * :func:`kill` is "mark the task failed while deferred": the triggerer cancels ``run()`` and calls ``on_kill()``.
+* :func:`worker_process` runs a task synchronously in a worker process of its own (to SIGKILL or SIGTERM it) and
+  :func:`wait_submitted` waits until its log says the job was submitted.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ import asyncio
 import concurrent.futures
 import copy
 import importlib
+import os
+import subprocess
 import sys
 import threading
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 from airflow.sdk.exceptions import TaskDeferred
@@ -136,3 +141,41 @@ def kill(run: TaskRun) -> None:
     """The task is marked failed while deferred: the triggerer cancels ``run()`` and calls ``on_kill()``."""
     run.future.cancel()
     run.triggerer.call(run.trigger.on_kill(), timeout=60)
+
+
+_WORKER = """
+import signal, sys
+from airflow_provider_tao.operators.submit import TAOSubmitOperator
+from tests.unit.fakes import Store, make_context
+op = TAOSubmitOperator(task_id="train", conn_id=sys.argv[1], image=sys.argv[2], command=sys.argv[4],
+                       gpu_count=0, deferrable=False, poll_interval=1)
+context = make_context(Store(), 1, sys.argv[3])
+def stop(signum, frame):  # what the task runner does when the task is told to stop
+    op.on_kill()
+    sys.exit(1)
+signal.signal(signal.SIGTERM, stop)
+print(op._job_name(context, op._hook()), flush=True)
+op.execute(context)
+"""
+
+
+def worker_process(conn_id: str, image: str, run_id: str, command: str) -> tuple[subprocess.Popen[str], str]:
+    """A worker process running try 1 of the task synchronously (nothing stored: its ``task_state_store`` dies with
+    it); returns it and the job name it prints first. SIGTERM makes it call ``on_kill`` as the task runner does."""
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _WORKER, conn_id, image, run_id, command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert worker.stdout is not None
+    return worker, worker.stdout.readline().strip()
+
+
+def wait_submitted(worker: subprocess.Popen[str], platform: str) -> None:
+    """Until the worker's log says the job was submitted (``create_job`` returned)."""
+    assert worker.stdout is not None
+    while f"Submitted {platform} job" not in (line := worker.stdout.readline()):
+        assert line, "the worker ended before it submitted"

@@ -14,8 +14,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -34,7 +32,16 @@ from airflow_provider_tao.triggers.job import StatusPoller
 from tests.brevfake.control import BrevWorld
 from tests.integration.brev.conftest import CONN_ID, brev_connection
 from tests.integration.docker.conftest import DockerEngine
-from tests.integration.taskrun import TaskRun, Triggerer, finish, kill, make_operator, start
+from tests.integration.taskrun import (
+    TaskRun,
+    Triggerer,
+    finish,
+    kill,
+    make_operator,
+    start,
+    wait_submitted,
+    worker_process,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -377,34 +384,12 @@ def test_mark_failed_while_deferred_stops_the_container_and_deletes_the_instance
     assert not [c for c in _job_containers(brev_world, _name(run)) if c.get("State") == "running"]
 
 
-_WORKER = """
-import sys
-from airflow_provider_tao.operators.submit import TAOSubmitOperator
-from tests.unit.fakes import Store, make_context
-op = TAOSubmitOperator(task_id="train", conn_id="tao_brev_ci", image=sys.argv[1], command=sys.argv[3],
-                       gpu_count=0, deferrable=False, poll_interval=1)
-context = make_context(Store(), 1, sys.argv[2])
-print(op._job_name(context, op._hook()), flush=True)
-op.execute(context)
-"""
-
-
 def test_worker_sigkill_right_after_submission_then_the_retry_runs_one_job_on_one_instance(
     brev_world: BrevWorld, docker_engine: DockerEngine, triggerer: Triggerer
 ) -> None:
     run_id = _run_id()
-    worker = subprocess.Popen(
-        [sys.executable, "-c", _WORKER, docker_engine.busybox, run_id, "sleep 5; echo done"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert worker.stdout is not None
-    name = worker.stdout.readline().strip()
-    while "Submitted brev job" not in (line := worker.stdout.readline()):
-        assert line, "the worker ended before it submitted"
+    worker, name = worker_process(CONN_ID, docker_engine.busybox, run_id, "sleep 5; echo done")
+    wait_submitted(worker, "brev")
     worker.send_signal(signal.SIGKILL)  # the store write may not have happened
     worker.wait()
 
