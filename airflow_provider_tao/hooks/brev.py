@@ -559,9 +559,12 @@ class BrevHook(TAOPlatformHook):
         A failed listing raises (the poller turns that into Unknown); an instance whose exec does not answer gives
         its jobs Unknown."""
         with self._lock:
-            statuses = {h.job_id: final for h in handles if (final := self._ended.get(h.job_id)) is not None}
+            # What this hook keeps of a job lasts while it is watched (the poller's hook lives as long as jobs do).
             watched = {h.job_id for h in handles}
+            self._ended = {job: status for job, status in self._ended.items() if job in watched}
             self._log_cursors = {job: cursor for job, cursor in self._log_cursors.items() if job in watched}
+            self._prefetched = {job: data for job, data in self._prefetched.items() if job in watched}
+            statuses = {h.job_id: final for h in handles if (final := self._ended.get(h.job_id)) is not None}
         pending = [h for h in handles if h.job_id not in statuses]
         if not pending:
             return statuses
