@@ -770,6 +770,15 @@ class BrevHook(TAOPlatformHook):
         return remote.parse_probe(answer).marks.get(handle.job_id, {})
 
     def write_mark(self, handle: JobHandle, key: str, value: Any) -> None:
+        """Keep a mark next to the job on its instance; not on an instance that is not running (``brev exec`` would
+        start a stopped one: GPU hours for a mark). Its job is not running either, and the mark is not needed."""
+        entry = self.session.instances().get(handle.backend_job_id)
+        if entry is None or entry.get("status") not in _EXEC_STATES:
+            status = (entry or {}).get("status", "gone")
+            self.log.info(
+                "Instance %s is %s: mark %s of job %s not kept", handle.backend_job_id, status, key, handle.job_id
+            )
+            return
         answer = self._call(handle.backend_job_id, remote.write_mark(handle.job_id, key, value))
         if answer is None:
             raise BrevError(ErrClass.ERR_INFRA, f"instance {handle.backend_job_id} did not answer (writing mark {key})")

@@ -265,7 +265,8 @@ def test_an_instance_failing_under_a_running_job_is_retriable_infrastructure_and
     brev_world.set_status("box", "STOPPED")
     assert hook.get_job_status(JobHandle.from_json(paused.handle)).state is JobState.PAUSED
     assert not paused.future.done()
-    kill(paused)
+    kill(paused)  # the cancel execs nothing on a stopped instance: that would start it
+    assert brev_world.instance("box")["status"] == "STOPPED"
 
     run = start(triggerer, _op(docker_engine.busybox, "sleep 300"))
     _wait_job_running(brev_world, _name(run))
