@@ -385,6 +385,18 @@ def test_mark_failed_while_deferred_stops_the_container_and_deletes_the_instance
     assert not [c for c in _job_containers(brev_world, _name(run)) if c.get("State") == "running"]
 
 
+def test_mark_failed_just_after_the_job_ended_still_deletes_the_instance(
+    brev_world: BrevWorld, docker_engine: DockerEngine, triggerer: Triggerer
+) -> None:
+    run = start(triggerer, _op(docker_engine.busybox, "echo quick", poll_interval=30))
+    deadline = time.monotonic() + 60
+    while not [c for c in _job_containers(brev_world, _name(run)) if c.get("State") == "exited"]:
+        assert time.monotonic() < deadline, "the job did not end"
+        time.sleep(0.1)
+    kill(run)  # nothing left to stop, and the task will not resume to clean up: the kill deletes the instance
+    _wait_gone(brev_world, _name(run))
+
+
 def test_worker_sigkill_right_after_submission_then_the_retry_runs_one_job_on_one_instance(
     brev_world: BrevWorld, docker_engine: DockerEngine, triggerer: Triggerer
 ) -> None:
