@@ -35,7 +35,6 @@ from airflow_provider_tao.hooks.base import LOG_READ_LIMIT
 from airflow_provider_tao.hooks.cli import CliResult
 
 HOME_DIR = ".tao-brev"
-JOBS_DIR = f"{HOME_DIR}/jobs"
 LEASE_FILE = f"{HOME_DIR}/lease.json"
 #: The user the NGC registry wants with an API key.
 NGC_USER = "$oauthtoken"
