@@ -111,6 +111,10 @@ RAW_STATE_CLASSES: dict[str, ErrClass] = {
     "IMAGEPULLFAILED": ErrClass.ERR_IMAGE_PULL,
     "CONFIGERROR": ErrClass.ERR_INFRA,
     "STARTTIMEOUT": ErrClass.ERR_INFRA,
+    # Brev: the instance under the job failed, went unhealthy or is being deleted
+    "FAILURE": ErrClass.ERR_INFRA,
+    "UNHEALTHY": ErrClass.ERR_INFRA,
+    "DELETING": ErrClass.ERR_INFRA,
     "CANCELLED": ErrClass.ERR_CANCELED,
     "CANCELED": ErrClass.ERR_CANCELED,
 }

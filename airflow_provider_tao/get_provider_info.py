@@ -69,6 +69,54 @@ def _slurm_connection_type() -> dict[str, Any]:
     }
 
 
+def _brev_connection_type() -> dict[str, Any]:
+    """``tao_brev``: password = the Brev API token; the CLI, the org and the instances this provider creates."""
+    return {
+        "connection-type": "tao_brev",
+        "hook-class-name": "airflow_provider_tao.hooks.brev.BrevHook",
+        "hook-name": "TAO Brev",
+        "conn-fields": {
+            "brev_path": _field(
+                "brev CLI", "Path of the brev executable on the Airflow hosts (default: brev on PATH)."
+            ),
+            "org": _field("Org", "The Brev org to work in (default: the account's)."),
+            "instance_type": _field(
+                "Instance types",
+                "Fallback chain of the instances this provider creates, e.g. 'g5.xlarge,g6.xlarge' (default: the "
+                "CLI's own choice). A job's backend_details['instance_type'] wins.",
+            ),
+            "lease_hours": _field(
+                "Lease (h)",
+                "An instance this provider created is deleted by the reaper this long after its creation (8).",
+                kind="number",
+            ),
+            "ngc_api_key": _field("NGC API key", "Key for pulling images from the registry (NGC_KEY).", secret=True),
+            "registry": _field("Registry", "The registry the NGC key is for (default nvcr.io)."),
+            "network": _field("Docker network", "Docker network of the job containers on the instance."),
+            "shm_size": _field("Shared memory", "Size of /dev/shm in each job (default 16g)."),
+            "cancel_grace_seconds": _field(
+                "Cancel grace (s)", "Seconds between SIGTERM and SIGKILL when a job is stopped (10).", kind="number"
+            ),
+            "boot_timeout_seconds": _field(
+                "Boot timeout (s)", "How long a new instance may take to reach RUNNING (1200).", kind="number"
+            ),
+            "launch_timeout_seconds": _field(
+                "Launch timeout (s)", "How long the launch (image pull included) may take (1800).", kind="number"
+            ),
+        },
+        "ui-field-behaviour": {
+            "hidden-fields": ["host", "schema", "login", "port", "extra"],
+            "relabeling": {"password": "Brev API token"},
+            "placeholders": {
+                "brev_path": "/usr/local/bin/brev",
+                "instance_type": "g5.xlarge,g6.xlarge",
+                "lease_hours": "8",
+                "registry": "nvcr.io",
+            },
+        },
+    }
+
+
 def _docker_connection_type() -> dict[str, Any]:
     """``tao_docker``: host = daemon URL; login/password = registry user and key (NGC) for pulls."""
     return {
@@ -234,6 +282,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_tao.hooks.base",
                     "airflow_provider_tao.hooks.local",
                     "airflow_provider_tao.hooks.slurm",
+                    "airflow_provider_tao.hooks.brev",
                     "airflow_provider_tao.hooks.docker",
                     "airflow_provider_tao.hooks.kubernetes",
                     "airflow_provider_tao.hooks.lepton",
@@ -261,6 +310,7 @@ def get_provider_info() -> dict[str, Any]:
                 },
             },
             _slurm_connection_type(),
+            _brev_connection_type(),
             _docker_connection_type(),
             _kubernetes_connection_type(),
             _lepton_connection_type(),

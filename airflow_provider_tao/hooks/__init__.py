@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 PLATFORMS: dict[str, tuple[str, str]] = {
     "local": ("tao_local", "airflow_provider_tao.hooks.local.LocalHook"),
     "slurm": ("tao_slurm", "airflow_provider_tao.hooks.slurm.SlurmHook"),
+    "brev": ("tao_brev", "airflow_provider_tao.hooks.brev.BrevHook"),
     "docker": ("tao_docker", "airflow_provider_tao.hooks.docker.TAODockerHook"),
     "kubernetes": ("tao_kubernetes", "airflow_provider_tao.hooks.kubernetes.TAOKubernetesHook"),
     "lepton": ("tao_lepton", "airflow_provider_tao.hooks.lepton.LeptonHook"),

@@ -1,6 +1,7 @@
 """What every container platform shares: the labels that find a job again, the job folder inside the container,
 the launcher that hands the job its files and secrets without a command line or an environment the platform shows,
-and the reading of a container log by timestamp cursor.
+the container settings a job may ask for (``backend_details``), the verdict of a container's state, and the reading
+of a container log by timestamp cursor.
 
 Inside the container::
 
@@ -22,14 +23,15 @@ import gzip
 import io
 import json
 import re
+import signal
 import tarfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_provider_tao.hooks.base import LOG_READ_LIMIT, render_env_file
-from airflow_provider_tao.jobs import JobSpec
+from airflow_provider_tao.hooks.base import LOG_READ_LIMIT, JobValidationError, render_env_file
+from airflow_provider_tao.jobs import JobSpec, JobState, JobStatus
 
 LABEL_DOMAIN = "tao.nvidia.com"
 LABEL_MANAGED = f"{LABEL_DOMAIN}/managed"
@@ -77,6 +79,29 @@ _LAUNCHER = (
 )
 
 
+#: ``backend_details`` of the job's container, on every platform that runs one container per job.
+CONTAINER_DETAIL_KEYS = frozenset(
+    {"mem_limit", "cpus", "shm_size", "mounts", "user", "entrypoint", "gpu_ids", "working_dir"}
+)
+#: NGC images set NVIDIA_VISIBLE_DEVICES=all: on a host whose default runtime is nvidia, a job asked for no GPU
+#: would otherwise get every one.
+NO_GPU_ENV = {"NVIDIA_VISIBLE_DEVICES": "void"}
+#: A container created but not started after this long was left behind by a worker that died mid-submission.
+START_TIMEOUT_SECONDS = 60.0
+#: Docker's words for a container that has not ended.
+LIVE_STATES = {
+    "created": JobState.PENDING,
+    "running": JobState.RUNNING,
+    "restarting": JobState.RUNNING,
+    "paused": JobState.PAUSED,
+}
+
+
+def container_name(job_id: str) -> str:
+    """The container of a job: ``tao-job-<job_id>``, the name the TAO SDK uses (``docker logs tao-job-...``)."""
+    return f"tao-job-{job_id}"
+
+
 def label_value(value: str) -> str:
     """``value`` as a valid Kubernetes-style label value (at most 63 of ``[A-Za-z0-9_.-]``, alphanumeric at both
     ends), for platforms whose labels follow that rule (Kubernetes, Lepton); the exact value is kept elsewhere."""
@@ -102,6 +127,121 @@ def launcher_argv(command: str | list[str]) -> list[str]:
     argv."""
     argv = ["--shell", command] if isinstance(command, str) else list(command)
     return ["/bin/sh", "-c", _LAUNCHER, "tao-launch", *argv]
+
+
+# ----------------------------------------------------------------------------- the container a job asks for
+
+
+def check_container_details(spec: JobSpec, details: Mapping[str, Any], allowed: frozenset[str], platform: str) -> None:
+    """Reject container settings the platform does not know or cannot honour, before anything is submitted.
+
+    :param details: the job's ``backend_details`` (without the operator's own keys).
+    :param allowed: the keys the platform understands (:data:`CONTAINER_DETAIL_KEYS` and its own).
+    """
+    if unknown := sorted(set(details) - allowed):
+        raise JobValidationError(
+            f"backend_details[{unknown[0]!r}]",
+            f"is not a {platform} platform setting",
+            f"Use one of: {', '.join(sorted(allowed))}",
+        )
+    container_gpu_ids(spec)
+    container_owner(details)
+    container_mounts(details)
+    if (cpus := details.get("cpus")) is not None and not _positive_number(cpus):
+        raise JobValidationError("backend_details['cpus']", f"{cpus!r} is not a positive number", "Use e.g. 2.5")
+
+
+def container_gpu_ids(spec: JobSpec) -> list[str] | None:
+    """The explicit GPU device ids of ``backend_details['gpu_ids']`` (they must agree with ``gpu_count``)."""
+    ids = spec.backend_details.get("gpu_ids")
+    if ids is None:
+        return None
+    ids = [s.strip() for s in ids.split(",")] if isinstance(ids, str) else [str(s).strip() for s in ids]
+    if not ids or not all(ids):
+        raise JobValidationError("backend_details['gpu_ids']", f"{ids!r} names no GPU", "Use e.g. ['0', '2']")
+    if spec.gpu_count not in (len(ids), -1):
+        raise JobValidationError(
+            "backend_details['gpu_ids']",
+            f"names {len(ids)} GPU(s) but gpu_count={spec.gpu_count}",
+            f"Set gpu_count={len(ids)} (or -1) with these device ids",
+        )
+    return ids
+
+
+def container_owner(details: Mapping[str, Any]) -> tuple[int, int]:
+    """Who owns the job's files in the container: the job's ``user`` must read its own secrets."""
+    user = str(details.get("user") or "0")
+    uid, _, gid = user.partition(":")
+    if not uid.isdigit() or (gid and not gid.isdigit()):
+        raise JobValidationError(
+            "backend_details['user']",
+            f"{user!r} is not numeric",
+            "Give the container user as uid[:gid] (e.g. '1000:1000'): its files are created before it starts",
+        )
+    return int(uid), int(gid or uid)
+
+
+def container_mounts(details: Mapping[str, Any]) -> list[str]:
+    """``backend_details['mounts']``: ``host:container[:ro|rw]`` strings (host = the container host's paths)."""
+    mounts = details.get("mounts") or []
+    if isinstance(mounts, str) or not all(isinstance(m, str) for m in mounts):
+        raise JobValidationError("backend_details['mounts']", f"{mounts!r} is not a list", 'Use ["/data:/data:ro"]')
+    for mount in mounts:
+        parts = mount.split(":")
+        if len(parts) not in (2, 3) or not parts[1].startswith("/") or parts[2:] not in ([], ["ro"], ["rw"]):
+            raise JobValidationError(
+                "backend_details['mounts']",
+                f"{mount!r} is not host:container[:ro]",
+                'Use e.g. "/data/coco:/data:ro" (the host path is on the container host)',
+            )
+    return list(mounts)
+
+
+def _positive_number(value: Any) -> bool:
+    try:
+        return float(value) > 0
+    except (TypeError, ValueError):
+        return False
+
+
+# ----------------------------------------------------------------------------- a container's state as a job status
+
+
+def live_status(name: str, state: str, created_at: float, message: str) -> JobStatus:
+    """The status of a container that has not ended (``state`` in :data:`LIVE_STATES`). One created but never
+    started for :data:`START_TIMEOUT_SECONDS` belongs to a submission that died half-way: it will never run."""
+    if state == "created" and time.time() - created_at > START_TIMEOUT_SECONDS:
+        return JobStatus(
+            JobState.ERROR,
+            f"container {name} was created but never started (the submitting worker died?)",
+            raw_state="created",
+        )
+    return JobStatus(LIVE_STATES[state], message or state, raw_state=state)
+
+
+def ended_status(name: str, state: Mapping[str, Any], cancel_marked: Callable[[], bool]) -> JobStatus:
+    """The verdict of an ended container from its ``State`` (as ``docker inspect`` shows it): exit code 0 is
+    Complete; a stop's code (SIGTERM/SIGKILL) after a cancel through this provider is Canceled; anything else
+    (an OOM kill, a non-zero code, a dead container) is Error with the code.
+
+    :param cancel_marked: whether the job carries a cancel mark; asked only for a stop's exit code.
+    """
+    code = int(state.get("ExitCode") or 0)
+    raw = "OOMKilled" if state.get("OOMKilled") else str(state.get("Status") or "exited")
+    if state.get("Status") in ("dead", "removing"):
+        return JobStatus(JobState.ERROR, f"container {name} is {state['Status']}: {state.get('Error')}", code, raw)
+    if code == 0 and not state.get("OOMKilled"):
+        return JobStatus(JobState.COMPLETE, f"container {name} exited with code 0", 0, raw)
+    # Only a stop ends a container with SIGTERM/SIGKILL's code: only then can a cancel mark explain it.
+    stopped = code in (128 + signal.SIGTERM, 128 + signal.SIGKILL) and not state.get("OOMKilled")
+    if stopped and cancel_marked():
+        return JobStatus(JobState.CANCELED, f"container {name} was stopped by a cancel (code {code})", code, raw)
+    why = "killed by the out-of-memory killer" if state.get("OOMKilled") else f"exited with code {code}"
+    error = f" ({state['Error']})" if state.get("Error") else ""
+    return JobStatus(JobState.ERROR, f"container {name} {why}{error}", code, raw)
+
+
+# ----------------------------------------------------------------------------- what goes into the container
 
 
 def job_archive(

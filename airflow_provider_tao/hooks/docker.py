@@ -16,7 +16,6 @@ readable) unless the connection sets ``auto_remove``: then they are removed once
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from airflow_provider_tao.hooks.base import (
     JobValidationError,
     TAOPlatformHook,
 )
+from airflow_provider_tao.hooks.container import container_name
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
 if TYPE_CHECKING:
@@ -43,23 +43,8 @@ DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 DEFAULT_NETWORK = "tao_default"
 DEFAULT_SHM_SIZE = "16g"
 DEFAULT_REGISTRY_LOGIN = "$oauthtoken"
-#: A container created but not started after this long was left behind by a worker that died mid-submission.
-START_TIMEOUT_SECONDS = 60.0
 #: Parallel reads of the verdicts of containers that ended since the last poll.
 FINAL_READ_WORKERS = 8
-#: ``backend_details`` keys this platform understands (anything else is a typo, reported before submission).
-DETAIL_KEYS = frozenset({"mem_limit", "cpus", "shm_size", "mounts", "user", "entrypoint", "gpu_ids", "working_dir"})
-_STATE_MAP = {
-    "created": JobState.PENDING,
-    "running": JobState.RUNNING,
-    "restarting": JobState.RUNNING,
-    "paused": JobState.PAUSED,
-}
-
-
-def container_name(job_id: str) -> str:
-    """The container of a job: ``tao-job-<job_id>``, the name the TAO SDK uses (``docker logs tao-job-...``)."""
-    return f"tao-job-{job_id}"
 
 
 class TAODockerHook(TAOPlatformHook):
@@ -160,68 +145,13 @@ class TAODockerHook(TAOPlatformHook):
 
     def validate_spec(self, spec: JobSpec) -> None:
         super().validate_spec(spec)
-        details = self.platform_details(spec)
-        if unknown := sorted(set(details) - DETAIL_KEYS):
-            raise JobValidationError(
-                f"backend_details[{unknown[0]!r}]",
-                "is not a docker platform setting",
-                f"Use one of: {', '.join(sorted(DETAIL_KEYS))}",
-            )
-        self._gpu_ids(spec)
-        self._owner(details)
-        self._mounts(details)
-        if (cpus := details.get("cpus")) is not None and not _positive_number(cpus):
-            raise JobValidationError("backend_details['cpus']", f"{cpus!r} is not a positive number", "Use e.g. 2.5")
+        ct.check_container_details(spec, self.platform_details(spec), ct.CONTAINER_DETAIL_KEYS, self.platform)
         if spec.results_uri and not spec.results_uri.startswith(("s3://", "/")):
             raise JobValidationError(
                 "results_uri",
                 f"{spec.results_uri!r} is neither a folder on the daemon's host nor an s3:// URI",
                 "Use s3:// with storage_conn_id, or set results_root on the tao_docker connection",
             )
-
-    @staticmethod
-    def _gpu_ids(spec: JobSpec) -> list[str] | None:
-        ids = spec.backend_details.get("gpu_ids")
-        if ids is None:
-            return None
-        ids = [s.strip() for s in ids.split(",")] if isinstance(ids, str) else [str(s).strip() for s in ids]
-        if not ids or not all(ids):
-            raise JobValidationError("backend_details['gpu_ids']", f"{ids!r} names no GPU", "Use e.g. ['0', '2']")
-        if spec.gpu_count not in (len(ids), -1):
-            raise JobValidationError(
-                "backend_details['gpu_ids']",
-                f"names {len(ids)} GPU(s) but gpu_count={spec.gpu_count}",
-                f"Set gpu_count={len(ids)} (or -1) with these device ids",
-            )
-        return ids
-
-    @staticmethod
-    def _owner(details: dict[str, Any]) -> tuple[int, int]:
-        """Who owns the job's files in the container: the job's ``user`` must read its own secrets."""
-        user = str(details.get("user") or "0")
-        uid, _, gid = user.partition(":")
-        if not uid.isdigit() or (gid and not gid.isdigit()):
-            raise JobValidationError(
-                "backend_details['user']",
-                f"{user!r} is not numeric",
-                "Give the container user as uid[:gid] (e.g. '1000:1000'): its files are created before it starts",
-            )
-        return int(uid), int(gid or uid)
-
-    @staticmethod
-    def _mounts(details: dict[str, Any]) -> list[str]:
-        mounts = details.get("mounts") or []
-        if isinstance(mounts, str) or not all(isinstance(m, str) for m in mounts):
-            raise JobValidationError("backend_details['mounts']", f"{mounts!r} is not a list", 'Use ["/data:/data:ro"]')
-        for mount in mounts:
-            parts = mount.split(":")
-            if len(parts) not in (2, 3) or not parts[1].startswith("/") or parts[2:] not in ([], ["ro"], ["rw"]):
-                raise JobValidationError(
-                    "backend_details['mounts']",
-                    f"{mount!r} is not host:container[:ro]",
-                    'Use e.g. "/data/coco:/data:ro" (the host path is on the daemon\'s host)',
-                )
-        return list(mounts)
 
     # ----------------------------------------------------------------- submit
 
@@ -265,7 +195,7 @@ class TAODockerHook(TAOPlatformHook):
         try:
             # The results folder is made through the mount too: it works on a remote daemon's host as well.
             folders = [handle.results_dir] if results_root and handle.results_dir.startswith("/") else []
-            owner = self._owner(details)
+            owner = ct.container_owner(details)
             archive = ct.job_archive(spec.files, spec.secret_env, {MARK_OWNER: try_number}, owner, folders)
             self.client.put_archive(name, "/", archive)
             self.client.start(name)
@@ -278,7 +208,7 @@ class TAODockerHook(TAOPlatformHook):
     def _host_config(self, spec: JobSpec, details: dict[str, Any], results_root: str | None) -> dict[str, Any]:
         from docker.types import DeviceRequest
 
-        binds = self._mounts(details)
+        binds = ct.container_mounts(details)
         if results_root:
             binds.append(f"{results_root}:{results_root}:rw")
         options: dict[str, Any] = {
@@ -296,7 +226,7 @@ class TAODockerHook(TAOPlatformHook):
         if spec.gpu_count != 0:
             if self.is_tegra:
                 options["runtime"] = "nvidia"  # Jetson: GPUs come from the runtime and NVIDIA_VISIBLE_DEVICES
-            elif (ids := self._gpu_ids(spec)) is not None:
+            elif (ids := ct.container_gpu_ids(spec)) is not None:
                 options["device_requests"] = [DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]
             else:
                 options["device_requests"] = [DeviceRequest(count=spec.gpu_count, capabilities=[["gpu"]])]
@@ -304,12 +234,10 @@ class TAODockerHook(TAOPlatformHook):
 
     def _gpu_env(self, spec: JobSpec) -> dict[str, str]:
         if spec.gpu_count == 0:
-            # NGC images set NVIDIA_VISIBLE_DEVICES=all: on a host whose default runtime is nvidia, a job asked
-            # for no GPU would otherwise get every one.
-            return {"NVIDIA_VISIBLE_DEVICES": "void"}
+            return dict(ct.NO_GPU_ENV)
         if not self.is_tegra:
             return {}
-        ids = self._gpu_ids(spec)
+        ids = ct.container_gpu_ids(spec)
         visible = ",".join(ids) if ids else "all" if spec.gpu_count == -1 else ",".join(map(str, range(spec.gpu_count)))
         return {"NVIDIA_VISIBLE_DEVICES": visible, "NVIDIA_DRIVER_CAPABILITIES": "all"}
 
@@ -416,7 +344,7 @@ class TAODockerHook(TAOPlatformHook):
         if pending:
             narrow = [f"{ct.LABEL_JOB_ID}={wanted[pending[0]].job_id}"] if len(pending) == 1 else []
             listed = {c["Names"][0].lstrip("/"): c for c in self._list(*narrow) if c.get("Names")}
-        ended = [name for name in pending if name in listed and listed[name].get("State") not in _STATE_MAP]
+        ended = [name for name in pending if name in listed and listed[name].get("State") not in ct.LIVE_STATES]
         statuses.update((name, self._status(name, listed.get(name))) for name in pending if name not in ended)
         if ended:
             # Containers that just ended are inspected side by side: many jobs ending at once (a cancel of a sweep)
@@ -433,14 +361,8 @@ class TAODockerHook(TAOPlatformHook):
                 "(docker rm, a prune) or the daemon's data was lost"
             )
         state = str(listed.get("State") or "")
-        if state in _STATE_MAP:
-            if state == "created" and time.time() - float(listed.get("Created") or 0) > START_TIMEOUT_SECONDS:
-                return JobStatus(
-                    JobState.ERROR,
-                    f"container {name} was created but never started (the submitting worker died?)",
-                    raw_state="created",
-                )
-            return JobStatus(_STATE_MAP[state], str(listed.get("Status") or state), raw_state=state)
+        if state in ct.LIVE_STATES:
+            return ct.live_status(name, state, float(listed.get("Created") or 0), str(listed.get("Status") or ""))
         # exited, dead or removing: the container has ended; read its verdict once and keep it.
         status = self._final_status(name)
         if status.state.is_terminal:
@@ -455,19 +377,7 @@ class TAODockerHook(TAOPlatformHook):
             state = self.client.inspect_container(name)["State"]
         except NotFound:
             return JobStatus.missing(f"container {name} was removed as it ended")
-        code = int(state.get("ExitCode") or 0)
-        raw = "OOMKilled" if state.get("OOMKilled") else str(state.get("Status") or "exited")
-        if state.get("Status") in ("dead", "removing"):
-            return JobStatus(JobState.ERROR, f"container {name} is {state['Status']}: {state.get('Error')}", code, raw)
-        if code == 0 and not state.get("OOMKilled"):
-            return JobStatus(JobState.COMPLETE, f"container {name} exited with code 0", 0, raw)
-        # Only a stop ends a container with SIGTERM/SIGKILL's code: only then can a cancel mark explain it.
-        stopped = code in (128 + signal.SIGTERM, 128 + signal.SIGKILL) and not state.get("OOMKilled")
-        if stopped and self.read_marks_of(name).get(MARK_CANCEL) is not None:
-            return JobStatus(JobState.CANCELED, f"container {name} was stopped by a cancel (code {code})", code, raw)
-        why = "killed by the out-of-memory killer" if state.get("OOMKilled") else f"exited with code {code}"
-        error = f" ({state['Error']})" if state.get("Error") else ""
-        return JobStatus(JobState.ERROR, f"container {name} {why}{error}", code, raw)
+        return ct.ended_status(name, state, lambda: self.read_marks_of(name).get(MARK_CANCEL) is not None)
 
     # ----------------------------------------------------------------- logs
 
@@ -576,13 +486,6 @@ class TAODockerHook(TAOPlatformHook):
             self.client.put_archive(container_name(handle.job_id), ct.MARKS_DIR, ct.mark_archive(key, value))
         except NotFound:
             self.log.info("Job %s has no container any more: mark %s not kept", handle.job_id, key)
-
-
-def _positive_number(value: Any) -> bool:
-    try:
-        return float(value) > 0
-    except (TypeError, ValueError):
-        return False
 
 
 def _explain(exc: Exception) -> str:

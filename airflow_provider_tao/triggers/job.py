@@ -366,6 +366,9 @@ class TAOJobTrigger(BaseTrigger):
         hook = get_platform_hook(self.handle.platform, self.handle.conn_id)
         await hook.aload_connection()
         try:
-            await hook.acancel_job(self.handle)
+            # As the operator's on_kill: a job that was stopped (or had just ended) is cleaned up too -- the task
+            # will not resume to do it (a Brev instance of the task's own, a container with auto_remove).
+            if await hook.acancel_job(self.handle):
+                await asyncio.to_thread(hook.cleanup_job, self.handle)
         finally:
             await hook.aclose()

@@ -6,8 +6,8 @@
   ``serialize()`` as the triggerer does, and starts its ``run()`` on the triggerer loop.
 * :func:`finish` waits for the trigger's event and resumes the task with ``execute_complete`` (worker side).
 * :func:`kill` is "mark the task failed while deferred": the triggerer cancels ``run()`` and calls ``on_kill()``.
-* :func:`sigkill_worker_after_submission` is a worker that dies (SIGKILL) right after it submitted a job, before it
-  could store the handle.
+* :func:`worker_process` runs a task synchronously in a worker process of its own (to SIGKILL or SIGTERM it) and
+  :func:`wait_submitted` waits until its log says the job was submitted.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import concurrent.futures
 import copy
 import importlib
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -145,22 +144,26 @@ def kill(run: TaskRun) -> None:
 
 
 _WORKER = """
-import sys
+import signal, sys
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
 from tests.unit.fakes import Store, make_context
-op = TAOSubmitOperator(task_id="train", conn_id=sys.argv[1], image=sys.argv[2], command=sys.argv[3],
+op = TAOSubmitOperator(task_id="train", conn_id=sys.argv[1], image=sys.argv[2], command=sys.argv[4],
                        gpu_count=0, deferrable=False, poll_interval=1)
-context = make_context(Store(), 1, sys.argv[4])
+context = make_context(Store(), 1, sys.argv[3])
+def stop(signum, frame):  # what the task runner does when the task is told to stop
+    op.on_kill()
+    sys.exit(1)
+signal.signal(signal.SIGTERM, stop)
 print(op._job_name(context, op._hook()), flush=True)
 op.execute(context)
 """
 
 
-def sigkill_worker_after_submission(conn_id: str, image: str, command: str, run_id: str) -> str:
-    """Run a task (non-deferrable, try 1) in a worker process and SIGKILL it as soon as it logs "Submitted ... job":
-    the store write may not have happened. Returns the job's deterministic name."""
+def worker_process(conn_id: str, image: str, run_id: str, command: str) -> tuple[subprocess.Popen[str], str]:
+    """A worker process running try 1 of the task synchronously (nothing stored: its ``task_state_store`` dies with
+    it); returns it and the job name it prints first. SIGTERM makes it call ``on_kill`` as the task runner does."""
     worker = subprocess.Popen(
-        [sys.executable, "-c", _WORKER, conn_id, image, command, run_id],
+        [sys.executable, "-c", _WORKER, conn_id, image, run_id, command],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -168,9 +171,11 @@ def sigkill_worker_after_submission(conn_id: str, image: str, command: str, run_
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert worker.stdout is not None
-    name = worker.stdout.readline().strip()
-    while not ((line := worker.stdout.readline()).startswith("Submitted") or " Submitted " in line):
+    return worker, worker.stdout.readline().strip()
+
+
+def wait_submitted(worker: subprocess.Popen[str], platform: str) -> None:
+    """Until the worker's log says the job was submitted (``create_job`` returned)."""
+    assert worker.stdout is not None
+    while f"Submitted {platform} job" not in (line := worker.stdout.readline()):
         assert line, "the worker ended before it submitted"
-    worker.send_signal(signal.SIGKILL)
-    worker.wait()
-    return name

@@ -115,8 +115,8 @@ def test_good_details_pass(monkeypatch: pytest.MonkeyPatch) -> None:
         "mount_path": "/workspace",  # the operator's own key is not the platform's business
     }
     _hook(monkeypatch).validate_spec(_spec(gpu_count=2, backend_details=details))
-    assert dk.TAODockerHook._owner({"user": "1000:100"}) == (1000, 100)
-    assert dk.TAODockerHook._owner({"user": "1000"}) == (1000, 1000) and dk.TAODockerHook._owner({}) == (0, 0)
+    assert ct.container_owner({"user": "1000:100"}) == (1000, 100)
+    assert ct.container_owner({"user": "1000"}) == (1000, 1000) and ct.container_owner({}) == (0, 0)
 
 
 def test_the_operator_refuses_bad_docker_input_before_submitting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -207,7 +207,7 @@ def test_listed_states_map_to_the_shared_vocabulary(offline: dk.TAODockerHook, m
     assert offline._status("c", listed("running")).state is JobState.RUNNING
     assert offline._status("c", listed("restarting")).state is JobState.RUNNING
     assert offline._status("c", listed("paused")).state is JobState.PAUSED
-    never = offline._status("c", listed("created", age=dk.START_TIMEOUT_SECONDS + 5))
+    never = offline._status("c", listed("created", age=ct.START_TIMEOUT_SECONDS + 5))
     assert never.state is JobState.ERROR and "never started" in never.message
     gone = offline._status("tao-job-x", None)
     assert gone.not_found and "removed outside Airflow" in gone.message

@@ -160,18 +160,31 @@ async def test_short_unknown_stretch_is_ridden_out(
     assert (await _first_event(_trigger(handle)))["status"] == "complete"
 
 
-async def test_on_kill_cancels_the_owned_job(fake_platform: type[FakeHook]) -> None:
+async def test_on_kill_cancels_the_owned_job_and_cleans_up_after_it(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cleaned: list[str] = []
+    monkeypatch.setattr(FakeHook, "cleanup_job", lambda self, handle: cleaned.append(handle.job_id))
     handle = _submit(fake_platform)
     await _trigger(handle).on_kill()
     assert fake_platform.jobs[handle.job_id]["state"] is JobState.CANCELED
     assert FakeHook().cancel_requested_by(handle) == 1
+    assert cleaned == [handle.job_id]  # the task will not resume to clean up: the kill does, as on the worker
+    ended = _submit(fake_platform)
+    fake_platform.jobs[ended.job_id]["state"] = JobState.COMPLETE  # it ended just before the kill
+    await _trigger(ended).on_kill()
+    assert fake_platform.jobs[ended.job_id]["state"] is JobState.COMPLETE and cleaned[-1] == ended.job_id
 
 
-async def test_on_kill_of_an_older_try_leaves_a_taken_over_job(fake_platform: type[FakeHook]) -> None:
+async def test_on_kill_of_an_older_try_leaves_a_taken_over_job(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cleaned: list[str] = []
+    monkeypatch.setattr(FakeHook, "cleanup_job", lambda self, handle: cleaned.append(handle.job_id))
     handle = _submit(fake_platform, try_number=1)
     FakeHook().claim_job(handle.owned_by(2))
     await _trigger(handle).on_kill()
-    assert fake_platform.jobs[handle.job_id]["state"] is JobState.RUNNING
+    assert fake_platform.jobs[handle.job_id]["state"] is JobState.RUNNING and cleaned == []
 
 
 async def test_on_kill_respects_cancel_on_kill_false(fake_platform: type[FakeHook]) -> None:

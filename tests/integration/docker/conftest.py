@@ -3,7 +3,8 @@
 ``docker_engine`` (session scope) runs ``scripts/docker-up.sh`` -- which installs ``docker.io`` when missing, starts a
 private dockerd (own socket, data root and pid file, also listening on loopback TCP, live-restore on, a stub
 ``nvidia-container-runtime-hook`` on its PATH) and builds the test images locally -- then parses its ``env.sh``.
-A missing or broken engine is a test FAILURE, never a skip. The containers this provider made are removed at the end;
+A missing or broken engine is a test FAILURE, never a skip. The containers this provider made are removed at the end
+(but for the job containers on fake Brev instances, which their world removes);
 the engine itself is stopped by ``scripts/test.sh`` (``scripts/docker-down.sh``, by pid).
 """
 
@@ -118,7 +119,9 @@ def docker_engine() -> Iterator[DockerEngine]:
     assert version.get("ApiVersion"), version
     yield engine
     for container in engine.containers():
-        engine.client.remove_container(container["Id"], force=True)
+        # Job containers on a fake Brev instance carry this provider's labels too; their world removes them.
+        if "brevfake.on-instance" not in (container.get("Labels") or {}):
+            engine.client.remove_container(container["Id"], force=True)
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,7 @@ Every count (containers, their states, exit codes, the OOM flag) is taken from t
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -25,7 +22,17 @@ from airflow_provider_tao.hooks.docker import TAODockerHook
 from airflow_provider_tao.jobs import JobHandle, JobState
 from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
 from tests.integration.docker.conftest import CONN_ID, DockerEngine, docker_connection
-from tests.integration.taskrun import TaskRun, Triggerer, event_of, finish, kill, make_operator, start
+from tests.integration.taskrun import (
+    TaskRun,
+    Triggerer,
+    event_of,
+    finish,
+    kill,
+    make_operator,
+    start,
+    wait_submitted,
+    worker_process,
+)
 from tests.unit.fakes import Store, make_context
 
 pytestmark = pytest.mark.integration
@@ -173,8 +180,8 @@ def test_mark_failed_while_deferred_stops_the_container_and_cancel_on_kill_false
 
 def test_worker_side_kill_cancels_a_sync_wait(docker_engine: DockerEngine, docker_conn: str) -> None:
     # a worker told to stop (SIGTERM: execution_timeout on the worker, a kill) calls on_kill, as the task runner does
-    worker, name = _worker(docker_engine, _run_id(), "sleep 300")
-    _wait_submitted(worker)
+    worker, name = worker_process(CONN_ID, docker_engine.busybox, _run_id(), "sleep 300")
+    wait_submitted(worker, "docker")
     (container,) = docker_engine.named(name)
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=35) != 0
@@ -220,8 +227,8 @@ def test_worker_sigkill_right_after_submission_then_the_retry_runs_one_container
     docker_engine: DockerEngine, docker_conn: str, triggerer: Triggerer
 ) -> None:
     run_id = _run_id()
-    worker, name = _worker(docker_engine, run_id, "sleep 3; echo done")
-    _wait_submitted(worker)
+    worker, name = worker_process(CONN_ID, docker_engine.busybox, run_id, "sleep 3; echo done")
+    wait_submitted(worker, "docker")
     worker.send_signal(signal.SIGKILL)  # right after submission: the store write may not have happened
     worker.wait()
 
@@ -232,42 +239,6 @@ def test_worker_sigkill_right_after_submission_then_the_retry_runs_one_container
     (container,) = docker_engine.named(name)
     assert result["state"] == "Complete" and container["Id"] == result["backend_job_id"]
     assert "done" in docker_engine.logs(result["job_id"])
-
-
-_WORKER = """
-import signal, sys
-from airflow_provider_tao.operators.submit import TAOSubmitOperator
-from tests.unit.fakes import Store, make_context
-op = TAOSubmitOperator(task_id="train", conn_id="tao_docker_ci", image=sys.argv[1], command=sys.argv[3],
-                       gpu_count=0, deferrable=False, poll_interval=1)
-context = make_context(Store(), 1, sys.argv[2])
-def stop(signum, frame):  # what the task runner does when the task is told to stop
-    op.on_kill()
-    sys.exit(1)
-signal.signal(signal.SIGTERM, stop)
-print(op._job_name(context, op._hook()), flush=True)
-op.execute(context)
-"""
-
-
-def _worker(engine: DockerEngine, run_id: str, command: str) -> tuple[subprocess.Popen[str], str]:
-    """A worker process running the task synchronously; returns it and the job name it prints first."""
-    worker = subprocess.Popen(
-        [sys.executable, "-c", _WORKER, engine.busybox, run_id, command],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[3],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert worker.stdout is not None
-    return worker, worker.stdout.readline().strip()
-
-
-def _wait_submitted(worker: subprocess.Popen[str]) -> None:
-    """Until the worker's log says the job was submitted (create_job returned)."""
-    assert worker.stdout is not None
-    while "Submitted docker job" not in (line := worker.stdout.readline()):
-        assert line, "the worker ended before it submitted"
 
 
 def test_a_container_its_dead_worker_never_started_is_replaced_not_waited_for(docker_engine: DockerEngine) -> None:

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import secrets
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +26,16 @@ from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
 from airflow_provider_tao.triggers.job import StatusPoller
 from tests.integration.docker.conftest import DockerEngine
 from tests.integration.kubernetes.conftest import CONN_ID, NAMESPACE, KubeFake
-from tests.integration.taskrun import TaskRun, Triggerer, finish, kill, make_operator, start
+from tests.integration.taskrun import (
+    TaskRun,
+    Triggerer,
+    finish,
+    kill,
+    make_operator,
+    start,
+    wait_submitted,
+    worker_process,
+)
 from tests.unit.fakes import Store, make_context
 
 pytestmark = pytest.mark.integration
@@ -204,34 +209,12 @@ def test_cancel_on_kill_false_leaves_the_job(
 # --------------------------------------------------------------------------- durable identity
 
 
-_WORKER = """
-import sys
-from airflow_provider_tao.operators.submit import TAOSubmitOperator
-from tests.unit.fakes import Store, make_context
-op = TAOSubmitOperator(task_id="train", conn_id="tao_k8s_ci", image=sys.argv[1], command=sys.argv[3],
-                       gpu_count=0, deferrable=False, poll_interval=1)
-context = make_context(Store(), 1, sys.argv[2])
-print(op._job_name(context, op._hook()), flush=True)
-op.execute(context)
-"""
-
-
 def test_worker_sigkill_right_after_submission_then_the_retry_runs_one_job(
     docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer
 ) -> None:
     run_id = _run_id()
-    worker = subprocess.Popen(
-        [sys.executable, "-c", _WORKER, docker_engine.busybox, run_id, "sleep 4; echo done"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=Path(__file__).resolve().parents[3],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert worker.stdout is not None
-    name = worker.stdout.readline().strip()
-    while "Submitted kubernetes job" not in (line := worker.stdout.readline()):
-        assert line, "the worker ended before it submitted"
+    worker, name = worker_process(CONN_ID, docker_engine.busybox, run_id, "sleep 4; echo done")
+    wait_submitted(worker, "kubernetes")
     worker.send_signal(signal.SIGKILL)  # the store write may not have happened
     worker.wait()
 

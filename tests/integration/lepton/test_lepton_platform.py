@@ -14,6 +14,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -39,8 +40,9 @@ from tests.integration.taskrun import (
     finish,
     kill,
     make_operator,
-    sigkill_worker_after_submission,
     start,
+    wait_submitted,
+    worker_process,
 )
 from tests.unit.fakes import Store, make_context
 
@@ -469,7 +471,10 @@ def test_worker_sigkill_right_after_submission_then_the_retry_runs_one_job(
     docker_engine: DockerEngine, workspace: Workspace, triggerer: Triggerer
 ) -> None:
     run_id = _run_id()
-    name = sigkill_worker_after_submission(workspace.conn_id, docker_engine.busybox, "sleep 4; echo done", run_id)
+    worker, name = worker_process(workspace.conn_id, docker_engine.busybox, run_id, "sleep 4; echo done")
+    wait_submitted(worker, "lepton")
+    worker.send_signal(signal.SIGKILL)  # before the handle is stored
+    worker.wait()
 
     op = workspace.op(docker_engine.busybox, "sleep 4; echo done")
     retry = start(triggerer, op, try_number=2, run_id=run_id)

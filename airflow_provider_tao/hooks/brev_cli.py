@@ -1,0 +1,346 @@
+"""The ``brev`` CLI as the Brev platform drives it: a private session per connection, and its errors as failure classes.
+
+The session: every call runs in a private ``HOME`` (0700, one per connection and process) so the CLI's credentials,
+its ssh config and keys are never the worker user's own ``~/.brev`` / ``~/.ssh``. The token never reaches a command
+line: instead of ``brev login --token T`` (whose ``T`` every user of the worker can read in ``ps``), the session
+writes the CLI's own credentials file, ``$HOME/.brev/credentials.json``, exactly as that login does
+(``pkg/auth/auth.go`` ``LoginWithToken``: a token that parses as a valid JWT is the access token, anything else is
+the refresh token the CLI exchanges on its next call). That write is the headless login before the first call; when
+a call still answers with the logged-out prompt and ``EOF`` (cached credentials desynchronise), the session writes
+it once more and repeats the call once. A second refusal is ``ERR_AUTH``.
+
+The CLI's habits this module accounts for (brevdev/brev-cli, read from its source): any error exits 1 and is
+written to stderr; with stdin not a terminal several commands read instance names from it until EOF (so stdin is
+always ``/dev/null``); logged out, a command prompts on stdout and fails with ``EOF``; ``create`` tries each type
+of a comma-separated chain in turn and says per type whether it is unknown or has no capacity; ``exec`` starts an
+``ssh-agent`` of its own for every call unless ``SSH_AUTH_SOCK`` is set (the session points it at a socket that
+does not exist: no agent is started, and the worker user's agent is never offered).
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from hashlib import sha256
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_tao.hooks.cli import (
+    CliNotFoundError,
+    CliResult,
+    private_folder,
+    run_cli,
+    write_private_file,
+)
+from airflow_provider_tao.jobs import ErrClass
+
+#: Seconds of one call of each kind (``exec`` and ``copy`` get theirs from the caller).
+LS_TIMEOUT = 60.0
+CREATE_TIMEOUT = 300.0
+DELETE_TIMEOUT = 120.0
+SET_TIMEOUT = 60.0
+
+_LOGGED_OUT = "You are currently logged out"
+_AUTH_TEXT = re.compile(
+    r"\b401\b|\bunauthori[sz]ed\b|invalid (?:refresh |access )?token|token (?:is )?expired|not logged in|"
+    r"invalid_grant|please log ?in",
+    re.IGNORECASE,
+)
+_UNKNOWN_TYPE = re.compile(r'instance type "([^"]+)" is not a recognized type')
+_NO_CAPACITY = re.compile(r'instance type "([^"]+)" is currently unavailable \(no capacity\)')
+_WORKER_FAILED = re.compile(r"\[Worker \d+\] (\S+) Failed: (.*)")
+_CAPACITY_TEXT = re.compile(r"capacity|insufficient|unavailable|out of stock|quota", re.IGNORECASE)
+
+
+class BrevError(RuntimeError):
+    """A ``brev`` call failed; ``err_class`` says what kind of failure it is.
+
+    :param err_class: ``ERR_AUTH``, ``ERR_CONFIG``, ``ERR_CAPACITY`` or ``ERR_INFRA`` (the CLI or the network).
+    :param message: what happened and what to do.
+    :param result: the failed call, if there was one.
+    """
+
+    def __init__(self, err_class: ErrClass, message: str, result: CliResult | None = None) -> None:
+        super().__init__(message)
+        self.err_class = err_class
+        self.result = result
+
+
+def is_logged_out(result: CliResult) -> bool:
+    """The CLI's answer when its session is not valid: the login prompt and ``EOF``, or a 401-like refusal."""
+    if result.ok:
+        return False
+    if _LOGGED_OUT in result.text or result.stderr.strip().endswith("EOF"):
+        return True
+    return bool(_AUTH_TEXT.search(result.stderr))
+
+
+def credentials_for(token: str, now: float | None = None) -> dict[str, str]:
+    """The content of ``~/.brev/credentials.json`` that ``brev login --token <token>`` writes."""
+    if _valid_jwt(token, time.time() if now is None else now):
+        return {"access_token": token, "refresh_token": "auto-login"}
+    return {"access_token": "auto-login", "refresh_token": token}
+
+
+def _valid_jwt(token: str, now: float) -> bool:
+    """What the CLI's unverified JWT parse accepts: three segments whose first two are JSON objects, and claims
+    that are not expired or not yet valid (an ``iat`` in the future is tolerated, as the CLI does)."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return False
+    try:
+        header, claims = (json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))) for part in parts[:2])
+    except (ValueError, UnicodeDecodeError):
+        return False
+    if not isinstance(header, dict) or not isinstance(claims, dict):
+        return False
+    try:
+        if "exp" in claims and float(claims["exp"]) <= now:
+            return False
+        if "nbf" in claims and float(claims["nbf"]) > now:
+            return False
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def create_failure(result: CliResult, types: Sequence[str]) -> BrevError:
+    """Why ``brev create`` made no instance, as a failure class: every type of the chain unknown or at least one
+    unknown -> ``ERR_CONFIG`` (a typo never fixes itself); no capacity -> ``ERR_CAPACITY``; else ``ERR_INFRA``."""
+    said = f"{result.stderr}\n{result.text}"
+    unknown = list(dict.fromkeys(_UNKNOWN_TYPE.findall(said)))
+    full = list(dict.fromkeys(_NO_CAPACITY.findall(said)))
+    full += [kind for kind, why in _WORKER_FAILED.findall(said) if _CAPACITY_TEXT.search(why) and kind not in full]
+    chain = ",".join(types) or "the CLI's default choice"
+    if unknown:
+        return BrevError(
+            ErrClass.ERR_CONFIG,
+            f"instance type(s) {', '.join(unknown)} of the chain {chain!r} are not Brev instance types "
+            "(`brev search` lists them); fix instance_type on the tao_brev connection or in backend_details",
+            result,
+        )
+    if full:
+        return BrevError(
+            ErrClass.ERR_CAPACITY,
+            f"no capacity for any instance type of the chain {chain!r} ({', '.join(full)}); retry later or add "
+            "types to the chain",
+            result,
+        )
+    err_class = ErrClass.ERR_CONFIG if "name must" in said or "no organization" in said else ErrClass.ERR_INFRA
+    return BrevError(err_class, f"brev create failed: {result.describe()}", result)
+
+
+@dataclass
+class _SessionState:
+    """What the processes' sessions of one connection share: the login generation and its lock."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    generation: int = 0  # 0 = not logged in yet
+    relogins: int = 0
+
+
+class BrevSession:
+    """Runs ``brev`` for one connection: private ``HOME``, credentials written by the session, one re-login.
+
+    :param executable: the ``brev`` executable (a path, or a name looked up on ``PATH``).
+    :param token: the Brev API token (never put on a command line).
+    :param org: the org to work in (``brev set <org>`` once per session); None = the account's default.
+    :param identity: what tells connections apart (the connection id); the token is part of the key too, so a
+        changed token gets a fresh session.
+    :param home_root: where the private homes live (default: ``<tmp>/tao-brev-<uid>``).
+    """
+
+    _states: dict[str, _SessionState] = {}
+    _states_lock = threading.Lock()
+
+    def __init__(
+        self,
+        *,
+        executable: str,
+        token: str,
+        org: str | None,
+        identity: str,
+        home_root: Path | None = None,
+        log: Any = None,
+    ) -> None:
+        self.executable = executable
+        self._token = token
+        self.org = org
+        self.log = log or logging.getLogger(__name__)
+        key = sha256(f"{identity}\n{executable}\n{org}\n{token}".encode()).hexdigest()[:16]
+        root = home_root or Path(tempfile.gettempdir()) / f"tao-brev-{os.getuid()}"
+        self.home = root / f"{key}-{os.getpid()}"
+        with self._states_lock:
+            self._state = self._states.setdefault(str(self.home), _SessionState())
+
+    @property
+    def relogins(self) -> int:
+        """How many times this process re-logged in after a refused call (tests and logs)."""
+        return self._state.relogins
+
+    def environment(self) -> dict[str, str]:
+        """The environment of every call: the worker's, with a private HOME (and XDG folders inside it)."""
+        env = {k: v for k, v in os.environ.items() if k not in ("BREV_API_TOKEN", "SSH_AUTH_SOCK")}
+        home = str(self.home)
+        env.update(
+            HOME=home,
+            XDG_CONFIG_HOME=f"{home}/.config",
+            XDG_CACHE_HOME=f"{home}/.cache",
+            XDG_DATA_HOME=f"{home}/.local/share",
+            # `brev exec` starts an ssh-agent per call when none is set, and never stops it.
+            SSH_AUTH_SOCK=f"{home}/no-agent",
+        )
+        return env
+
+    # ----------------------------------------------------------------- login
+
+    def login(self) -> None:
+        """The headless login before the first call: write the CLI's credentials file (and select the org), once
+        per process and session."""
+        with self._state.lock:
+            if not self._state.generation:
+                self._login_locked()
+
+    def _relogin(self, failed_generation: int) -> None:
+        """After a refused call: log in again, unless another thread already did since that call started."""
+        with self._state.lock:
+            if self._state.generation != failed_generation:
+                return
+            self.log.warning("brev refused the session (logged out / EOF): logging in again, once")
+            self._state.relogins += 1
+            self._login_locked()
+
+    def _login_locked(self) -> None:
+        fresh = not self.home.exists()
+        private_folder(self.home.parent)
+        private_folder(self.home)
+        if fresh:
+            _sweep_dead_homes(self.home.parent)
+            atexit.register(shutil.rmtree, self.home, True)
+        private_folder(self.home / ".brev")
+        credentials = json.dumps(credentials_for(self._token), indent=2).encode()
+        write_private_file(self.home / ".brev" / "credentials.json", credentials)
+        if self.org and not (self.home / ".brev" / "active_org.json").exists():
+            result = self._run(["set", self.org], SET_TIMEOUT)
+            if is_logged_out(result):
+                raise _auth_error(result)
+            if not result.ok:
+                raise BrevError(
+                    ErrClass.ERR_CONFIG,
+                    f"cannot select org {self.org!r}: {result.describe()}. Fix 'org' on the tao_brev connection",
+                    result,
+                )
+        self._state.generation += 1
+
+    # ----------------------------------------------------------------- calls
+
+    def _run(self, args: Sequence[str], timeout: float) -> CliResult:
+        try:
+            return run_cli([self.executable, *args], env=self.environment(), timeout=timeout, cwd=self.home)
+        except CliNotFoundError as exc:
+            raise BrevError(
+                ErrClass.ERR_CONFIG,
+                f"{exc}. Install the brev CLI on the Airflow hosts or set brev_path on the tao_brev connection",
+            ) from exc
+
+    def call(self, args: Sequence[str], timeout: float) -> CliResult:
+        """Run ``brev <args>`` logged in; a refused session is re-logged once and the call repeated once. Returns
+        the result whatever its exit code (the caller reads its errors); raises :class:`BrevError` (``ERR_AUTH``)
+        when the session is refused twice, or ``ERR_CONFIG`` when the CLI cannot run."""
+        self.login()
+        generation = self._state.generation
+        result = self._run(args, timeout)
+        if not is_logged_out(result):
+            return result
+        self._relogin(generation)
+        result = self._run(args, timeout)
+        if is_logged_out(result):
+            raise _auth_error(result)
+        return result
+
+    def check(self, args: Sequence[str], timeout: float, what: str) -> CliResult:
+        """:meth:`call`, and a failed call is a :class:`BrevError` (``ERR_INFRA``: the CLI, the API or the
+        network) naming ``what`` was attempted."""
+        result = self.call(args, timeout)
+        if not result.ok:
+            raise BrevError(ErrClass.ERR_INFRA, f"{what} failed: {result.describe()}", result)
+        return result
+
+    # ----------------------------------------------------------------- commands
+
+    def instances(self, timeout: float = LS_TIMEOUT) -> dict[str, dict[str, Any]]:
+        """``brev ls --json``: the account's instances by name (``{"workspaces": null}`` is none)."""
+        result = self.check(["ls", "--json"], timeout, "listing the instances (brev ls --json)")
+        text = result.text
+        # The CLI may print notices on stdout first (e.g. about the saved token at start-up): the JSON object is
+        # the one that starts a line.
+        start = 0 if text.startswith("{") else text.find("\n{") + 1
+        try:
+            listed, _ = json.JSONDecoder().raw_decode(text, start) if start >= 0 else (None, 0)
+        except ValueError:
+            listed = None
+        if not isinstance(listed, dict):
+            raise BrevError(ErrClass.ERR_INFRA, f"brev ls --json printed no JSON object: {text[:300]!r}", result)
+        return {str(w.get("name")): w for w in (listed.get("workspaces") or []) if isinstance(w, dict)}
+
+    def create(self, name: str, types: Sequence[str], startup_script: str) -> list[str]:
+        """``brev create <name> [--type a,b] --detached --startup-script <script>``; a refusal is a
+        :class:`BrevError` of the class :func:`create_failure` decides. Returns what the CLI said about the types
+        it skipped (unknown, no capacity) before one worked."""
+        args = ["create", name, "--detached"]
+        if types:
+            args += ["--type", ",".join(types)]
+        if startup_script:
+            args += ["--startup-script", startup_script]
+        result = self.call(args, CREATE_TIMEOUT)
+        if not result.ok:
+            raise create_failure(result, types)
+        return [line.removeprefix("Skipping: ").strip() for line in result.stderr.splitlines() if "Skipping:" in line]
+
+    def delete(self, name: str) -> bool:
+        """``brev delete <name>`` (no flags: the CLI has no ``--yes``). False when it was not there."""
+        result = self.call(["delete", name], DELETE_TIMEOUT)
+        if result.ok:
+            return True
+        if "not found" in result.stderr:
+            return False
+        raise BrevError(ErrClass.ERR_INFRA, f"deleting instance {name} failed: {result.describe()}", result)
+
+    def exec(self, instance: str, command: str, timeout: float) -> CliResult:
+        """``brev exec <instance> <command>``: the LAST argument is the one shell command, every other one an
+        instance name. A failing command is re-run once by the CLI and its exit code is not passed through (0/1
+        only): callers read what the command printed, never the exit code."""
+        return self.call(["exec", instance, command], timeout)
+
+    def copy(self, local: Path, instance: str, remote: str, timeout: float) -> None:
+        """``brev copy <local> <instance>:<remote>`` (scp over the CLI's ssh alias; a relative remote path is
+        relative to the instance user's home)."""
+        self.check(["copy", str(local), f"{instance}:{remote}"], timeout, f"copying {local.name} to {instance}")
+
+
+def _auth_error(result: CliResult) -> BrevError:
+    return BrevError(
+        ErrClass.ERR_AUTH,
+        f"Brev refused the token (logged out after a fresh login): {result.describe()}. Put a valid Brev API token "
+        "in the password of the tao_brev connection (or BREV_API_TOKEN)",
+        result,
+    )
+
+
+def _sweep_dead_homes(root: Path) -> None:
+    """Remove the private homes of processes that are gone (killed before their exit handler ran): they hold
+    credentials nobody uses any more."""
+    for home in root.iterdir():
+        pid = home.name.rpartition("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(home, ignore_errors=True)

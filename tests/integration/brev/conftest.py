@@ -1,0 +1,49 @@
+"""Fixtures for tests against the fake ``brev`` CLI (``tests/brevfake``), whose instances are REAL containers on
+the test Docker engine (``scripts/docker-up.sh``).
+
+``brev_world`` (per test) makes a fresh world in the test's temporary directory: the fake's launcher
+``<world>/bin/brev`` first on ``PATH`` and named by the connection ``tao_brev_ci`` (type ``tao_brev``, defined
+through ``AIRFLOW_CONN_TAO_BREV_CI``: the password is a token the world accepts, extras ``brev_path``, ``org`` and
+the ``instance_type`` fallback chain). At the end it removes every container of the world -- its instances and
+the jobs started on them -- and nothing else. A missing engine is a test FAILURE, never a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.brevfake.control import BrevWorld
+from tests.integration.docker.conftest import DockerEngine, docker_engine  # noqa: F401  (the shared engine)
+
+CONN_ID = "tao_brev_ci"
+INSTANCE_TYPES = "g5.xlarge,g5.2xlarge"
+
+
+def brev_connection(world: BrevWorld, **extra: object) -> str:
+    """The ``tao_brev`` connection of a world, as an ``AIRFLOW_CONN_*`` JSON value."""
+    base = {"brev_path": world.brev, "org": world.org["name"], "instance_type": INSTANCE_TYPES}
+    return json.dumps({"conn_type": "tao_brev", "password": world.token, "extra": {**base, **extra}})
+
+
+@pytest.fixture
+def brev_world(
+    docker_engine: DockerEngine,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[BrevWorld]:
+    """A fresh fake Brev world for one test, its ``brev`` first on PATH and the connection ``tao_brev_ci``."""
+    BrevWorld.sweep_orphans(docker_engine.host)
+    world = BrevWorld.create(tmp_path / "brevworld", docker_engine.host)
+    assert world.engine().image_exists(world.state()["image"]), "the instance image is missing on the engine"
+    monkeypatch.setenv("PATH", f"{world.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("BREV_FAKE_STATE", str(world.dir))
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", brev_connection(world))
+    try:
+        yield world
+    finally:
+        world.teardown()
