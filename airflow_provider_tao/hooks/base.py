@@ -7,8 +7,15 @@ ownership marks that make a clear-while-deferred safe, and the one cancel routin
 
 Ownership: a job is *owned* by the task try that submitted it or took it over (``claim_job``). A cancel coming
 from a try that no longer owns the job -- e.g. the old trigger's ``on_kill`` firing after a cleared task's new
-try already reattached -- is skipped. Platforms keep two small marks with the job (``owner_try`` and
-``cancel_requested_by``) through :meth:`TAOPlatformHook.read_marks` / :meth:`TAOPlatformHook.write_mark`.
+try already reattached -- is skipped. Platforms keep small marks with the job (``owner_try``,
+``cancel_requested_by``, ``canceled_by``, ``consumed_by``) through :meth:`TAOPlatformHook.read_marks` /
+:meth:`TAOPlatformHook.write_mark`.
+
+What a platform implements to appear everywhere (operator, trigger, UI links, the TAO jobs view, ``airflow tao``,
+the docs): the abstract job methods below, plus :meth:`TAOPlatformHook.probe_connection` (the "Test" button),
+:meth:`TAOPlatformHook.list_active_jobs` (``airflow tao reap``) and, where it has them,
+:meth:`TAOPlatformHook.job_url` (a console page of the job), :meth:`TAOPlatformHook.job_location` (where the job
+is, in words) and :meth:`TAOPlatformHook.lease_expired` (a lease of its own). See ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import asyncio
 import os
 import re
 import shlex
+import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -29,6 +37,9 @@ MARK_OWNER = "owner_try"
 MARK_CANCEL = "cancel_requested_by"
 #: The try whose success used the job's result: a later try (a clear) must not reuse it.
 MARK_CONSUMED = "consumed_by"
+#: Who canceled the job from outside its task (``airflow tao cancel``, ``airflow tao reap``): its task then fails
+#: with ERR_CANCELED instead of resubmitting.
+MARK_CANCELED_BY = "canceled_by"
 #: ``backend_details`` keys the operator consumes itself (the in-job runner's ``mount_path``); hooks never see them.
 OPERATOR_DETAIL_KEYS = frozenset({"mount_path"})
 #: The most log bytes one ``get_job_logs`` call returns; the next call continues from its cursor.
@@ -98,6 +109,32 @@ class JobSubmitError(RuntimeError):
     def __init__(self, err_class: ErrClass, message: str) -> None:
         super().__init__(message)
         self.err_class = err_class
+
+
+class ConnectionProblem(Exception):
+    """What :meth:`TAOPlatformHook.probe_connection` found wrong, in words a person can act on.
+
+    :param kind: ``unreachable`` (no answer: host, port, socket, DNS), ``auth`` (credentials refused), ``not_found``
+        (the namespace / partition / folder does not exist), ``permission`` (authenticated, but not allowed) or
+        ``config`` (the connection itself is incomplete or contradictory).
+    :param message: what failed and what to check, without any secret.
+    """
+
+    KINDS = ("unreachable", "auth", "not_found", "permission", "config")
+
+    def __init__(self, kind: str, message: str) -> None:
+        assert kind in self.KINDS, kind
+        self.kind = kind
+        super().__init__(message)
+
+
+_KIND_WORDS = {
+    "unreachable": "Unreachable",
+    "auth": "Authentication refused",
+    "not_found": "Not found",
+    "permission": "Permission denied",
+    "config": "Incomplete connection",
+}
 
 
 class TAOPlatformHook(BaseHook):
@@ -171,6 +208,81 @@ class TAOPlatformHook(BaseHook):
         if value in (None, "") and name in self.env_fallbacks:
             value = os.environ.get(self.env_fallbacks[name])
         return default if value in (None, "") else value
+
+    # ----------------------------------------------------------------- the connection form's "Test" button
+
+    def test_connection(self) -> tuple[bool, str]:
+        """The UI's "Test" button and ``airflow connections test``: ONE cheap real round trip to the platform.
+
+        Returns ``(True, what answered)`` or ``(False, "<Kind>: <what failed and what to check>")`` where Kind is
+        one of "Unreachable", "Authentication refused", "Not found", "Permission denied", "Incomplete connection".
+        Never raises; the connection's password and secret extras never appear in the message. Platforms implement
+        :meth:`probe_connection`, not this.
+        """
+        try:
+            self.load_connection()
+            return True, self.probe_connection()
+        except ConnectionProblem as problem:
+            message = f"{_KIND_WORDS[problem.kind]}: {problem}"
+        except JobValidationError as exc:
+            message = f"{_KIND_WORDS['config']}: {exc}"
+        except Exception as exc:  # the contract: a message, never an exception in the UI
+            message = f"Unexpected error from the {self.platform} platform: {type(exc).__name__}: {exc}"
+        return False, self._redact(message)
+
+    def probe_connection(self) -> str:
+        """One cheap, real, read-only round trip with the connection's credentials (SSH + ``sinfo``, a Docker
+        ping, the Kubernetes version + a list in the namespace, a workspace call, ``brev ls``).
+
+        :returns: what answered, for the UI ("Docker 20.10 on gpu-box", "namespace ml is usable").
+        :raises ConnectionProblem: with the kind and words of what failed.
+        """
+        raise NotImplementedError
+
+    def _redact(self, text: str) -> str:
+        """``text`` without the connection's password or any value of a secret extra."""
+        from airflow.sdk._shared.secrets_masker import should_hide_value_for_key
+
+        values = [getattr(self._conn, "password", None)]
+        values += [v for k, v in (self._extras or {}).items() if should_hide_value_for_key(k) or k in _SECRET_EXTRAS]
+        for value in values:
+            if isinstance(value, str) and len(value) >= 4:
+                text = text.replace(value, "***")
+        return text
+
+    # ----------------------------------------------------------------- where the job is, for people
+
+    def job_url(self, handle: JobHandle) -> str:
+        """The job's page on its platform's web console (Lepton's job page, Brev's instance page, a Kubernetes
+        dashboard), or "" when the platform has none -- the task's "TAO job" link then opens the provider's own
+        job page in Airflow. Default: the handle's ``console_url`` when it is an http(s) URL."""
+        return handle.console_url if handle.console_url.startswith(("http://", "https://")) else ""
+
+    def job_location(self, handle: JobHandle) -> dict[str, str]:
+        """Where the job is on its platform, as label -> value lines (the container, the Slurm job id and log file,
+        the namespace and Job, the log file), shown on the job page and by ``airflow tao jobs``."""
+        return {"Platform job id": handle.backend_job_id} if handle.backend_job_id else {}
+
+    def results_url(self, handle: JobHandle) -> str:
+        """A web link of the job's results: the S3 console for ``s3://``, the URI itself for http(s), else ""
+        (a folder on a platform's filesystem: the job page shows its path)."""
+        return results_link(handle.results_dir)
+
+    # ----------------------------------------------------------------- what `airflow tao reap` asks
+
+    def list_active_jobs(self) -> list[JobHandle]:
+        """Every job this provider started on this connection that the platform still runs or queues, from the
+        platform's own records (job folders, labels, job comments) -- not from Airflow. ``airflow tao reap``
+        compares it with what Airflow's tasks still watch."""
+        raise NotImplementedError
+
+    def lease_expired(self, handle: JobHandle, now: float | None = None) -> bool:
+        """Whether the job outlived its lease. Default: ``[tao] lease_hours`` after its submission (0 = never).
+        A platform that stamps a lease on what it rents (Brev) overrides this with its own record."""
+        from airflow_provider_tao import settings
+
+        hours = settings.lease_hours()
+        return bool(hours) and (now or time.time()) > handle.submitted_at + hours * 3600
 
     # ----------------------------------------------------------------- names, image, details
 
@@ -285,6 +397,17 @@ class TAOPlatformHook(BaseHook):
     def check_path(self, uri: str) -> bool:
         raise NotImplementedError
 
+    def read_result_file(self, handle: JobHandle, name: str, limit: int = 1 << 20) -> bytes | None:
+        """The first ``limit`` bytes of ``<results_dir>/<name>`` (the metrics file), or None if there is none.
+        Default: a results folder this host can read; platforms whose results live elsewhere override it."""
+        if not handle.results_dir.startswith("/"):
+            return None
+        try:
+            with open(os.path.join(handle.results_dir, name), "rb") as file:
+                return file.read(limit)
+        except OSError:
+            return None
+
     def list_path(self, uri: str) -> list[str]:
         raise NotImplementedError
 
@@ -361,6 +484,11 @@ class TAOPlatformHook(BaseHook):
         """Record that ``handle.try_number`` now owns the job (on reattach)."""
         self.write_mark(handle, MARK_OWNER, handle.try_number)
 
+    def canceled_by(self, handle: JobHandle) -> str | None:
+        """Who canceled the job from outside its task (``airflow tao cancel``, the reaper), if anyone."""
+        who = self.read_marks(handle).get(MARK_CANCELED_BY)
+        return str(who) if who else None
+
     def cancel_requested_by(self, handle: JobHandle) -> int | None:
         """The try whose cancel stopped the job, if a cancel was requested through this provider."""
         who = self.read_marks(handle).get(MARK_CANCEL)
@@ -387,18 +515,29 @@ class TAOPlatformHook(BaseHook):
             )
         return owner == handle.try_number
 
-    def cancel_job(self, handle: JobHandle) -> bool:
+    def cancel_job(self, handle: JobHandle, requested_by: str | None = None) -> bool:
         """The one cancel routine: cancel the job if ``handle``'s try still owns it.
 
         Returns True when the job is stopped (or was already), False when it was left alone because
         another try owns it now. A finished job keeps its own verdict (it is never marked canceled).
+
+        :param handle: the job, as the canceling try knows it.
+        :param requested_by: a person or tool canceling from outside the task (``"cli:jdoe"``, ``"reap: ..."``):
+            the job is canceled whichever try owns it, and the task waiting on it fails with ERR_CANCELED
+            instead of submitting the job again.
         """
-        if not self._owned(handle, self.read_marks(handle)):
+        if requested_by is None and not self._owned(handle, self.read_marks(handle)):
             return False
         if self.get_job_status(handle).state.is_terminal:
             return True
-        self.write_mark(handle, MARK_CANCEL, handle.try_number)
-        self.log.info("Canceling job %s (%s) on %s", handle.job_id, handle.backend_job_id, self.platform)
+        if requested_by is None:
+            self.write_mark(handle, MARK_CANCEL, handle.try_number)
+        else:
+            self.write_mark(handle, MARK_CANCELED_BY, requested_by)
+        self.log.info(
+            "Canceling job %s (%s) on %s%s", handle.job_id, handle.backend_job_id, self.platform,
+            f" for {requested_by}" if requested_by else "",
+        )  # fmt: skip
         return self._cancel(handle)
 
     async def acancel_job(self, handle: JobHandle) -> bool:
@@ -440,6 +579,23 @@ class TAOPlatformHook(BaseHook):
 
     async def aresubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
         return await asyncio.to_thread(self.resubmit_if_retriable, handle, status)
+
+
+#: Extras that hold secrets although their names do not say so (Airflow's masker only knows generic names).
+_SECRET_EXTRAS = frozenset({"private_key", "private_key_passphrase", "kube_config"})
+
+
+def results_link(uri: str) -> str:
+    """A web link of a results location: the S3 console for ``s3://bucket/key``, http(s) URIs as they are, else ""."""
+    from urllib.parse import quote
+
+    if uri.startswith(("http://", "https://")):
+        return uri
+    if uri.startswith("s3://"):
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        prefix = quote(key.rstrip("/") + "/", safe="/") if key else ""
+        return f"https://s3.console.aws.amazon.com/s3/buckets/{quote(bucket)}?prefix={prefix}"
+    return ""
 
 
 def _owner(handle: JobHandle, marks: dict[str, Any]) -> int:

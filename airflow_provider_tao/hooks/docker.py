@@ -30,6 +30,7 @@ from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
     MARK_CANCEL,
     MARK_OWNER,
+    ConnectionProblem,
     JobSubmitError,
     JobValidationError,
     TAOPlatformHook,
@@ -140,14 +141,22 @@ class TAODockerHook(TAOPlatformHook):
             url = "https://" + url.removeprefix("tcp://")
         return DockerHook(docker_conn_id=None, base_url=url, version="auto", tls=tls).api_client
 
-    def test_connection(self) -> tuple[bool, str]:
-        """The UI's "Test" button: the daemon answers, and says what it is."""
+    def probe_connection(self) -> str:
+        """Ping the daemon and read its version (``GET /_ping``, ``GET /version``)."""
         try:
-            info = self.client.info()
+            self.client.ping()
+            version = self.client.version()
         except Exception as exc:
-            return False, f"cannot reach the Docker daemon at {self.base_url}: {exc}"
-        runtimes = ", ".join(sorted(info.get("Runtimes") or {}))
-        return True, f"Docker {info.get('ServerVersion')} on {info.get('Name')} (runtimes: {runtimes})"
+            raise docker_problem(self.base_url, exc) from exc
+        return f"Docker {version.get('Version')} (API {version.get('ApiVersion')}) at {self.base_url}"
+
+    def job_location(self, handle: JobHandle) -> dict[str, str]:
+        name = container_name(handle.job_id)
+        return {"Container": name, "Daemon": self.base_url, "Log": f"docker logs {name}"}
+
+    def list_active_jobs(self) -> list[JobHandle]:
+        """This provider's containers that have not ended (one list call)."""
+        return [self._handle_of(c) for c in self._list() if c.get("State") in ("running", "paused", "restarting")]
 
     async def aclose(self) -> None:
         if "client" in self.__dict__:
@@ -389,17 +398,20 @@ class TAODockerHook(TAOPlatformHook):
                 found.append(container)
         if not found:
             return None
-        newest = max(found, key=lambda c: int(c.get("Created") or 0))
-        labels = newest.get("Labels") or {}
+        return self._handle_of(max(found, key=lambda c: int(c.get("Created") or 0)))
+
+    def _handle_of(self, container: dict[str, Any]) -> JobHandle:
+        """The handle of a listed container, from its labels."""
+        labels = container.get("Labels") or {}
         return JobHandle(
             platform=self.platform,
             conn_id=self.conn_id,
             job_id=labels[ct.LABEL_JOB_ID],
-            name=name,
-            backend_job_id=newest["Id"],
+            name=labels.get(ct.LABEL_NAME, ""),
+            backend_job_id=container["Id"],
             results_dir=labels.get(ct.LABEL_RESULTS_DIR, ""),
             try_number=int(labels.get(ct.LABEL_TRY) or 1),
-            submitted_at=float(newest.get("Created") or time.time()),
+            submitted_at=float(container.get("Created") or time.time()),
         )
 
     def get_job_status(self, handle: JobHandle) -> JobStatus:
@@ -576,6 +588,28 @@ class TAODockerHook(TAOPlatformHook):
             self.client.put_archive(container_name(handle.job_id), ct.MARKS_DIR, ct.mark_archive(key, value))
         except NotFound:
             self.log.info("Job %s has no container any more: mark %s not kept", handle.job_id, key)
+
+
+def docker_problem(url: str, exc: Exception) -> ConnectionProblem:
+    """The words for a daemon that did not answer the ping: no daemon there, a socket the user may not open,
+    TLS or credentials refused by the daemon (or the proxy in front of it)."""
+    from docker.errors import APIError
+
+    text = str(exc)
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, APIError) and status in (401, 407):
+        return ConnectionProblem("auth", f"the daemon at {url} refused the credentials ({status}): {text}")
+    if isinstance(exc, APIError) and status == 403:
+        return ConnectionProblem("permission", f"the daemon at {url} does not allow this client ({status}): {text}")
+    if "Permission denied" in text or isinstance(exc, PermissionError):
+        return ConnectionProblem(
+            "permission", f"cannot open {url}: permission denied (add the Airflow user to the docker group)"
+        )
+    if "SSL" in text or "certificate" in text.lower():
+        return ConnectionProblem("auth", f"TLS with the daemon at {url} failed: {text}; check the TLS files")
+    return ConnectionProblem(
+        "unreachable", f"no Docker daemon answers at {url} ({text}); check the daemon URL and that dockerd runs"
+    )
 
 
 def _positive_number(value: Any) -> bool:
