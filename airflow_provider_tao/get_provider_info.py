@@ -15,6 +15,8 @@ from airflow_provider_tao.hooks import PLATFORMS
 from airflow_provider_tao.settings import config_section
 
 INTEGRATION = "NVIDIA TAO"
+#: The Airflow plugin of the provider: the "TAO jobs" view and the job pages (see ``airflow_provider_tao.plugins``).
+PLUGIN_CLASS = "airflow_provider_tao.plugins.plugin.TAOPlugin"
 
 
 def _field(
@@ -270,7 +272,7 @@ def connection_types() -> list[dict[str, Any]]:
 
 
 def get_provider_info() -> dict[str, Any]:
-    """The provider's metadata: connection types with their forms, hooks, triggers, links and config."""
+    """The provider's metadata: connection types with their forms, hooks, triggers, links, config, CLI, plugin."""
     return {
         "package-name": "airflow-provider-tao",
         "name": "NVIDIA TAO",
@@ -298,4 +300,6 @@ def get_provider_info() -> dict[str, Any]:
         "extra-links": ["airflow_provider_tao.links.TAOJobLink", "airflow_provider_tao.links.TAOResultsLink"],
         "connection-types": connection_types(),
         "config": config_section(),
+        "cli": ["airflow_provider_tao.cli.definition.get_tao_cli_commands"],
+        "plugins": [{"name": "tao", "plugin-class": PLUGIN_CLASS}],
     }

@@ -523,17 +523,19 @@ class TAOPlatformHook(BaseHook):
 
         :param handle: the job, as the canceling try knows it.
         :param requested_by: a person or tool canceling from outside the task (``"cli:jdoe"``, ``"reap: ..."``):
-            the job is canceled whichever try owns it, and the task waiting on it fails with ERR_CANCELED
-            instead of submitting the job again.
+            the job is canceled whichever try owns it (as that try's cancel, plus the ``canceled_by`` mark), and
+            the task waiting on it fails with ERR_CANCELED instead of submitting the job again.
         """
-        if requested_by is None and not self._owned(handle, self.read_marks(handle)):
+        marks = self.read_marks(handle)
+        if requested_by is None and not self._owned(handle, marks):
             return False
         if self.get_job_status(handle).state.is_terminal:
             return True
-        if requested_by is None:
-            self.write_mark(handle, MARK_CANCEL, handle.try_number)
-        else:
+        if requested_by is not None:
+            # who asked first, then the cancel itself -- on behalf of the owning try, so every platform's own
+            # reading of "canceled" (the cancel mark) holds for a person's cancel too
             self.write_mark(handle, MARK_CANCELED_BY, requested_by)
+        self.write_mark(handle, MARK_CANCEL, _owner(handle, marks) if requested_by else handle.try_number)
         self.log.info(
             "Canceling job %s (%s) on %s%s", handle.job_id, handle.backend_job_id, self.platform,
             f" for {requested_by}" if requested_by else "",

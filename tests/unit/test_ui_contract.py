@@ -136,7 +136,7 @@ def test_a_cancel_from_outside_fails_the_task_with_err_canceled_and_never_resubm
     assert hook.cancel_job(handle, requested_by="cli:jdoe") is True  # ... a person may
     assert fake_platform.jobs[handle.job_id]["state"] is JobState.CANCELED
     assert hook.canceled_by(handle) == "cli:jdoe"
-    assert hook.cancel_requested_by(handle) is None
+    assert hook.cancel_requested_by(handle) == 2  # on behalf of the owner: platforms read it as a cancel
 
     event = {
         "status": "canceled",
