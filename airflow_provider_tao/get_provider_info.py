@@ -30,11 +30,40 @@ def _field(
     return {"label": label, "description": description, "schema": schema}
 
 
+#: The standard fields of a connection form (the rest of a form's examples are its extra fields').
+STANDARD_FIELDS = ("description", "host", "schema", "login", "password", "port")
+
+
+def _form(
+    hook_name: str,
+    fields: dict[str, dict[str, Any]],
+    *,
+    hidden: list[str],
+    relabeling: dict[str, str],
+    examples: dict[str, str],
+) -> dict[str, Any]:
+    """A connection form. ``examples`` are real values: a standard field shows its example as the input's placeholder,
+    an extra field offers it as a suggestion (``schema.examples``: the UI renders extra fields from their schema)."""
+    for name, example in examples.items():
+        if name in fields:
+            kind = fields[name]["schema"]["type"][0]
+            fields[name]["schema"]["examples"] = [{"integer": int, "number": float}.get(kind, str)(example)]
+    return {
+        "hook-name": hook_name,
+        "conn-fields": fields,
+        "ui-field-behaviour": {
+            "hidden-fields": hidden,
+            "relabeling": relabeling,
+            "placeholders": {k: v for k, v in examples.items() if k in STANDARD_FIELDS},
+        },
+    }
+
+
 def _local_form() -> dict[str, Any]:
     """``tao_local``: nothing to connect to; only where jobs and results live on the worker host."""
-    return {
-        "hook-name": "TAO local",
-        "conn-fields": {
+    return _form(
+        "TAO local",
+        {
             "jobs_dir": _field(
                 "Jobs folder",
                 "Folder on the worker host for job folders (log, exit code, marks). "
@@ -51,23 +80,21 @@ def _local_form() -> dict[str, Any]:
                 kind="number",
             ),
         },
-        "ui-field-behaviour": {
-            "hidden-fields": ["host", "schema", "login", "password", "port", "extra"],
-            "relabeling": {},
-            "placeholders": {
-                "jobs_dir": "/var/lib/airflow/tao/jobs",
-                "results_root": "/data/tao/results",
-                "cancel_grace_seconds": "10",
-            },
+        hidden=["host", "schema", "login", "password", "port", "extra"],
+        relabeling={},
+        examples={
+            "jobs_dir": "/var/lib/airflow/tao/jobs",
+            "results_root": "/data/tao/results",
+            "cancel_grace_seconds": "10",
         },
-    }
+    )
 
 
 def _slurm_form() -> dict[str, Any]:
     """``tao_slurm``: host = login host(s), comma-separated for failover; login; port; key or password."""
-    return {
-        "hook-name": "TAO SLURM",
-        "conn-fields": {
+    return _form(
+        "TAO SLURM",
+        {
             "key_file": _field(
                 "Private key file", "Path of the SSH private key on the Airflow hosts (env SSH_KEY_PATH)."
             ),
@@ -116,34 +143,36 @@ def _slurm_form() -> dict[str, Any]:
                 "Max resubmissions", "Requeues of a job after an infrastructure failure (3).", kind="integer"
             ),
         },
-        "ui-field-behaviour": {
-            "hidden-fields": ["schema", "extra"],
-            "relabeling": {"host": "Login host(s)", "login": "User", "password": "Password (prefer a key)"},
-            "placeholders": {
-                "host": "login1.cluster.example.com,login2.cluster.example.com",
-                "port": "22",
-                "login": "jdoe",
-                "key_file": "/home/airflow/.ssh/id_ed25519",
-                "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI...",
-                "partition": "batch,batch_short",
-                "account": "ml-research",
-                "results_root": "/lustre/fsw/ml-research/jdoe/tao",
-                "container_runtime": "pyxis",
-                "container_mounts": "/lustre",
-                "time_hours": "4",
-                "max_time_hours": "4",
-                "gpus_per_node": "8",
-                "cpus_per_task": "16",
-            },
+        hidden=["schema", "extra"],
+        relabeling={"host": "Login host(s)", "login": "User", "password": "Password (prefer a key)"},
+        examples={
+            "host": "login1.cluster.example.com,login2.cluster.example.com",
+            "port": "22",
+            "login": "jdoe",
+            "key_file": "/home/airflow/.ssh/id_ed25519",
+            "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI...",
+            "partition": "batch,batch_short",
+            "account": "ml-research",
+            "results_root": "/lustre/fsw/ml-research/jdoe/tao",
+            "container_runtime": "pyxis",
+            "container_mounts": "/lustre",
+            "oci_bundle": "/lustre/fsw/ml-research/bundles/tao-pyt",
+            "sqsh_cache_dir": "/lustre/fsw/ml-research/jdoe/tao/sqsh",
+            "time_hours": "4",
+            "timeout_hours": "3.8",
+            "max_resubmits": "3",
+            "max_time_hours": "4",
+            "gpus_per_node": "8",
+            "cpus_per_task": "16",
         },
-    }
+    )
 
 
 def _docker_form() -> dict[str, Any]:
     """``tao_docker``: host = daemon URL; login/password = registry user and key (NGC) for pulls."""
-    return {
-        "hook-name": "TAO Docker",
-        "conn-fields": {
+    return _form(
+        "TAO Docker",
+        {
             "registry": _field(
                 "Registry", "Registry the user and key are for, e.g. nvcr.io (empty: used for any image)."
             ),
@@ -169,31 +198,29 @@ def _docker_form() -> dict[str, Any]:
             "tls_client_cert": _field("TLS client certificate", "Path of the client certificate."),
             "tls_client_key": _field("TLS client key", "Path of the client key."),
         },
-        "ui-field-behaviour": {
-            "hidden-fields": ["schema", "port", "extra"],
-            "relabeling": {"host": "Docker daemon URL", "login": "Registry user", "password": "Registry key"},
-            "placeholders": {
-                "host": "unix:///var/run/docker.sock or tcp://gpu-box.example.com:2376",
-                "login": "$oauthtoken",
-                "password": "NGC API key",
-                "registry": "nvcr.io",
-                "network": "tao_default",
-                "results_root": "/data/tao/results",
-                "shm_size": "16g",
-                "cancel_grace_seconds": "10",
-                "tls_ca_cert": "/etc/docker/certs/ca.pem",
-                "tls_client_cert": "/etc/docker/certs/cert.pem",
-                "tls_client_key": "/etc/docker/certs/key.pem",
-            },
+        hidden=["schema", "port", "extra"],
+        relabeling={"host": "Docker daemon URL", "login": "Registry user", "password": "Registry key"},
+        examples={
+            "host": "unix:///var/run/docker.sock or tcp://gpu-box.example.com:2376",
+            "login": "$oauthtoken",
+            "password": "NGC API key",
+            "registry": "nvcr.io",
+            "network": "tao_default",
+            "results_root": "/data/tao/results",
+            "shm_size": "16g",
+            "cancel_grace_seconds": "10",
+            "tls_ca_cert": "/etc/docker/certs/ca.pem",
+            "tls_client_cert": "/etc/docker/certs/cert.pem",
+            "tls_client_key": "/etc/docker/certs/key.pem",
         },
-    }
+    )
 
 
 def _kubernetes_form() -> dict[str, Any]:
     """``tao_kubernetes``: the cluster as a ``kubernetes`` connection names it, plus the jobs' defaults."""
-    return {
-        "hook-name": "TAO Kubernetes",
-        "conn-fields": {
+    return _form(
+        "TAO Kubernetes",
+        {
             "namespace": _field("Namespace", "Namespace of the jobs (env TAO_K8S_NAMESPACE; default)."),
             "kube_config_path": _field("Kubeconfig path", "Path of a kubeconfig file on the Airflow hosts."),
             "kube_config": _field("Kubeconfig", "A kubeconfig itself (YAML or JSON), instead of a path.", secret=True),
@@ -223,28 +250,26 @@ def _kubernetes_form() -> dict[str, Any]:
             ),
             "shm_size": _field("Shared memory", "Size of /dev/shm in each pod (16Gi)."),
         },
-        "ui-field-behaviour": {
-            "hidden-fields": ["host", "schema", "port", "extra"],
-            "relabeling": {"login": "Registry user", "password": "NGC API key"},
-            "placeholders": {
-                "login": "$oauthtoken",
-                "namespace": "ml-training",
-                "kube_config_path": "/home/airflow/.kube/config",
-                "cluster_context": "gpu-cluster",
-                "results_pvc": "tao-results",
-                "dashboard_url": "https://dashboard.example.com/#/job/{namespace}/{name}",
-                "service_account": "tao-jobs",
-                "image_pull_secret": "ngc-pull",
-                "registry": "nvcr.io",
-                "node_selector": '{"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}',
-                "tolerations": '[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]',
-                "priority_class": "training",
-                "ttl_seconds_after_finished": "86400",
-                "cancel_grace_seconds": "30",
-                "shm_size": "16Gi",
-            },
+        hidden=["host", "schema", "port", "extra"],
+        relabeling={"login": "Registry user", "password": "NGC API key"},
+        examples={
+            "login": "$oauthtoken",
+            "namespace": "ml-training",
+            "kube_config_path": "/home/airflow/.kube/config",
+            "cluster_context": "gpu-cluster",
+            "results_pvc": "tao-results",
+            "dashboard_url": "https://dashboard.example.com/#/job/{namespace}/{name}",
+            "service_account": "tao-jobs",
+            "image_pull_secret": "ngc-pull",
+            "registry": "nvcr.io",
+            "node_selector": '{"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}',
+            "tolerations": '[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]',
+            "priority_class": "training",
+            "ttl_seconds_after_finished": "86400",
+            "cancel_grace_seconds": "30",
+            "shm_size": "16Gi",
         },
-    }
+    )
 
 
 #: connection type -> its UI entry (``hook-name``, ``conn-fields``, ``ui-field-behaviour``). A new platform adds its

@@ -69,9 +69,11 @@ PALETTE = ("#017cee", "#76b900", "#e8710a", "#a142f4", "#12b5cb", "#d93025", "#f
 e = html.escape
 
 
-def page(title: str, body: str) -> str:
+def page(title: str, body: str, *, refresh_seconds: int = 0) -> str:
+    """A whole page; ``refresh_seconds`` reloads it (a running job's page follows the job)."""
+    refresh = f'<meta http-equiv="refresh" content="{refresh_seconds}">' if refresh_seconds else ""
     return (
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>'
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>{refresh}'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head>'
         f"<body>{body}<script>{_SCRIPT}</script></body></html>"
     )
@@ -104,8 +106,8 @@ def _options(values: Iterable[str], chosen: str, everything: str) -> str:
 
 def chart(totals: Mapping[str, Mapping[str, float]], width: int = 760, height: int = 200) -> str:
     """GPU-hours per DAG per day as stacked bars (SVG) with a legend."""
-    if not totals:
-        return '<p class="empty">No GPU-hours in this selection.</p>'
+    if not any(hours > 0 for per_day in totals.values() for hours in per_day.values()):
+        return '<p class="empty">No GPU-hours in this selection (its jobs asked for no GPUs).</p>'
     dags = sorted({dag for per_day in totals.values() for dag in per_day})
     colour = {dag: PALETTE[index % len(PALETTE)] for index, dag in enumerate(dags)}
     top = max(sum(per_day.values()) for per_day in totals.values()) or 1.0
@@ -116,7 +118,7 @@ def chart(totals: Mapping[str, Mapping[str, float]], width: int = 760, height: i
         f'<svg role="img" aria-label="GPU-hours per DAG per day" width="{svg_w}" height="{height}" '
         f'viewBox="0 0 {svg_w} {height}" font-size="11" fill="#5f6b7a">',
         f'<line x1="{left}" y1="{height - bottom}" x2="{svg_w}" y2="{height - bottom}" stroke="#cbd5e0"/>',
-        f'<text x="{left - 6}" y="14" text-anchor="end">{top:.2f}</text>',
+        f'<text x="{left - 6}" y="14" text-anchor="end">{top:.3g}</text>',
         f'<text x="{left - 6}" y="{height - bottom}" text-anchor="end">0</text>',
     ]
     for index, (day, per_dag) in enumerate(totals.items()):
@@ -226,6 +228,7 @@ def job_page(
         ("Name", str(handle.get("name", ""))),
         ("Platform", f"{job.platform} (connection {job.conn_id or 'default'})"),
         ("State", job.state + (f" ({job.record.err_class})" if job.record.err_class else "")),
+        ("Task", f"{job.dag_id} / {job.task_id} ({job.ti_state or 'gone'})"),
         ("GPUs x nodes", f"{'all' if job.record.gpu_count < 0 else job.record.gpu_count} x {job.record.num_nodes}"),
         ("Submitted (UTC)", _when(job.started_at)),
         ("Runtime", _duration(job.runtime_seconds(now))),
@@ -264,7 +267,7 @@ def job_page(
         f"<h2>Log</h2><p class=sub>{e(log_note)}</p><pre class=log>{e(log)}</pre>"
         f"{results_html}" + (f"<h2>Earlier jobs of this task</h2><ul>{earlier}</ul>" if earlier else "")
     )
-    return page(f"TAO job {job.job_id}", body)
+    return page(f"TAO job {job.job_id}", body, refresh_seconds=10 if job.state == "Running" else 0)
 
 
 def _out_link(url: str, text: str) -> str:

@@ -294,3 +294,19 @@ def test_links(monkeypatch: pytest.MonkeyPatch, xcoms: dict[str, str], job_link:
 
 def test_job_page_path_escapes_every_part() -> None:
     assert job_page_path("d/../x", "r?y", "t#z", 3) == "/tao/jobs/d%2F..%2Fx/r%3Fy/t%23z?map_index=3"
+
+
+@pytest.mark.parametrize("conn", get_provider_info()["connection-types"], ids=lambda c: c["connection-type"])
+def test_every_form_gives_real_examples_and_never_suggests_a_secret(conn: dict[str, Any]) -> None:
+    from airflow_provider_tao.get_provider_info import STANDARD_FIELDS
+
+    behaviour = conn["ui-field-behaviour"]
+    assert set(behaviour["placeholders"]) <= set(STANDARD_FIELDS)  # extra fields take schema.examples instead
+    assert set(behaviour["hidden-fields"]) <= {*STANDARD_FIELDS, "extra"}
+    for name, field in conn["conn-fields"].items():
+        schema = field["schema"]
+        if schema.get("format") == "password":
+            assert "examples" not in schema and "default" not in schema, name
+        elif schema["type"][0] != "boolean":
+            (example,) = schema["examples"]
+            assert isinstance(example, {"string": str, "integer": int, "number": float}[schema["type"][0]]), name

@@ -23,7 +23,7 @@ with DAG("tao_ui_two_platforms", schedule=None, start_date=datetime(2026, 1, 1),
         conn_id="tao_ui_docker",
         image="local/busybox:ci",
         command="for i in 1 2 3 4; do echo step $i; sleep 1; done",
-        gpu_count=0,
+        gpu_count=2,  # the test engine grants GPU requests (a stub runtime hook): GPU-hours for the view
         deferrable=True,
         poll_interval=1,
         execution_timeout=timedelta(minutes=5),
