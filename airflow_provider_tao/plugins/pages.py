@@ -108,7 +108,7 @@ def chart(totals: Mapping[str, Mapping[str, float]], width: int = 760, height: i
     """GPU-hours per DAG per day as stacked bars (SVG) with a legend."""
     if not any(hours > 0 for per_day in totals.values() for hours in per_day.values()):
         return '<p class="empty">No GPU-hours in this selection (its jobs asked for no GPUs).</p>'
-    dags = sorted({dag for per_day in totals.values() for dag in per_day})
+    dags = sorted({dag for per_day in totals.values() for dag, hours in per_day.items() if hours > 0})
     colour = {dag: PALETTE[index % len(PALETTE)] for index, dag in enumerate(dags)}
     top = max(sum(per_day.values()) for per_day in totals.values()) or 1.0
     left, bottom, plot_h = 48, 22, height - 32

@@ -52,6 +52,8 @@ def airflow_standalone_config(docker_engine: DockerEngine, ui_results_root: Path
             f"AIRFLOW_CONN_{DOCKER_CONN_ID.upper()}": json.dumps(docker_conn),
             "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": "False",
             "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
+            # the worker's visible GPUs for the local platform (no GPU is used: the jobs just run on the CPU)
+            "CUDA_VISIBLE_DEVICES": "0,1",
         },
     )
 

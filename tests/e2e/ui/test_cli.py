@@ -25,7 +25,7 @@ def test_jobs_lists_the_jobs_of_a_run_on_two_platforms(airflow_standalone: Airfl
         assert row["dag_id"] == "tao_ui_two_platforms" and row["run_id"] == run_id
         assert row["task_state"] == "success" and row["try_number"] == 1
         assert row["runtime_seconds"] >= 3.0
-        gpus = 2 if row["platform"] == "docker" else 0
+        gpus = 2 if row["platform"] == "docker" else 1
         assert (row["gpus"], row["nodes"]) == (gpus, 1)
         assert row["gpu_hours"] == pytest.approx(gpus * row["runtime_seconds"] / 3600, rel=0.02, abs=1e-4)
         assert row["job_id"] == ui_dags.get_xcom("tao_ui_two_platforms", run_id, row["task_id"])["job_id"]

@@ -13,7 +13,7 @@ with DAG("tao_ui_two_platforms", schedule=None, start_date=datetime(2026, 1, 1),
         task_id="train_local",
         platform="local",
         command="for i in 1 2 3 4; do echo step $i; sleep 1; done",
-        gpu_count=0,
+        gpu_count=1,  # the test instance's worker "sees" GPUs 0,1 (CUDA_VISIBLE_DEVICES): GPU-hours for the view
         deferrable=True,
         poll_interval=1,
         execution_timeout=timedelta(minutes=5),
