@@ -200,7 +200,7 @@ def test_a_deferred_training_task_in_the_ui(
     assert re.search(r"\b0\.000\b", row.inner_text()), row.inner_text()  # GPU-hours of a 0-GPU job
     gpu_row = view.locator("tr", has_text="tao_ui_two_platforms / train_local").first
     hours = float(gpu_row.locator("td").nth(6).inner_text())
-    assert hours > 0 and "1 × 1" in gpu_row.inner_text(), gpu_row.inner_text()  # 1 GPU x a few seconds
+    assert hours > 0 and "1 \u00d7 1" in gpu_row.inner_text(), gpu_row.inner_text()  # 1 GPU x a few seconds
     assert view.locator("svg rect").count() >= 1  # the GPU-hours chart has a bar
     _shot(page, shots, "08-tao-jobs-view")
 
