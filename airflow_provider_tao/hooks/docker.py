@@ -16,6 +16,7 @@ readable) unless the connection sets ``auto_remove``: then they are removed once
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -125,9 +126,8 @@ class TAODockerHook(TAOPlatformHook):
         root = self.setting("results_root")
         return str(root).rstrip("/") if root else None
 
-    @cached_property
-    def client(self) -> APIClient:
-        """The docker provider's client for the connection's daemon (no registry login: pulls carry their auth)."""
+    def _daemon(self) -> tuple[str, Any]:
+        """The daemon's URL (``https://`` when the connection has TLS files) and its TLS config."""
         from airflow.providers.docker.hooks.docker import DockerHook
 
         self.load_connection()
@@ -139,13 +139,26 @@ class TAODockerHook(TAOPlatformHook):
         url = self.base_url
         if tls and url.startswith("tcp://"):
             url = "https://" + url.removeprefix("tcp://")
+        return url, tls
+
+    @cached_property
+    def client(self) -> APIClient:
+        """The docker provider's client for the connection's daemon (no registry login: pulls carry their auth)."""
+        from airflow.providers.docker.hooks.docker import DockerHook
+
+        url, tls = self._daemon()
         return DockerHook(docker_conn_id=None, base_url=url, version="auto", tls=tls).api_client
 
     def probe_connection(self) -> str:
         """Ping the daemon and read its version (``GET /_ping``, ``GET /version``)."""
+        from docker import APIClient
+
+        url, tls = self._daemon()
         try:
-            self.client.ping()
-            version = self.client.version()
+            # docker's own client: the provider's hook replaces the reason of a failure with a generic message
+            with APIClient(base_url=url, version="auto", tls=tls, timeout=30) as client:
+                client.ping()
+                version = client.version()
         except Exception as exc:
             raise docker_problem(self.base_url, exc) from exc
         return f"Docker {version.get('Version')} (API {version.get('ApiVersion')}) at {self.base_url}"
@@ -597,9 +610,11 @@ def docker_problem(url: str, exc: Exception) -> ConnectionProblem:
 
     text = str(exc)
     status = getattr(getattr(exc, "response", None), "status_code", None)
-    if isinstance(exc, APIError) and status in (401, 407):
+    if not isinstance(exc, APIError) and (found := re.search(r"\b(401|403|407) Client Error", text)):
+        status = int(found.group(1))  # docker's "Error while fetching server API version: 401 Client Error ..."
+    if status in (401, 407):
         return ConnectionProblem("auth", f"the daemon at {url} refused the credentials ({status}): {text}")
-    if isinstance(exc, APIError) and status == 403:
+    if status == 403:
         return ConnectionProblem("permission", f"the daemon at {url} does not allow this client ({status}): {text}")
     if "Permission denied" in text or isinstance(exc, PermissionError):
         return ConnectionProblem(

@@ -310,3 +310,18 @@ def test_every_form_gives_real_examples_and_never_suggests_a_secret(conn: dict[s
         elif schema["type"][0] != "boolean":
             (example,) = schema["examples"]
             assert isinstance(example, {"string": str, "integer": int, "number": float}[schema["type"][0]]), name
+
+
+def test_the_local_test_button_checks_its_folders(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from airflow_provider_tao.hooks.local import LocalHook
+
+    jobs, results = tmp_path / "jobs", tmp_path / "results"
+    conn = {"conn_type": "tao_local", "extra": {"jobs_dir": str(jobs), "results_root": str(results)}}
+    monkeypatch.setenv("AIRFLOW_CONN_TAO_LOCAL_TEST", json.dumps(conn))
+    ok, message = LocalHook(conn_id="tao_local_test").test_connection()
+    assert ok and message.startswith(f"jobs in {jobs}, results in {results}; "), message
+    assert jobs.is_dir() and results.is_dir()
+    results.rmdir()
+    results.write_text("not a folder")
+    ok, message = LocalHook(conn_id="tao_local_test").test_connection()
+    assert (ok, message) == (False, f"Incomplete connection: the results root {results} is a file, not a folder")
