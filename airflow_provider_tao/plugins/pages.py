@@ -172,7 +172,7 @@ def jobs_view(
         hours = job.gpu_hours(now)
         gpus = "all" if job.record.gpu_count < 0 else str(job.record.gpu_count)
         page_link = job_page_path(job.dag_id, job.run_id, job.task_id, job.map_index)
-        platform_link = job_urls.get(job.job_id) or page_link
+        platform_link = safe_url(job_urls.get(job.job_id, "")) or page_link
         try_number = job.record.handle.get("try_number", 1)
         rows.append(
             "<tr>"
@@ -270,7 +270,13 @@ def job_page(
     return page(f"TAO job {job.job_id}", body, refresh_seconds=10 if job.state == "Running" else 0)
 
 
+def safe_url(url: str) -> str:
+    """``url`` when it is a web link (http, https or a path of this server), else "" (no ``javascript:``)."""
+    return url if url.startswith(("http://", "https://", "/")) and not url.startswith("//") else ""
+
+
 def _out_link(url: str, text: str) -> str:
+    url = safe_url(url)
     return f'<p><a href="{e(url)}" target="_blank" rel="noopener">{e(text)}</a></p>' if url else ""
 
 

@@ -30,6 +30,7 @@ DAG_IDS = (
     "tao_retraining_evaluate",
     "tao_ui_two_platforms",
     "tao_ui_cancel",
+    "tao_ui_orphan",
 )
 
 

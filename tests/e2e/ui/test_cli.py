@@ -70,6 +70,46 @@ def test_cancel_fails_the_deferred_task_with_err_canceled(
     assert (again["was"], again["canceled"]) == ("Canceled", False)
 
 
+def test_reap_cancels_the_job_of_a_killed_worker(airflow_standalone: AirflowStandalone, ui_dags: AirflowClient):
+    """A worker killed while it waited on its job (no retries): the task fails, the job runs on with no one watching
+    it -- an orphan. ``airflow tao reap`` finds it on the platform and cancels it; jobs still watched are kept."""
+    watched = ui_dags.trigger_dag_run("tao_ui_cancel")  # a deferred job: its task still wants it
+    ui_dags.wait_for_task_instance("tao_ui_cancel", watched, "train", ["deferred"], timeout=120)
+    run_id = ui_dags.trigger_dag_run("tao_ui_orphan")
+    ui_dags.wait_for_task_instance("tao_ui_orphan", run_id, "train", ["running"], timeout=120)
+    job_id = wait_until(
+        lambda: _xcom_or_none(ui_dags, "tao_ui_orphan", run_id, "tao_job_id"), timeout=60, message="no job id XCom"
+    )
+    airflow_standalone.kill_task_runner("tao_ui_orphan", run_id, "train")
+    ui_dags.wait_for_task_instance("tao_ui_orphan", run_id, "train", ["failed"], timeout=120)
+    (row,) = cli_json(airflow_standalone, "tao", "jobs", "--run-id", run_id)
+    pid = int(row["backend_job_id"])
+    assert row["task_state"] == "failed" and _alive(pid)  # the orphan
+
+    dry = cli_json(airflow_standalone, "tao", "reap", "--dry-run", "--min-age-minutes", "0")
+    verdicts = {r["job_id"]: (r["action"], r["why"]) for r in dry}
+    assert verdicts[job_id] == ("would cancel", "orphan: its task is failed"), dry
+    watched_job = ui_dags.get_xcom("tao_ui_cancel", watched, "train", key="tao_job_id")
+    assert verdicts[watched_job] == ("kept", "its task is deferred"), dry
+    assert _alive(pid)  # a dry run changes nothing
+
+    reaped = cli_json(airflow_standalone, "tao", "reap", "--min-age-minutes", "0")
+    assert {r["job_id"]: r["action"] for r in reaped}[job_id] == "canceled", reaped
+    wait_until(lambda: not _alive(pid), timeout=30, message=f"orphan {pid} still runs")
+    assert ui_dags.get_task_instance_state("tao_ui_cancel", watched, "train") == "deferred"
+    ui_dags.mark_task_instance_failed("tao_ui_cancel", watched, "train")  # (its job is canceled by the trigger)
+    # a young orphan is left alone by default (its task may be writing its record right now)
+    again = cli_json(airflow_standalone, "tao", "reap")
+    assert job_id not in {r["job_id"] for r in again}  # canceled: no longer active on the platform
+
+
+def _xcom_or_none(client: AirflowClient, dag_id: str, run_id: str, key: str) -> str | None:
+    try:
+        return str(client.get_xcom(dag_id, run_id, "train", key=key))
+    except KeyError:
+        return None
+
+
 def test_bad_job_ids_are_refused_before_anything_is_looked_up(airflow_standalone: AirflowStandalone) -> None:
     for bad in ("../../etc/passwd", "abc", "0123456789abcdef" * 3, "$(touch /tmp/x)"):
         proc = airflow_cli(airflow_standalone, "tao", "logs", bad)

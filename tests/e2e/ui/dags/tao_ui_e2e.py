@@ -45,3 +45,15 @@ with DAG(
         deferrable=True,
         poll_interval=1,
     )
+
+with DAG("tao_ui_orphan", schedule=None, start_date=datetime(2026, 1, 1), catchup=False, tags=["tao-e2e"]):
+    # waits on the worker (not deferred): killing the worker leaves the job with no one watching it
+    TAOSubmitOperator(
+        task_id="train",
+        platform="local",
+        command="echo started; sleep 600",
+        gpu_count=0,
+        deferrable=False,
+        poll_interval=1,
+        retries=0,
+    )
