@@ -237,19 +237,13 @@ def job_page(
         *location.items(),
     ]
     dl = "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in facts if v)
-    console = (
-        f'<p><a href="{e(job_url)}" target="_blank" rel="noopener">Open on its platform</a></p>' if job_url else ""
-    )
+    console = _out_link(job_url, "Open on its platform")
     outputs = "".join(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in job.record.outputs.items())
     files = "".join(f"<li>{e(name)}</li>" for name in results)
     results_html = (
         f'<h2 id="results">Results</h2><div class=card><dl><dt>Location</dt><dd>{e(str(handle.get("results_dir")))}'
         f"</dd>{outputs}</dl>"
-        + (
-            f'<p><a href="{e(results_url)}" target="_blank" rel="noopener">Open the results</a></p>'
-            if results_url
-            else ""
-        )
+        + _out_link(results_url, "Open the results")
         + (f"<ul>{files}</ul>" if files else "")
         + "</div>"
     )
