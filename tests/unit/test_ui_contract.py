@@ -325,3 +325,25 @@ def test_the_local_test_button_checks_its_folders(monkeypatch: pytest.MonkeyPatc
     results.write_text("not a folder")
     ok, message = LocalHook(conn_id="tao_local_test").test_connection()
     assert (ok, message) == (False, f"Incomplete connection: the results root {results} is a file, not a folder")
+
+
+def test_local_active_jobs_are_its_running_process_groups(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    import time
+
+    from airflow_provider_tao.hooks.local import LocalHook
+    from airflow_provider_tao.jobs import JobSpec
+
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    hook = LocalHook(conn_id=None)
+    long = hook.create_job(JobSpec(name="reap-long", job_id="aaaaaaaaaaaa", command="sleep 60", gpu_count=0))
+    short = hook.create_job(JobSpec(name="reap-short", job_id="bbbbbbbbbbbb", command="true", gpu_count=0))
+    deadline = time.monotonic() + 30
+    while not hook.get_job_status(short).state.is_terminal and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        assert [h.job_id for h in hook.list_active_jobs()] == [long.job_id]
+        assert hook.job_location(long)["Log file"].endswith("/aaaaaaaaaaaa/job.log")
+    finally:
+        hook.cancel_job(long)
+    assert hook.list_active_jobs() == []

@@ -78,3 +78,26 @@ def test_no_server_is_unreachable(guarded_fake: KubeFake, monkeypatch: pytest.Mo
     ok, message = _test(monkeypatch, _kubeconfig(guarded_fake, tmp_path, server=closed))
     assert not ok
     assert message.startswith("Unreachable: the Kubernetes API server does not answer"), message
+
+
+def test_active_jobs_are_listed_until_canceled(
+    guarded_fake: KubeFake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``list_active_jobs`` -- what ``airflow tao reap`` asks: this provider's Jobs that have not finished."""
+    import uuid
+
+    from airflow_provider_tao.jobs import JobSpec
+
+    _test(monkeypatch, _kubeconfig(guarded_fake, tmp_path))  # defines the connection
+    hook = TAOKubernetesHook(conn_id="tao_k8s_test")
+    jobs = [
+        hook.create_job(JobSpec(name=f"reap-{i}-{uuid.uuid4().hex[:6]}", job_id=uuid.uuid4().hex[:12],
+                                command="sleep 300", gpu_count=0, image="busybox:1"))
+        for i in range(2)
+    ]  # fmt: skip
+    listed = {h.job_id: h for h in hook.list_active_jobs()}
+    assert {h.job_id for h in jobs} <= set(listed)
+    assert listed[jobs[0].job_id].name == jobs[0].name
+    assert hook.cancel_job(jobs[0], requested_by="reap: test") is True
+    assert jobs[0].job_id not in {h.job_id for h in hook.list_active_jobs()}
+    hook.cancel_job(jobs[1])
