@@ -31,3 +31,13 @@ async def first_event(trigger: Any) -> float:
     finally:
         await events.aclose()
     return time.monotonic()
+
+
+def print_side_by_side(
+    rows: list[tuple[str, str, str]], left: dict[str, Any], right: dict[str, Any], names: tuple[str, str]
+) -> None:
+    """A table of ``(label, key, format)`` rows: the two measurements and right / left."""
+    print(f"{'':34} {names[0]:>12} {names[1]:>12} {'ratio':>8}")
+    for label, key, fmt in rows:
+        ratio = right[key] / left[key] if left[key] else float("nan")
+        print(f"{label:34} {fmt.format(left[key]):>12} {fmt.format(right[key]):>12} {ratio:>8.1f}")

@@ -62,6 +62,13 @@ def _job(job_id: str) -> IndexedJob:
     return job
 
 
+def _job_on_platform(job_id: str) -> tuple[IndexedJob, JobHandle, TAOPlatformHook]:
+    """The job Airflow knows by ``job_id``, its handle and its platform's hook (connection loaded)."""
+    job = _job(job_id)
+    handle = job.record.job
+    return job, handle, _hook(handle.platform, handle.conn_id)
+
+
 @cli_utils.action_cli(check_db=False)
 @providers_configuration_loaded
 def list_jobs(args: Namespace) -> None:
@@ -84,9 +91,7 @@ def list_jobs(args: Namespace) -> None:
 @providers_configuration_loaded
 def job_logs(args: Namespace) -> None:
     """``airflow tao logs JOB``."""
-    job = _job(args.job_id)
-    handle = job.record.job
-    hook = _hook(handle.platform, handle.conn_id)
+    job, handle, hook = _job_on_platform(args.job_id)
     if args.tail is not None:
         text, cursor = hook.get_job_logs(handle, "", tail=max(1, args.tail))
     else:
@@ -109,9 +114,7 @@ def job_logs(args: Namespace) -> None:
 @providers_configuration_loaded
 def cancel_job(args: Namespace) -> None:
     """``airflow tao cancel JOB``: the one cancel routine, as a person (the task then fails with ERR_CANCELED)."""
-    job = _job(args.job_id)
-    handle = job.record.job
-    hook = _hook(handle.platform, handle.conn_id)
+    job, handle, hook = _job_on_platform(args.job_id)
     before = hook.get_job_status(handle).state
     stopped = hook.cancel_job(handle, requested_by=f"cli:{getpass.getuser()}")
     after = hook.get_job_status(handle)

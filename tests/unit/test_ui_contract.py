@@ -3,7 +3,6 @@ the links -- on the in-memory platform and on every registered platform's class.
 
 from __future__ import annotations
 
-import importlib
 import json
 from datetime import timedelta
 from typing import Any
@@ -14,22 +13,13 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_provider_tao import settings
 from airflow_provider_tao.get_provider_info import CONNECTION_FORMS, get_provider_info
-from airflow_provider_tao.hooks import PLATFORMS
 from airflow_provider_tao.hooks.base import ConnectionProblem, TAOPlatformHook, results_link
 from airflow_provider_tao.jobs import JobHandle, JobState
 from airflow_provider_tao.links import TAOJobLink, TAOResultsLink, job_page_path
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
 from airflow_provider_tao.records import STATE_KEY, JobRecord
 from tests.unit.fakes import FakeHook, Store, make_context
-
-
-def _hook_classes() -> list[type[TAOPlatformHook]]:
-    classes = []
-    for _, path in PLATFORMS.values():
-        module, _, name = path.rpartition(".")
-        classes.append(getattr(importlib.import_module(module), name))
-    return classes
-
+from tests.unit.test_platform_contract import _hook_classes
 
 # ----------------------------------------------------------------------------- what every platform implements
 
