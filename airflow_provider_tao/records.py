@@ -40,6 +40,8 @@ class JobRecord(_JsonValue):
     :param err_class: the failure class of a job that did not complete.
     :param ended_at: epoch seconds the task saw the job end.
     :param history: earlier jobs of this task instance (their records without history), newest last.
+    :param secret_conn_ids: connections whose secrets the job received (``storage_conn_id``): the job page and
+        ``airflow tao logs`` hide their values in the job's log.
     """
 
     handle: dict[str, Any]
@@ -53,6 +55,7 @@ class JobRecord(_JsonValue):
     err_class: str = ""
     ended_at: float | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
+    secret_conn_ids: list[str] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, data: Any) -> JobRecord | None:

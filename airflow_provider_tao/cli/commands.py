@@ -17,7 +17,7 @@ from airflow.utils.providers_configuration_loader import providers_configuration
 from airflow.utils.session import create_session
 
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
-from airflow_provider_tao.hooks.base import TAOPlatformHook
+from airflow_provider_tao.hooks.base import TAOPlatformHook, redact, secrets_of
 from airflow_provider_tao.jobindex import WANTED_TI_STATES, IndexedJob, find_job, load_jobs
 from airflow_provider_tao.jobs import JobHandle
 
@@ -104,6 +104,7 @@ def job_logs(args: Namespace) -> None:
             size += len(chunk)
             cursor = next_cursor
         text = "".join(parts)
+    text = redact(text, secrets_of(job.record.secret_conn_ids))  # no task-log masker out here
     if args.output in ("json", "yaml"):
         _print([{"job_id": job.job_id, "platform": job.platform, "log": text}], args.output)
     else:

@@ -382,6 +382,7 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             "num_nodes": self.num_nodes,
             "cancel_on_kill": self.cancel_on_kill,
             "deadline": self._deadline(context),
+            "secret_conn_ids": [self.storage_conn_id] if self.storage_conn_id else [],
         }
         previous = self._stored(context)
         return previous.successor(handle, **fields) if previous else JobRecord(handle=handle.to_json(), **fields)

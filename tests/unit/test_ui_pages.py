@@ -143,3 +143,61 @@ def test_reap_leaves_young_jobs_and_reaps_any_job_past_its_lease(monkeypatch: py
     assert reap_verdict(FakeHook(), _handle(), None, NOW, MIN_AGE) == (True, "lease expired")
     watched = _job(ti_state="deferred", state="Submitted", ended=None)
     assert reap_verdict(FakeHook(), _handle(), watched, NOW, MIN_AGE) == (True, "lease expired")
+
+
+# ----------------------------------------------------------------------------- secrets
+
+
+SECRET_KEY = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+
+def test_the_job_page_hides_the_storage_secrets_a_job_prints(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from airflow_provider_tao.plugins.app import _platform_view
+
+    aws = {
+        "conn_type": "aws",
+        "login": "AKIAEXAMPLE",
+        "password": SECRET_KEY,
+        "extra": {"aws_session_token": "tok-123456"},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_TRAIN", json.dumps(aws))
+    hook = FakeHook(conn_id="fake_conn")
+    handle = hook.create_job(type("S", (), {"job_id": "abcdefabcdef", "name": "n"})())  # type: ignore[arg-type]
+    FakeHook.logs[handle.job_id] = f"using {SECRET_KEY}\nsession tok-123456\ndone\n"
+    record = JobRecord(handle=handle.to_json(), secret_conn_ids=["aws_train"])
+    job = IndexedJob(record, "d", "r", "t", -1, "deferred", 1, None, True)
+    _, log, _, _, _, _ = _platform_view(job)
+    assert SECRET_KEY not in log and "tok-123456" not in log
+    assert log == "using ***\nsession ***\ndone\n"
+
+
+def test_records_and_xcoms_carry_no_secret_value(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_provider_tao.operators.submit import TAOSubmitOperator
+    from tests.unit.fakes import Store, make_context
+
+    class _WithSecrets(TAOSubmitOperator):
+        def stage(self, spec: Any, hook: Any) -> Any:  # what storage_conn_id adds: secret environment variables
+            from dataclasses import replace
+
+            return replace(spec, secret_env={"AWS_SECRET_ACCESS_KEY": SECRET_KEY}), {"model": "s3://b/m"}
+
+    store = Store()
+    context = make_context(store)
+    op = _WithSecrets(task_id="t", conn_id="fake_conn", image="i:1", command="x", deferrable=True)
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context)
+    pushed = [c.kwargs["value"] for c in context["ti"].xcom_push.call_args_list]
+    for blob in (store.data, pushed, deferred.value.trigger.serialize()):
+        assert SECRET_KEY not in json.dumps(blob, default=str)
+    (job,) = fake_platform.jobs.values()
+    assert job["spec"].secret_env == {"AWS_SECRET_ACCESS_KEY": SECRET_KEY}  # the job itself got it
