@@ -221,7 +221,7 @@ def _kubernetes_form() -> dict[str, Any]:
     return _form(
         "TAO Kubernetes",
         {
-            "namespace": _field("Namespace", "Namespace of the jobs (env TAO_K8S_NAMESPACE; default)."),
+            "namespace": _field("Namespace", "Namespace of the jobs (default: default; env TAO_K8S_NAMESPACE)."),
             "kube_config_path": _field("Kubeconfig path", "Path of a kubeconfig file on the Airflow hosts."),
             "kube_config": _field("Kubeconfig", "A kubeconfig itself (YAML or JSON), instead of a path.", secret=True),
             "in_cluster": _field("In cluster", "Use the service account of the pod Airflow runs in.", kind="boolean"),

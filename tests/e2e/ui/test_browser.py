@@ -90,6 +90,18 @@ def test_connection_forms_show_our_fields(page: Any, shots: Path, airflow_standa
         _shot(page, shots, f"01-connection-form-{conn['connection-type']}", full_page=True)
 
 
+def _settled(page: Any, toast: Any) -> None:
+    """Wait until a notification has slid fully into view (so its screenshot shows all of it)."""
+    toast.wait_for()
+    height = page.viewport_size["height"]
+    wait_until(
+        lambda: (box := toast.bounding_box()) is not None and box["y"] + box["height"] <= height,
+        timeout=10,
+        interval=0.1,
+        message="the notification never came fully into view",
+    )
+
+
 def _add_slurm_connection(page: Any, url: str, conn_id: str, cluster: SlurmCluster, port: int) -> None:
     page.goto(f"{url}/connections")
     page.get_by_role("button", name="Add Connection").click()
@@ -121,14 +133,16 @@ def test_the_test_button_reaches_the_cluster(
     url = airflow_standalone.api_url
     _add_slurm_connection(page, url, "ui_slurm", slurm_cluster, slurm_cluster.port)
     page.get_by_role("row").filter(has_text="ui_slurm").get_by_role("button", name="Test Connection").click()
-    page.get_by_text(re.compile(rf"Connected to {re.escape(slurm_cluster.host)} as {slurm_cluster.user}")).wait_for()
+    _settled(
+        page, page.get_by_text(re.compile(rf"Connected to {re.escape(slurm_cluster.host)} as {slurm_cluster.user}"))
+    )
     assert page.get_by_text(re.compile(slurm_cluster.partition)).count() >= 1
     _shot(page, shots, "02-connection-test-button-success")
 
     closed = free_ports(1)[0]
     _add_slurm_connection(page, url, "ui_slurm_closed", slurm_cluster, closed)
     page.get_by_role("row").filter(has_text="ui_slurm_closed").get_by_role("button", name="Test Connection").click()
-    page.get_by_text(re.compile(r"Unreachable: no login host answered on SSH")).wait_for()
+    _settled(page, page.get_by_text(re.compile(r"Unreachable: no login host answered on SSH")))
     _shot(page, shots, "02-connection-test-button-unreachable")
 
 
