@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -225,6 +225,25 @@ def find_job(session: Session, job_id: str) -> IndexedJob | None:
         if len({job.job_id for job in matches}) > 1:
             raise LookupError(f"{job_id!r} matches several jobs: {', '.join(sorted({j.job_id for j in matches}))}")
     return matches[0] if matches else None
+
+
+def task_state_lookup(session: Session) -> Callable[[Mapping[str, Any]], str | None]:
+    """The Airflow state of a task instance named by ``{dag_id, run_id, task_id, map_index}`` (None: unknown), for
+    :meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.reap_resources`."""
+    from airflow.models.taskinstance import TaskInstance
+    from sqlalchemy import select
+
+    def lookup(origin: Mapping[str, Any]) -> str | None:
+        query = select(TaskInstance.state).where(
+            TaskInstance.dag_id == str(origin.get("dag_id")),
+            TaskInstance.run_id == str(origin.get("run_id")),
+            TaskInstance.task_id == str(origin.get("task_id")),
+            TaskInstance.map_index == int(origin.get("map_index") or -1),
+        )
+        state = session.scalar(query)
+        return None if state is None else str(getattr(state, "value", state))
+
+    return lookup
 
 
 def gpu_hours_by_dag_and_day(jobs: Iterable[IndexedJob], now: float | None = None) -> dict[str, dict[str, float]]:

@@ -18,7 +18,7 @@ from airflow.utils.session import create_session
 
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook, redact, secrets_of
-from airflow_provider_tao.jobindex import WANTED_TI_STATES, IndexedJob, find_job, load_jobs
+from airflow_provider_tao.jobindex import WANTED_TI_STATES, IndexedJob, find_job, load_jobs, task_state_lookup
 from airflow_provider_tao.jobs import JobHandle
 
 #: What a job id given on the command line may look like (ours are 12 hex digits).
@@ -183,6 +183,10 @@ def reap(args: Namespace) -> None:
         except Exception as exc:  # one unreachable platform must not stop the others' reaping
             rows.append({"platform": platform, "conn_id": conn_id, "job_id": None, "action": "error", "why": str(exc)})
             continue
+        with create_session() as session:
+            for resource in hook.reap_resources(task_state_lookup(session), dry_run=args.dry_run):
+                rows.append({"platform": platform, "conn_id": conn_id, "job_id": None, "name": resource["resource"],
+                             "action": resource["action"], "why": resource["why"]})  # fmt: skip
         for handle in active:
             job = by_id.get(handle.job_id)
             cancel, why = reap_verdict(hook, handle, job, now, min_age)

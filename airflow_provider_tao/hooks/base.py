@@ -25,7 +25,7 @@ import os
 import re
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from airflow.sdk import BaseHook
@@ -307,6 +307,19 @@ class TAOPlatformHook(BaseHook):
 
         hours = settings.lease_hours()
         return bool(hours) and (now or time.time()) > handle.submitted_at + hours * 3600
+
+    def reap_resources(
+        self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
+    ) -> list[dict[str, str]]:
+        """What ``airflow tao reap`` also stops on this connection besides jobs: machines the platform rents for
+        jobs (Brev's instances whose lease expired or whose task finished). Default: none.
+
+        :param task_state: the Airflow state of a task instance given as ``{dag_id, run_id, task_id, map_index}``
+            (None when Airflow does not know it), from the metadata database.
+        :param dry_run: decide and report, stop nothing.
+        :returns: one row per resource: ``{"resource", "action", "why"}``.
+        """
+        return []
 
     # ----------------------------------------------------------------- names, image, details
 

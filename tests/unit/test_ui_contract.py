@@ -86,6 +86,10 @@ def test_a_bad_problem_kind_is_a_bug() -> None:
         ConnectionProblem("weird", "x")
 
 
+def test_a_platform_rents_nothing_unless_it_says_so() -> None:
+    assert FakeHook().reap_resources(lambda origin: "running", dry_run=True) == []
+
+
 def test_default_lease_expiry_follows_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     handle = JobHandle("fake", None, "j", "n", submitted_at=1000.0)
     assert FakeHook().lease_expired(handle, now=10**9) is False  # 0 = no lease
