@@ -1,8 +1,16 @@
-"""Operator extra links: the job's page (or, on ``local``, its log file) in the Airflow UI."""
+"""Operator extra links: the job on its platform, and its results.
+
+Airflow 3 computes a link on the worker after each run of the task -- also the one that ends in DEFERRED -- and
+keeps it as an XCom; the operator pushes what the links need before it defers, so both work while the job runs.
+A platform with a web console (Lepton, Brev, a Kubernetes dashboard) gives its job page through
+``TAOPlatformHook.job_url``; the others link to the provider's job page in Airflow (the TAO plugin), which says
+where the job is on its platform and shows its log.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink
 
@@ -14,14 +22,47 @@ if TYPE_CHECKING:
 XCOM_JOB_ID = "tao_job_id"
 XCOM_RESULTS_DIR = "tao_results_dir"
 XCOM_CONSOLE_URL = "tao_console_url"
+#: Where the TAO plugin's FastAPI app is mounted in the API server.
+PLUGIN_URL_PREFIX = "/tao"
+
+
+def job_page_path(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
+    """Path (under the API server's root) of the provider's page of a task instance's job."""
+    path = f"{PLUGIN_URL_PREFIX}/jobs/{quote(dag_id, safe='')}/{quote(run_id, safe='')}/{quote(task_id, safe='')}"
+    return path if map_index < 0 else f"{path}?map_index={map_index}"
+
+
+def _job_page(ti_key: TaskInstanceKey) -> str:
+    from airflow.sdk import conf
+
+    base = str(conf.get("api", "base_url", fallback="") or "").rstrip("/")
+    return base + job_page_path(ti_key.dag_id, ti_key.run_id, ti_key.task_id, ti_key.map_index)
 
 
 class TAOJobLink(BaseOperatorLink):
-    """Link to the job on its platform's console (the log file of a ``local`` job)."""
+    """The job on its platform: its console page where the platform has one, else the provider's job page."""
 
     name = "TAO job"
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         from airflow.sdk.execution_time.xcom import XCom
 
-        return XCom.get_value(key=XCOM_CONSOLE_URL, ti_key=ti_key) or ""
+        if url := XCom.get_value(key=XCOM_CONSOLE_URL, ti_key=ti_key):
+            return str(url)
+        return _job_page(ti_key) if XCom.get_value(key=XCOM_JOB_ID, ti_key=ti_key) else ""
+
+
+class TAOResultsLink(BaseOperatorLink):
+    """The job's results: the S3 console for ``s3://`` results, else the results part of the job page."""
+
+    name = "TAO results"
+
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        from airflow.sdk.execution_time.xcom import XCom
+
+        from airflow_provider_tao.hooks.base import results_link
+
+        results_dir = XCom.get_value(key=XCOM_RESULTS_DIR, ti_key=ti_key)
+        if not results_dir:
+            return ""
+        return results_link(str(results_dir)) or _job_page(ti_key) + "#results"

@@ -10,16 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from airflow.sdk import conf
-
 from airflow_provider_tao.jobs import JobState, JobStatus
-
-DEFAULT_OUTAGE_REPORT_SECONDS = 300.0
-
-
-def outage_report_seconds() -> float:
-    """``[tao] outage_report_seconds``: how often a continuing outage is logged again."""
-    return conf.getfloat("tao", "outage_report_seconds", fallback=DEFAULT_OUTAGE_REPORT_SECONDS)
 
 
 class OutageLog:

@@ -71,3 +71,13 @@ def print_watch_table(
         f"{naive['cpu_ms_per_job_per_poll'] / max(1e-9, status['cpu_ms_per_job_per_poll']):.1f}x, API server CPU "
         f"{naive['server_cpu_s_per_interval'] / max(1e-9, status['server_cpu_s_per_interval']):.1f}x"
     )
+
+
+def print_side_by_side(
+    rows: list[tuple[str, str, str]], left: dict[str, Any], right: dict[str, Any], names: tuple[str, str]
+) -> None:
+    """A table of ``(label, key, format)`` rows: the two measurements and right / left."""
+    print(f"{'':34} {names[0]:>12} {names[1]:>12} {'ratio':>8}")
+    for label, key, fmt in rows:
+        ratio = right[key] / left[key] if left[key] else float("nan")
+        print(f"{label:34} {fmt.format(left[key]):>12} {fmt.format(right[key]):>12} {ratio:>8.1f}")

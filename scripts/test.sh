@@ -16,13 +16,14 @@ step "Debian packages"
 apt-get -o DPkg::Lock::Timeout=600 update -qq
 # procps/psmisc for process checks; the Docker engine's packages here, so docker-up.sh (run next to slurm-up.sh,
 # which installs its own) never calls apt-get at the same time.
+# chromium + a font for the browser test (Playwright drives /usr/bin/chromium; it never downloads a browser).
 apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends procps psmisc \
-  docker.io containerd runc iptables busybox-static debootstrap zstd >/dev/null
+  docker.io containerd runc iptables busybox-static debootstrap zstd chromium fonts-dejavu-core >/dev/null
 
 step "Python packages into $VENV"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/pip" install -q -U pip
-"$VENV/bin/pip" install -q -c constraints.txt -e ".[test,all]"
+"$VENV/bin/pip" install -q -c constraints.txt -e ".[test,all,docs]"
 export PATH=$VENV/bin:$PATH
 
 step "backends: a private Docker engine and its images, the SLURM cluster (in parallel)"
@@ -39,6 +40,9 @@ step "ruff, mypy"
 ruff check .
 ruff format --check .
 mypy airflow_provider_tao
+
+step "docs (Sphinx, warnings are errors)"
+python -m sphinx -W --keep-going -q -b html docs build/docs
 
 step "pytest"
 set +e

@@ -7,8 +7,15 @@ ownership marks that make a clear-while-deferred safe, and the one cancel routin
 
 Ownership: a job is *owned* by the task try that submitted it or took it over (``claim_job``). A cancel coming
 from a try that no longer owns the job -- e.g. the old trigger's ``on_kill`` firing after a cleared task's new
-try already reattached -- is skipped. Platforms keep two small marks with the job (``owner_try`` and
-``cancel_requested_by``) through :meth:`TAOPlatformHook.read_marks` / :meth:`TAOPlatformHook.write_mark`.
+try already reattached -- is skipped. Platforms keep small marks with the job (``owner_try``,
+``cancel_requested_by``, ``canceled_by``, ``consumed_by``) through :meth:`TAOPlatformHook.read_marks` /
+:meth:`TAOPlatformHook.write_mark`.
+
+What a platform implements to appear everywhere (operator, trigger, UI links, the TAO jobs view, ``airflow tao``,
+the docs): the abstract job methods below, plus :meth:`TAOPlatformHook.probe_connection` (the "Test" button),
+:meth:`TAOPlatformHook.list_active_jobs` (``airflow tao reap``) and, where it has them,
+:meth:`TAOPlatformHook.job_url` (a console page of the job), :meth:`TAOPlatformHook.job_location` (where the job
+is, in words) and :meth:`TAOPlatformHook.lease_expired` (a lease of its own). See ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ import asyncio
 import os
 import re
 import shlex
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from airflow.sdk import BaseHook
@@ -29,6 +37,9 @@ MARK_OWNER = "owner_try"
 MARK_CANCEL = "cancel_requested_by"
 #: The try whose success used the job's result: a later try (a clear) must not reuse it.
 MARK_CONSUMED = "consumed_by"
+#: Who canceled the job from outside its task (``airflow tao cancel``, ``airflow tao reap``): its task then fails
+#: with ERR_CANCELED instead of resubmitting.
+MARK_CANCELED_BY = "canceled_by"
 #: ``backend_details`` keys the operator consumes itself (the in-job runner's ``mount_path``); hooks never see them.
 OPERATOR_DETAIL_KEYS = frozenset({"mount_path"})
 #: The most log bytes one ``get_job_logs`` call returns; the next call continues from its cursor.
@@ -71,6 +82,37 @@ def render_env_file(env: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def connection_secrets(conn: Any, extras: dict[str, Any] | None = None) -> list[str]:
+    """The secret values of a connection: its password and every extra Airflow's masker calls sensitive (plus the
+    key and kubeconfig extras, whose names it does not know)."""
+    from airflow.sdk._shared.secrets_masker import should_hide_value_for_key
+
+    if extras is None:
+        extras = getattr(conn, "extra_dejson", None) or {}
+    values = [getattr(conn, "password", None)]
+    values += [v for k, v in extras.items() if should_hide_value_for_key(k) or k in _SECRET_EXTRAS]
+    return [v for v in values if isinstance(v, str) and len(v) >= 4]
+
+
+def secrets_of(conn_ids: Sequence[str]) -> list[str]:
+    """The secret values of these connections (one that cannot be read adds none), for text shown outside a task
+    -- a job's log on its job page or from ``airflow tao logs`` -- where Airflow's task-log masker does not run."""
+    values: list[str] = []
+    for conn_id in conn_ids:
+        try:
+            values += connection_secrets(BaseHook.get_connection(conn_id))
+        except Exception:  # a deleted connection: nothing of it to hide
+            continue
+    return values
+
+
+def redact(text: str, secrets: Sequence[str]) -> str:
+    """``text`` with every one of ``secrets`` replaced by ``***`` (longest first, so no part of one survives)."""
+    for value in sorted(set(secrets), key=len, reverse=True):
+        text = text.replace(value, "***")
+    return text
+
+
 def register_secrets(values: Sequence[str]) -> None:
     """Hand every secret a job receives to Airflow's secrets masker (task log and supervisor)."""
     from airflow.sdk.log import mask_secret
@@ -98,6 +140,32 @@ class JobSubmitError(RuntimeError):
     def __init__(self, err_class: ErrClass, message: str) -> None:
         super().__init__(message)
         self.err_class = err_class
+
+
+class ConnectionProblem(Exception):
+    """What :meth:`TAOPlatformHook.probe_connection` found wrong, in words a person can act on.
+
+    :param kind: ``unreachable`` (no answer: host, port, socket, DNS), ``auth`` (credentials refused), ``not_found``
+        (the namespace / partition / folder does not exist), ``permission`` (authenticated, but not allowed) or
+        ``config`` (the connection itself is incomplete or contradictory).
+    :param message: what failed and what to check, without any secret.
+    """
+
+    KINDS = ("unreachable", "auth", "not_found", "permission", "config")
+
+    def __init__(self, kind: str, message: str) -> None:
+        assert kind in self.KINDS, kind
+        self.kind = kind
+        super().__init__(message)
+
+
+_KIND_WORDS = {
+    "unreachable": "Unreachable",
+    "auth": "Authentication refused",
+    "not_found": "Not found",
+    "permission": "Permission denied",
+    "config": "Incomplete connection",
+}
 
 
 class TAOPlatformHook(BaseHook):
@@ -171,6 +239,87 @@ class TAOPlatformHook(BaseHook):
         if value in (None, "") and name in self.env_fallbacks:
             value = os.environ.get(self.env_fallbacks[name])
         return default if value in (None, "") else value
+
+    # ----------------------------------------------------------------- the connection form's "Test" button
+
+    def test_connection(self) -> tuple[bool, str]:
+        """The UI's "Test" button and ``airflow connections test``: ONE cheap real round trip to the platform.
+
+        Returns ``(True, what answered)`` or ``(False, "<Kind>: <what failed and what to check>")`` where Kind is
+        one of "Unreachable", "Authentication refused", "Not found", "Permission denied", "Incomplete connection".
+        Never raises; the connection's password and secret extras never appear in the message. Platforms implement
+        :meth:`probe_connection`, not this.
+        """
+        try:
+            self.load_connection()
+            return True, self.probe_connection()
+        except ConnectionProblem as problem:
+            message = f"{_KIND_WORDS[problem.kind]}: {problem}"
+        except JobValidationError as exc:
+            message = f"{_KIND_WORDS['config']}: {exc}"
+        except Exception as exc:  # the contract: a message, never an exception in the UI
+            message = f"Unexpected error from the {self.platform} platform: {type(exc).__name__}: {exc}"
+        return False, self._redact(message)
+
+    def probe_connection(self) -> str:
+        """One cheap, real, read-only round trip with the connection's credentials (SSH + ``sinfo``, a Docker
+        ping, the Kubernetes version + a list in the namespace, a workspace call, ``brev ls``).
+
+        :returns: what answered, for the UI ("Docker 20.10 on gpu-box", "namespace ml is usable").
+        :raises ConnectionProblem: with the kind and words of what failed.
+        """
+        raise NotImplementedError
+
+    def _redact(self, text: str) -> str:
+        """``text`` without the connection's password or any value of a secret extra."""
+        return redact(text, connection_secrets(self._conn, self._extras))
+
+    # ----------------------------------------------------------------- where the job is, for people
+
+    def job_url(self, handle: JobHandle) -> str:
+        """The job's page on its platform's web console (Lepton's job page, Brev's instance page, a Kubernetes
+        dashboard), or "" when the platform has none -- the task's "TAO job" link then opens the provider's own
+        job page in Airflow. Default: the handle's ``console_url`` when it is an http(s) URL."""
+        return handle.console_url if handle.console_url.startswith(("http://", "https://")) else ""
+
+    def job_location(self, handle: JobHandle) -> dict[str, str]:
+        """Where the job is on its platform, as label -> value lines (the container, the Slurm job id and log file,
+        the namespace and Job, the log file), shown on the job page and by ``airflow tao jobs``."""
+        return {"Platform job id": handle.backend_job_id} if handle.backend_job_id else {}
+
+    def results_url(self, handle: JobHandle) -> str:
+        """A web link of the job's results: the S3 console for ``s3://``, the URI itself for http(s), else ""
+        (a folder on a platform's filesystem: the job page shows its path)."""
+        return results_link(handle.results_dir)
+
+    # ----------------------------------------------------------------- what `airflow tao reap` asks
+
+    def list_active_jobs(self) -> list[JobHandle]:
+        """Every job this provider started on this connection that the platform still runs or queues, from the
+        platform's own records (job folders, labels, job comments) -- not from Airflow. ``airflow tao reap``
+        compares it with what Airflow's tasks still watch."""
+        raise NotImplementedError
+
+    def lease_expired(self, handle: JobHandle, now: float | None = None) -> bool:
+        """Whether the job outlived its lease. Default: ``[tao] lease_hours`` after its submission (0 = never).
+        A platform that stamps a lease on what it rents (Brev) overrides this with its own record."""
+        from airflow_provider_tao import settings
+
+        hours = settings.lease_hours()
+        return bool(hours) and (now or time.time()) > handle.submitted_at + hours * 3600
+
+    def reap_resources(
+        self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
+    ) -> list[dict[str, str]]:
+        """What ``airflow tao reap`` also stops on this connection besides jobs: machines the platform rents for
+        jobs (Brev's instances whose lease expired or whose task finished). Default: none.
+
+        :param task_state: the Airflow state of a task instance given as ``{dag_id, run_id, task_id, map_index}``
+            (None when Airflow does not know it), from the metadata database.
+        :param dry_run: decide and report, stop nothing.
+        :returns: one row per resource: ``{"resource", "action", "why"}``.
+        """
+        return []
 
     # ----------------------------------------------------------------- names, image, details
 
@@ -291,6 +440,17 @@ class TAOPlatformHook(BaseHook):
     def check_path(self, uri: str) -> bool:
         raise NotImplementedError
 
+    def read_result_file(self, handle: JobHandle, name: str, limit: int = 1 << 20) -> bytes | None:
+        """The first ``limit`` bytes of ``<results_dir>/<name>`` (the metrics file), or None if there is none.
+        Default: a results folder this host can read; platforms whose results live elsewhere override it."""
+        if not handle.results_dir.startswith("/"):
+            return None
+        try:
+            with open(os.path.join(handle.results_dir, name), "rb") as file:
+                return file.read(limit)
+        except OSError:
+            return None
+
     def list_path(self, uri: str) -> list[str]:
         raise NotImplementedError
 
@@ -367,6 +527,11 @@ class TAOPlatformHook(BaseHook):
         """Record that ``handle.try_number`` now owns the job (on reattach)."""
         self.write_mark(handle, MARK_OWNER, handle.try_number)
 
+    def canceled_by(self, handle: JobHandle) -> str | None:
+        """Who canceled the job from outside its task (``airflow tao cancel``, the reaper), if anyone."""
+        who = self.read_marks(handle).get(MARK_CANCELED_BY)
+        return str(who) if who else None
+
     def cancel_requested_by(self, handle: JobHandle) -> int | None:
         """The try whose cancel stopped the job, if a cancel was requested through this provider."""
         who = self.read_marks(handle).get(MARK_CANCEL)
@@ -393,18 +558,31 @@ class TAOPlatformHook(BaseHook):
             )
         return owner == handle.try_number
 
-    def cancel_job(self, handle: JobHandle) -> bool:
+    def cancel_job(self, handle: JobHandle, requested_by: str | None = None) -> bool:
         """The one cancel routine: cancel the job if ``handle``'s try still owns it.
 
         Returns True when the job is stopped (or was already), False when it was left alone because
         another try owns it now. A finished job keeps its own verdict (it is never marked canceled).
+
+        :param handle: the job, as the canceling try knows it.
+        :param requested_by: a person or tool canceling from outside the task (``"cli:jdoe"``, ``"reap: ..."``):
+            the job is canceled whichever try owns it (as that try's cancel, plus the ``canceled_by`` mark), and
+            the task waiting on it fails with ERR_CANCELED instead of submitting the job again.
         """
-        if not self._owned(handle, self.read_marks(handle)):
+        marks = self.read_marks(handle)
+        if requested_by is None and not self._owned(handle, marks):
             return False
         if self.get_job_status(handle).state.is_terminal:
             return True
-        self.write_mark(handle, MARK_CANCEL, handle.try_number)
-        self.log.info("Canceling job %s (%s) on %s", handle.job_id, handle.backend_job_id, self.platform)
+        if requested_by is not None:
+            # who asked first, then the cancel itself -- on behalf of the owning try, so every platform's own
+            # reading of "canceled" (the cancel mark) holds for a person's cancel too
+            self.write_mark(handle, MARK_CANCELED_BY, requested_by)
+        self.write_mark(handle, MARK_CANCEL, _owner(handle, marks) if requested_by else handle.try_number)
+        self.log.info(
+            "Canceling job %s (%s) on %s%s", handle.job_id, handle.backend_job_id, self.platform,
+            f" for {requested_by}" if requested_by else "",
+        )  # fmt: skip
         return self._cancel(handle)
 
     async def acancel_job(self, handle: JobHandle) -> bool:
@@ -446,6 +624,23 @@ class TAOPlatformHook(BaseHook):
 
     async def aresubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
         return await asyncio.to_thread(self.resubmit_if_retriable, handle, status)
+
+
+#: Extras that hold secrets although their names do not say so (Airflow's masker only knows generic names).
+_SECRET_EXTRAS = frozenset({"private_key", "private_key_passphrase", "kube_config"})
+
+
+def results_link(uri: str) -> str:
+    """A web link of a results location: the S3 console for ``s3://bucket/key``, http(s) URIs as they are, else ""."""
+    from urllib.parse import quote
+
+    if uri.startswith(("http://", "https://")):
+        return uri
+    if uri.startswith("s3://"):
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        prefix = quote(key.rstrip("/") + "/", safe="/") if key else ""
+        return f"https://s3.console.aws.amazon.com/s3/buckets/{quote(bucket)}?prefix={prefix}"
+    return ""
 
 
 def _owner(handle: JobHandle, marks: dict[str, Any]) -> int:

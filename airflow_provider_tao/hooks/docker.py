@@ -16,6 +16,7 @@ readable) unless the connection sets ``auto_remove``: then they are removed once
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
     MARK_CANCEL,
     MARK_OWNER,
+    ConnectionProblem,
     JobSubmitError,
     JobValidationError,
     TAOPlatformHook,
@@ -109,9 +111,8 @@ class TAODockerHook(TAOPlatformHook):
         root = self.setting("results_root")
         return str(root).rstrip("/") if root else None
 
-    @cached_property
-    def client(self) -> APIClient:
-        """The docker provider's client for the connection's daemon (no registry login: pulls carry their auth)."""
+    def _daemon(self) -> tuple[str, Any]:
+        """The daemon's URL (``https://`` when the connection has TLS files) and its TLS config."""
         from airflow.providers.docker.hooks.docker import DockerHook
 
         self.load_connection()
@@ -123,16 +124,37 @@ class TAODockerHook(TAOPlatformHook):
         url = self.base_url
         if tls and url.startswith("tcp://"):
             url = "https://" + url.removeprefix("tcp://")
+        return url, tls
+
+    @cached_property
+    def client(self) -> APIClient:
+        """The docker provider's client for the connection's daemon (no registry login: pulls carry their auth)."""
+        from airflow.providers.docker.hooks.docker import DockerHook
+
+        url, tls = self._daemon()
         return DockerHook(docker_conn_id=None, base_url=url, version="auto", tls=tls).api_client
 
-    def test_connection(self) -> tuple[bool, str]:
-        """The UI's "Test" button: the daemon answers, and says what it is."""
+    def probe_connection(self) -> str:
+        """Ping the daemon and read its version (``GET /_ping``, ``GET /version``)."""
+        from docker import APIClient
+
+        url, tls = self._daemon()
         try:
-            info = self.client.info()
+            # docker's own client: the provider's hook replaces the reason of a failure with a generic message
+            with APIClient(base_url=url, version="auto", tls=tls, timeout=30) as client:
+                client.ping()
+                version = client.version()
         except Exception as exc:
-            return False, f"cannot reach the Docker daemon at {self.base_url}: {exc}"
-        runtimes = ", ".join(sorted(info.get("Runtimes") or {}))
-        return True, f"Docker {info.get('ServerVersion')} on {info.get('Name')} (runtimes: {runtimes})"
+            raise docker_problem(self.base_url, exc) from exc
+        return f"Docker {version.get('Version')} (API {version.get('ApiVersion')}) at {self.base_url}"
+
+    def job_location(self, handle: JobHandle) -> dict[str, str]:
+        name = container_name(handle.job_id)
+        return {"Container": name, "Daemon": self.base_url, "Log": f"docker logs {name}"}
+
+    def list_active_jobs(self) -> list[JobHandle]:
+        """This provider's containers that have not ended (one list call)."""
+        return [self._handle_of(c) for c in self._list() if c.get("State") in ("running", "paused", "restarting")]
 
     async def aclose(self) -> None:
         if "client" in self.__dict__:
@@ -317,17 +339,20 @@ class TAODockerHook(TAOPlatformHook):
                 found.append(container)
         if not found:
             return None
-        newest = max(found, key=lambda c: int(c.get("Created") or 0))
-        labels = newest.get("Labels") or {}
+        return self._handle_of(max(found, key=lambda c: int(c.get("Created") or 0)))
+
+    def _handle_of(self, container: dict[str, Any]) -> JobHandle:
+        """The handle of a listed container, from its labels."""
+        labels = container.get("Labels") or {}
         return JobHandle(
             platform=self.platform,
             conn_id=self.conn_id,
             job_id=labels[ct.LABEL_JOB_ID],
-            name=name,
-            backend_job_id=newest["Id"],
+            name=labels.get(ct.LABEL_NAME, ""),
+            backend_job_id=container["Id"],
             results_dir=labels.get(ct.LABEL_RESULTS_DIR, ""),
             try_number=int(labels.get(ct.LABEL_TRY) or 1),
-            submitted_at=float(newest.get("Created") or time.time()),
+            submitted_at=float(container.get("Created") or time.time()),
         )
 
     def get_job_status(self, handle: JobHandle) -> JobStatus:
@@ -486,6 +511,30 @@ class TAODockerHook(TAOPlatformHook):
             self.client.put_archive(container_name(handle.job_id), ct.MARKS_DIR, ct.mark_archive(key, value))
         except NotFound:
             self.log.info("Job %s has no container any more: mark %s not kept", handle.job_id, key)
+
+
+def docker_problem(url: str, exc: Exception) -> ConnectionProblem:
+    """The words for a daemon that did not answer the ping: no daemon there, a socket the user may not open,
+    TLS or credentials refused by the daemon (or the proxy in front of it)."""
+    from docker.errors import APIError
+
+    text = str(exc)
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if not isinstance(exc, APIError) and (found := re.search(r"\b(401|403|407) Client Error", text)):
+        status = int(found.group(1))  # docker's "Error while fetching server API version: 401 Client Error ..."
+    if status in (401, 407):
+        return ConnectionProblem("auth", f"the daemon at {url} refused the credentials ({status}): {text}")
+    if status == 403:
+        return ConnectionProblem("permission", f"the daemon at {url} does not allow this client ({status}): {text}")
+    if "Permission denied" in text or isinstance(exc, PermissionError):
+        return ConnectionProblem(
+            "permission", f"cannot open {url}: permission denied (add the Airflow user to the docker group)"
+        )
+    if "SSL" in text or "certificate" in text.lower():
+        return ConnectionProblem("auth", f"TLS with the daemon at {url} failed: {text}; check the TLS files")
+    return ConnectionProblem(
+        "unreachable", f"no Docker daemon answers at {url} ({text}); check the daemon URL and that dockerd runs"
+    )
 
 
 def _explain(exc: Exception) -> str:

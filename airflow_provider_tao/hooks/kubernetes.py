@@ -38,8 +38,10 @@ from airflow_provider_tao.failures import FailureFacts
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
     MARK_CANCEL,
+    MARK_CANCELED_BY,
     MARK_CONSUMED,
     MARK_OWNER,
+    ConnectionProblem,
     JobSubmitError,
     JobValidationError,
     TAOPlatformHook,
@@ -91,7 +93,7 @@ DETAIL_KEYS = frozenset(
     }
 )
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-_MARK_KEYS = frozenset({MARK_OWNER, MARK_CANCEL, MARK_CONSUMED})
+_MARK_KEYS = frozenset({MARK_OWNER, MARK_CANCEL, MARK_CONSUMED, MARK_CANCELED_BY})
 
 
 def mark_annotation(key: str) -> str:
@@ -212,16 +214,52 @@ class TAOKubernetesHook(TAOPlatformHook):
         if stack is not None:
             await stack.aclose()
 
-    def test_connection(self) -> tuple[bool, str]:
-        """The UI's "Test" button: the API server answers and the namespace's Jobs can be listed."""
+    def probe_connection(self) -> str:
+        """The API server's version, the namespace (when the credentials may read it) and a Job list in it."""
         from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
 
+        namespace = self.namespace
         try:
             version = client.VersionApi(self.api_client).get_code().git_version
-            self._call("batch", "list_namespaced_job", self.namespace, limit=1)
+        except ApiException as exc:
+            raise kubernetes_problem(exc, namespace) from exc
         except Exception as exc:
-            return False, f"cannot use the Kubernetes API: {exc}"
-        return True, f"Kubernetes {version}: namespace {self.namespace} is usable"
+            raise ConnectionProblem(
+                "unreachable", f"the Kubernetes API server does not answer ({exc}); check the kubeconfig's server"
+            ) from exc
+        try:
+            self._call("core", "read_namespace", namespace)
+        except ApiException as exc:
+            if exc.status != 403:  # many job-submitting roles may not read Namespaces: the Job list still tells
+                raise kubernetes_problem(exc, namespace) from exc
+        try:
+            self._call("batch", "list_namespaced_job", namespace, limit=1)
+        except ApiException as exc:
+            raise kubernetes_problem(exc, namespace) from exc
+        return f"Kubernetes {version}: Jobs in namespace {namespace} can be listed"
+
+    def job_url(self, handle: JobHandle) -> str:
+        """The connection's ``dashboard_url`` with ``{namespace}`` and ``{name}`` filled in, else none."""
+        self.load_connection()
+        template = str(self.setting("dashboard_url", "") or "")
+        if not template:
+            return ""
+        from urllib.parse import quote
+
+        return template.replace("{namespace}", quote(self.namespace)).replace("{name}", quote(handle.name))
+
+    def job_location(self, handle: JobHandle) -> dict[str, str]:
+        return {
+            "Namespace": self.namespace,
+            "Job": handle.name,
+            "Log": f"kubectl -n {self.namespace} logs job/{handle.name}",
+        }
+
+    def list_active_jobs(self) -> list[JobHandle]:
+        """This provider's Jobs in the namespace that have not finished (one list call)."""
+        jobs = self._call("batch", "list_namespaced_job", self.namespace, label_selector=f"{ct.LABEL_MANAGED}=true")
+        return [self._handle_of(job) for job in jobs["items"] if not _finished(job)]
 
     # ----------------------------------------------------------------- validation
 
@@ -855,6 +893,20 @@ def _decode(data: bytes | None) -> Any:
     import msgspec
 
     return msgspec.json.decode(data or b"null")
+
+
+def kubernetes_problem(exc: Exception, namespace: str) -> ConnectionProblem:
+    """The words for an API call the server refused."""
+    status = getattr(exc, "status", None)
+    if status == 401:
+        return ConnectionProblem("auth", "the API server refused the credentials (401); check the kubeconfig's user")
+    if status == 403:
+        return ConnectionProblem(
+            "permission", f"the credentials may not list Jobs in namespace {namespace} (403): {_explain(exc)}"
+        )
+    if status == 404:
+        return ConnectionProblem("not_found", f"namespace {namespace} does not exist (404); create it or fix the name")
+    return ConnectionProblem("unreachable", f"the API server answered {status}: {_explain(exc)}")
 
 
 def _explain(exc: Exception) -> str:

@@ -31,9 +31,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_tao import settings
 from airflow_provider_tao.failures import FailureFacts
 from airflow_provider_tao.hooks import local_supervisor as supervisor
-from airflow_provider_tao.hooks.base import JobValidationError, TAOPlatformHook
+from airflow_provider_tao.hooks.base import ConnectionProblem, JobValidationError, TAOPlatformHook
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 
 #: Host variables a local job inherits from the worker; everything else comes from the job spec.
@@ -104,24 +105,17 @@ class LocalHook(TAOPlatformHook):
 
     # ----------------------------------------------------------------- settings
 
-    def _config(self, option: str, fallback: Path) -> Path:
-        from airflow.sdk import conf
-
-        return Path(conf.get("tao", option, fallback=str(fallback)))
-
     @property
     def jobs_dir(self) -> Path:
         self.load_connection()
         configured = self.setting("jobs_dir")
-        return Path(configured) if configured else self._config("local_jobs_dir", _airflow_home() / "tao" / "jobs")
+        return Path(configured or settings.local_jobs_dir() or _airflow_home() / "tao" / "jobs")
 
     @property
     def results_root(self) -> Path:
         self.load_connection()
         configured = self.setting("results_root")
-        return (
-            Path(configured) if configured else self._config("local_results_root", _airflow_home() / "tao" / "results")
-        )
+        return Path(configured or settings.local_results_root() or _airflow_home() / "tao" / "results")
 
     @property
     def cancel_grace_seconds(self) -> float:
@@ -134,16 +128,38 @@ class LocalHook(TAOPlatformHook):
     def _job_dir(self, handle: JobHandle) -> Path:
         return self.jobs_dir / handle.job_id
 
-    def test_connection(self) -> tuple[bool, str]:
-        """The UI's "Test" button: the jobs and results folders must be writable."""
-        try:
-            for folder in (self.jobs_dir, self.results_root):
+    def probe_connection(self) -> str:
+        """The jobs and results folders exist (or can be made) and the worker user may write them."""
+        for label, folder in (("jobs folder", self.jobs_dir), ("results root", self.results_root)):
+            if folder.exists() and not folder.is_dir():
+                raise ConnectionProblem("config", f"the {label} {folder} is a file, not a folder")
+            try:
                 folder.mkdir(parents=True, exist_ok=True)
-                if not os.access(folder, os.W_OK | os.X_OK):
-                    return False, f"{folder} is not writable by the worker user"
-        except Exception as exc:
-            return False, str(exc)
-        return True, f"jobs in {self.jobs_dir}, results in {self.results_root}; {len(visible_gpus())} GPU(s) visible"
+            except PermissionError as exc:
+                raise ConnectionProblem("permission", f"cannot create the {label} {folder}: {exc.strerror}") from exc
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise ConnectionProblem("permission", f"the {label} {folder} is not writable by the worker user")
+        return f"jobs in {self.jobs_dir}, results in {self.results_root}; {len(visible_gpus())} GPU(s) visible"
+
+    def job_location(self, handle: JobHandle) -> dict[str, str]:
+        where = {"Host": _host_of(handle) or _HOST, "Log file": str(self._job_dir(handle) / "job.log")}
+        if handle.backend_job_id:
+            where["Process group"] = handle.backend_job_id
+        return where
+
+    def list_active_jobs(self) -> list[JobHandle]:
+        """Jobs of this host's jobs folder whose process group still runs."""
+        handles = []
+        try:
+            folders = [p for p in self.jobs_dir.iterdir() if p.is_dir() and not p.name.startswith("_")]
+        except OSError:
+            return []
+        for folder in folders:
+            meta = _read_json(folder / "meta.json")
+            if meta is not None and _host_of(JobHandle.from_json(meta)) in ("", _HOST):
+                handles.append(JobHandle.from_json(meta))
+        statuses = self.get_job_statuses(handles) if handles else {}
+        return [h for h in handles if statuses[h.job_id].state.is_active]
 
     # ----------------------------------------------------------------- validation
 

@@ -35,6 +35,7 @@ from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks import slurm_script as ss
 from airflow_provider_tao.hooks.base import (
     MULTI_NODE_VARS,
+    ConnectionProblem,
     JobValidationError,
     TAOPlatformHook,
     multi_node_env,
@@ -56,6 +57,27 @@ _DIRECTIVES = {"nodelist": "--nodelist", "exclude": "--exclude", "qos": "--qos",
 #: How long a job squeue shows as failed may wait for its accounting record (exit code) before being reported.
 ACCOUNTING_GRACE_SECONDS = 20.0
 RESUBMITTABLE = frozenset({ErrClass.ERR_INFRA, ErrClass.ERR_PREEMPTED})
+
+
+def ssh_problem(exc: SlurmTransportError) -> ConnectionProblem:
+    """The words for a failed SSH connection: refused credentials, a host key that does not match, or no answer."""
+    import paramiko
+
+    causes = exc.causes or [("", exc)]
+    for host, cause in causes:
+        if isinstance(cause, paramiko.BadHostKeyException) or "host key" in str(cause).lower():
+            return ConnectionProblem(
+                "auth",
+                f"{host}'s host key does not match the connection's Host key ({cause}); check the key with "
+                "ssh-keyscan and update the connection",
+            )
+    for host, cause in causes:
+        if isinstance(cause, paramiko.AuthenticationException):
+            return ConnectionProblem(
+                "auth", f"{host} refused the credentials ({cause}); check the user, key file / private key or password"
+            )
+    hosts = "; ".join(f"{host}: {cause}" for host, cause in causes)
+    return ConnectionProblem("unreachable", f"no login host answered on SSH ({hosts}); check host, port and network")
 
 
 def _truthy(value: Any) -> bool:
@@ -169,15 +191,51 @@ class SlurmHook(TAOPlatformHook):
         if self._session is not None:
             self._session.close()
 
-    def test_connection(self) -> tuple[bool, str]:
+    def probe_connection(self) -> str:
+        """SSH to a login node with the connection's credentials and list its partitions (``sinfo``)."""
         try:
             result = self.run("sinfo -h -o %P", timeout=30)
-        except Exception as exc:
-            return False, str(exc)
+        except SlurmTransportError as exc:
+            raise ssh_problem(exc) from exc
         if result.rc != 0:
-            return False, f"connected, but sinfo failed: {result.err_text}"
+            raise ConnectionProblem(
+                "not_found", f"connected, but sinfo failed ({result.err_text or result.rc}): is Slurm on the PATH?"
+            )
         session = self.session()
-        return True, f"Connected to {session.host} as {session.settings.username}; partitions: {result.text.split()}"
+        partitions = result.text.split()
+        wanted = [p.strip() for p in str(self.setting("partition", "")).split(",") if p.strip()]
+        missing = [p for p in wanted if p not in {name.rstrip("*") for name in partitions}]
+        if missing:
+            raise ConnectionProblem(
+                "not_found", f"partition(s) {', '.join(missing)} do not exist on {session.host}; it has {partitions}"
+            )
+        return f"Connected to {session.host} as {session.settings.username}; partitions: {', '.join(partitions)}"
+
+    def job_location(self, handle: JobHandle) -> dict[str, str]:
+        layout = self.layout(handle.job_id, handle.name)
+        return {
+            "Slurm job": handle.backend_job_id,
+            "Cluster": str(self.setting("host", "")).split(",")[0].strip(),
+            "Log file": layout.out_file,
+        }
+
+    def read_result_file(self, handle: JobHandle, name: str, limit: int = 1 << 20) -> bytes | None:
+        """A file of the results folder, read on the cluster (``head -c``)."""
+        if not handle.results_dir.startswith("/"):
+            return None
+        path = f"{handle.results_dir.rstrip('/')}/{name}"
+        result = self.run(f"head -c {int(limit)} {shlex.quote(path)}", timeout=60)
+        return result.out if result.rc == 0 else None
+
+    def list_active_jobs(self) -> list[JobHandle]:
+        """This user's queued or running Slurm jobs that carry this provider's comment (one ``squeue``)."""
+        found = []
+        for slurm_id, meta in ss.parse_active_jobs(
+            self.run(ss.active_jobs_command(self.results_root), timeout=60).text
+        ):
+            handle = JobHandle.from_json(meta)
+            found.append(JobHandle(**{**handle.to_json(), "backend_job_id": slurm_id}))
+        return found
 
     # ----------------------------------------------------------------- validation (before submission)
 

@@ -702,6 +702,33 @@ def parse_find_job(text: str) -> tuple[str, dict[str, Any], str, dict[str, str]]
     return job_id, meta, id_line.strip(), comments
 
 
+def active_jobs_command(results_root: str) -> str:
+    """This user's queued or running jobs with this provider's comment (``tao:<job_id>``), each with its meta."""
+    jobs_root = shlex.quote(f"{results_root}/jobs")
+    return (
+        "squeue -h --me -o '%i|%k' 2>/dev/null | while IFS='|' read -r sid c; do case \"$c\" in tao:*) "
+        'jid=${c#tao:}; case "$jid" in *[!0-9a-f]*|"") continue;; esac; '
+        f'm={jobs_root}/"$jid"/meta/"$jid".json; '
+        '[ -f "$m" ] && printf "@@JOB %s %s\\n" "$sid" "$(tr -d "\\n" < "$m")";; esac; done; exit 0'
+    )
+
+
+def parse_active_jobs(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """(Slurm job id, meta) pairs from :func:`active_jobs_command`'s output."""
+    found = []
+    for line in text.splitlines():
+        if not line.startswith("@@JOB "):
+            continue
+        _, slurm_id, meta_text = line.split(" ", 2) if line.count(" ") >= 2 else (line, "", "")
+        try:
+            meta = json.loads(meta_text)
+        except ValueError:
+            continue
+        if isinstance(meta, dict) and slurm_id:
+            found.append((slurm_id, meta))
+    return found
+
+
 def preflight_command(partitions: list[str] | None, paths: list[str], check_python: bool, need_boto3: bool) -> str:
     """One remote run answering every check before submission (partition time limits, inputs, bare-metal python)."""
     q = shlex.quote

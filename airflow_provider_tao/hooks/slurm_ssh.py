@@ -20,6 +20,7 @@ import random
 import socket
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -33,7 +34,15 @@ MAX_RECONNECT_BACKOFF = 2.0
 
 
 class SlurmTransportError(ConnectionError):
-    """The login node could not be reached or the connection broke (never a job failure by itself)."""
+    """The login node could not be reached or the connection broke (never a job failure by itself).
+
+    :param message: what failed.
+    :param causes: ``(host, exception)`` of each login host tried, for callers that explain the failure.
+    """
+
+    def __init__(self, message: str, causes: Sequence[tuple[str, BaseException]] = ()) -> None:
+        super().__init__(message)
+        self.causes = list(causes)
 
 
 @dataclass(frozen=True)
@@ -86,7 +95,7 @@ class SyncSession:
     def _connect(self) -> Any:
         from airflow.providers.ssh.hooks.ssh import SSHHook
 
-        errors = []
+        errors: list[tuple[str, BaseException]] = []
         for host in self.settings.hosts:
             hook = SSHHook(
                 remote_host=host,
@@ -110,7 +119,7 @@ class SyncSession:
             try:
                 client = hook.get_conn()
             except Exception as exc:  # try the next login host
-                errors.append(f"{host}: {exc}")
+                errors.append((host, exc))
                 continue
             transport = client.get_transport()
             transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -118,7 +127,9 @@ class SyncSession:
             self.connects += 1
             STATS["sync_connects"] += 1
             return client
-        raise SlurmTransportError(f"cannot reach any login host: {'; '.join(errors)}")
+        raise SlurmTransportError(
+            f"cannot reach any login host: {'; '.join(f'{host}: {exc}' for host, exc in errors)}", errors
+        )
 
     def client(self) -> Any:
         if self._client is not None:

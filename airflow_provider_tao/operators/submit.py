@@ -18,6 +18,7 @@ import re
 import secrets
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook, BaseOperator, conf
@@ -28,20 +29,20 @@ from airflow.sdk.exceptions import (
     AirflowTaskTimeout,
 )
 
+from airflow_provider_tao import settings
+from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook, platform_for_conn_type
 from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError, register_secrets
-from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobSpec, JobState, JobStatus
-from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESULTS_DIR, TAOJobLink
+from airflow_provider_tao.jobs import NOT_FOUND_POLLS, ErrClass, JobHandle, JobSpec, JobState, JobStatus
+from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESULTS_DIR, TAOJobLink, TAOResultsLink
 from airflow_provider_tao.operators.staging import S3StagingMixin
-from airflow_provider_tao.outage import OutageLog, outage_report_seconds
+from airflow_provider_tao.outage import OutageLog
+from airflow_provider_tao.records import STATE_KEY, XCOM_RECORD, JobRecord
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_provider_tao.hooks.base import TAOPlatformHook
-
-#: ``task_state_store`` key of this task instance's job: ``{"handle": {...}, "consumed": bool, "outputs": {...}}``.
-STATE_KEY = "tao_job"
 
 
 def _readable(text: str) -> str:
@@ -73,15 +74,23 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
     :param config_format: ``yaml``, ``toml`` or ``json``.
     :param upload_excludes: fnmatch patterns of output files not to upload.
     :param storage_conn_id: an ``aws`` connection for S3 inputs / outputs; its credentials reach the job as
-        secret environment variables only.
+        secret environment variables only. Default ``[tao] default_storage_conn_id`` for tasks that move data.
     :param results_uri: results root (absolute path or ``s3://``); the job's results land in
-        ``<results_uri>/<job_id>``. Wins over the platform's default results location.
+        ``<results_uri>/<job_id>``. Wins over the platform's default results location. Default
+        ``[tao] default_results_uri``.
     :param job_name: a readable prefix of the job name; the platform name is ``<job_name>-<id>`` where ``<id>``
         is derived from dag, task, run and map index, so every try of one task instance finds the same job.
     :param deferrable: wait in the triggerer instead of on a worker (default ``[operators] default_deferrable``).
     :param poll_interval: seconds between status checks (default ``[tao] default_poll_interval``, 10).
-    :param stream_logs: copy the job's log into the task log while waiting.
+    :param stream_logs: copy the job's log into the task log while waiting (default ``[tao] stream_logs``, on).
     :param cancel_on_kill: cancel the job when the task is killed, marked failed/success, cleared or times out.
+    :param metrics_file: a file of the job's results folder (JSON) whose content goes into the task's XCom and
+        into the events of its ``outlets`` Assets (default ``metrics.json``; missing is fine).
+
+    Model Assets: every Asset in ``outlets`` gets, when the job completes, an event whose ``extra`` says which model
+    it is: ``job_id``, ``platform``, ``results_dir``, ``outputs`` (name -> URI), ``metrics`` (when the metrics
+    file exists), ``dag_id``/``run_id``/``task_id``. DAGs scheduled on the Asset read it from
+    ``triggering_asset_events``.
     """
 
     template_fields: Sequence[str] = (
@@ -103,7 +112,7 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         "specs": "json",
         "args": "json",
     }
-    operator_extra_links = (TAOJobLink(),)
+    operator_extra_links = (TAOJobLink(), TAOResultsLink())
     ui_color = "#76b900"
 
     def __init__(
@@ -128,8 +137,9 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         job_name: str | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval: float | None = None,
-        stream_logs: bool = True,
+        stream_logs: bool | None = None,
         cancel_on_kill: bool = True,
+        metrics_file: str | None = "metrics.json",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -151,11 +161,11 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         self.results_uri = results_uri
         self.job_name = job_name
         self.deferrable = deferrable
-        self.poll_interval = float(
-            poll_interval if poll_interval is not None else conf.getfloat("tao", "default_poll_interval", fallback=10)
-        )
+        # None = the [tao] setting when the task runs (not when the DAG is parsed)
+        self.poll_interval = None if poll_interval is None else float(poll_interval)
         self.stream_logs = stream_logs
         self.cancel_on_kill = cancel_on_kill
+        self.metrics_file = metrics_file
         self._handle: JobHandle | None = None
         self._check_static_arguments()
 
@@ -174,8 +184,32 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             )
         if self.num_nodes < 1:
             raise JobValidationError("num_nodes", f"{self.num_nodes} is not allowed", "Use 1 or more")
-        if self.poll_interval <= 0:
+        if self.poll_interval is not None and self.poll_interval <= 0:
             raise JobValidationError("poll_interval", f"{self.poll_interval} is not allowed", "Use seconds > 0")
+        if self.metrics_file is not None and (self.metrics_file.startswith("/") or ".." in self.metrics_file):
+            raise JobValidationError(
+                "metrics_file", f"{self.metrics_file!r} is not inside the results folder", "Give a relative path"
+            )
+
+    @property
+    def interval(self) -> float:
+        """Seconds between polls: ``poll_interval``, else ``[tao] default_poll_interval``."""
+        return self.poll_interval if self.poll_interval is not None else settings.default_poll_interval()
+
+    @property
+    def streaming(self) -> bool:
+        """Whether job logs go into the task log: ``stream_logs``, else ``[tao] stream_logs``."""
+        return self.stream_logs if self.stream_logs is not None else settings.stream_logs()
+
+    def _apply_config_defaults(self) -> None:
+        """``[tao] default_results_uri`` and ``default_storage_conn_id`` for tasks that set neither: the storage
+        connection only for tasks that move data (a data contract or an s3:// results root), so a plain job is
+        never wrapped in the runner because a deployment has a default bucket."""
+        if self.results_uri is None:
+            self.results_uri = settings.default_results_uri()
+        moves_data = self.uses_runner or bool(self.results_uri and self.results_uri.startswith("s3://"))
+        if self.storage_conn_id is None and moves_data:
+            self.storage_conn_id = settings.default_storage_conn_id()
 
     # ----------------------------------------------------------------- building blocks
 
@@ -258,12 +292,17 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         return spec
 
     def _deadline(self, context: Context) -> float | None:
-        """Absolute end of the task, anchored on its start so re-deferrals keep it."""
-        if self.execution_timeout is None:
+        """Absolute end of the task, anchored on its start so re-deferrals keep it: ``execution_timeout``, else
+        ``[tao] lease_hours`` (a job's lease), else none."""
+        if self.execution_timeout is not None:
+            seconds = self.execution_timeout.total_seconds()
+        elif lease := settings.lease_hours():
+            seconds = lease * 3600
+        else:
             return None
         start = context["ti"].start_date
         base = start.timestamp() if start is not None else time.time()
-        return base + self.execution_timeout.total_seconds()
+        return base + seconds
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -271,6 +310,7 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         return self._run(context, reattach=True)
 
     def _run(self, context: Context, *, reattach: bool) -> dict[str, Any]:
+        self._apply_config_defaults()
         try:
             hook = self._hook()
             name = self._job_name(context, hook)
@@ -285,7 +325,8 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
         if found is not None and found[1].state is JobState.COMPLETE:
             self._handle = found[0]
-            self._publish(context, found[0])
+            self._keep(context, self._record_for(context, found[0], self._outputs_of(context, found[0])))
+            self._publish(context, hook, found[0])
             return self._succeed(context, found[0], found[1], self._outputs_of(context, found[0]))
         if found is not None:
             handle = found[0].owned_by(try_number)
@@ -311,9 +352,8 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
                 raise AirflowFailException(message) from exc
             self.log.info("Submitted %s job %s (%s)", hook.platform, handle.job_id, handle.name)
         self._handle = handle
-        record: dict[str, Any] = {"handle": handle.to_json(), "consumed": False, "outputs": outputs}
-        context["task_state_store"].set(STATE_KEY, record)
-        self._publish(context, handle)
+        self._keep(context, self._record_for(context, handle, outputs))
+        self._publish(context, hook, handle)
         deadline = self._deadline(context)
         if self.deferrable:
             from airflow_provider_tao.triggers.job import TAOJobTrigger
@@ -321,9 +361,9 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             self.defer(
                 trigger=TAOJobTrigger(
                     handle=handle.to_json(),
-                    poll_interval=self.poll_interval,
+                    poll_interval=self.interval,
                     deadline=deadline,
-                    stream_logs=self.stream_logs,
+                    stream_logs=self.streaming,
                     cancel_on_kill=self.cancel_on_kill,
                     # the platform connection too: its extras may hold keys the job receives (NGC, HF tokens)
                     secret_conn_ids=[c for c in (self.storage_conn_id, self.conn_id) if c],
@@ -335,11 +375,42 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             )
         return self.execute_complete(context, self._wait_on_worker(hook, handle))
 
+    def _stored(self, context: Context) -> JobRecord | None:
+        return JobRecord.from_json(context["task_state_store"].get(STATE_KEY))
+
+    def _record_for(self, context: Context, handle: JobHandle, outputs: dict[str, str]) -> JobRecord:
+        """The record of ``handle`` as this task's job; an earlier job of the task instance goes into its history."""
+        fields: dict[str, Any] = {
+            "outputs": outputs,
+            "gpu_count": self.gpu_count,
+            "num_nodes": self.num_nodes,
+            "cancel_on_kill": self.cancel_on_kill,
+            "deadline": self._deadline(context),
+            "secret_conn_ids": [self.storage_conn_id] if self.storage_conn_id else [],
+        }
+        previous = self._stored(context)
+        return previous.successor(handle, **fields) if previous else JobRecord(handle=handle.to_json(), **fields)
+
+    def _keep(self, context: Context, record: JobRecord) -> None:
+        """Store the record where it survives retries, and in the try's XCom (the TAO jobs view reads both)."""
+        context["task_state_store"].set(STATE_KEY, record.to_json())
+        context["ti"].xcom_push(key=XCOM_RECORD, value=record.to_json())
+
+    def _keep_end(self, context: Context, handle: JobHandle, state: str, err_class: str = "") -> None:
+        """Record how the job ended (best effort: the task's own outcome never depends on it)."""
+        record = self._stored(context)
+        if record is None or record.job_id != handle.job_id:
+            record = self._record_for(context, handle, {})
+        try:
+            self._keep(context, record.ended(state, err_class=err_class))
+        except Exception as exc:
+            self.log.warning("Could not record the end of job %s: %s", handle.job_id, exc)
+
     def _outputs_of(self, context: Context, handle: JobHandle) -> dict[str, str]:
         """The output URIs of the job that ran: stored with its handle, else derived from its results folder."""
-        record: Any = context["task_state_store"].get(STATE_KEY)
-        if isinstance(record, dict) and (record.get("handle") or {}).get("job_id") == handle.job_id:
-            return dict(record.get("outputs") or {})
+        record = self._stored(context)
+        if record is not None and record.job_id == handle.job_id:
+            return dict(record.outputs)
         if not self.uses_runner:
             return {}
         try:
@@ -373,10 +444,10 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
 
         Whether a job's result was used is kept with the job on the platform (``consumed_by``), so a clear after
         success reruns the job even when ``task_state_store`` was emptied (``clear_on_success``, retention)."""
-        record = context["task_state_store"].get(STATE_KEY)
+        record = self._stored(context)
         candidate = None
-        if isinstance(record, dict) and isinstance(record.get("handle"), dict) and not record.get("consumed"):
-            candidate = JobHandle.from_json(record["handle"])  # type: ignore[arg-type]
+        if record is not None and not record.consumed:
+            candidate = record.job
         if candidate is None:
             # Nothing usable stored: a worker may have died between submission and the store write.
             candidate = hook.find_job(name)
@@ -402,11 +473,17 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             return None
         return candidate, status
 
-    def _publish(self, context: Context, handle: JobHandle) -> None:
+    def _publish(self, context: Context, hook: TAOPlatformHook, handle: JobHandle) -> None:
+        """What the task's links need, before it waits (so they work while it is deferred)."""
         ti = context["ti"]
         ti.xcom_push(key=XCOM_JOB_ID, value=handle.job_id)
         ti.xcom_push(key=XCOM_RESULTS_DIR, value=handle.results_dir)
-        ti.xcom_push(key=XCOM_CONSOLE_URL, value=handle.console_url)
+        try:
+            url = hook.job_url(handle)
+        except Exception as exc:  # a link is never worth failing the task
+            self.log.warning("No platform link for job %s: %s", handle.job_id, exc)
+            url = ""
+        ti.xcom_push(key=XCOM_CONSOLE_URL, value=url)
 
     def _wait_on_worker(self, hook: TAOPlatformHook, handle: JobHandle) -> dict[str, Any]:
         """The synchronous twin of the trigger; returns the same event payload. A failed status call (one SSH blip,
@@ -415,7 +492,7 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         if problem := hook.watch_problem(handle):
             return self._payload("misplaced", handle, JobStatus.unknown(problem), "")
         cursor = ""
-        outage = OutageLog(self.log, hook.platform, outage_report_seconds())
+        outage = OutageLog(self.log, hook.platform, settings.outage_report_seconds())
         not_found = 0
         while True:
             try:
@@ -427,12 +504,12 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             if not_found >= NOT_FOUND_POLLS:
                 message = f"job {handle.job_id} no longer exists on the {hook.platform} platform ({status.message})"
                 return self._payload("error", handle, status, cursor) | {"message": message}
-            if status.state is not JobState.UNKNOWN and self.stream_logs:
+            if status.state is not JobState.UNKNOWN and self.streaming:
                 cursor = self._copy_logs(hook, handle, cursor)
             if status.state.is_terminal:
                 outcome = {JobState.COMPLETE: "complete", JobState.ERROR: "error", JobState.CANCELED: "canceled"}
                 return self._payload(outcome[status.state], handle, status, cursor)
-            time.sleep(self.poll_interval)
+            time.sleep(self.interval)
 
     def _copy_logs(self, hook: TAOPlatformHook, handle: JobHandle, cursor: str) -> str:
         try:
@@ -468,8 +545,15 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             if self.cancel_on_kill:
                 hook.cancel_job(handle)
             hook.cleanup_job(handle)
-            raise AirflowTaskTimeout(f"Job {handle.job_id} passed the task's execution_timeout; it was canceled")
+            self._keep_end(context, handle, JobState.CANCELED.value, ErrClass.ERR_TIMEOUT.value)
+            raise AirflowTaskTimeout(
+                f"Job {handle.job_id} passed the task's execution_timeout (or [tao] lease_hours); it was canceled"
+            )
         if outcome == "canceled":
+            if who := hook.canceled_by(handle):
+                # A person (`airflow tao cancel`) or the reaper stopped it on purpose: never run it again.
+                hook.cleanup_job(handle)
+                self._fail_canceled(context, handle, f"canceled by {who}")
             requested_by = hook.cancel_requested_by(handle)
             if requested_by is not None:
                 # A cancel through this provider, yet this try is resuming: the kill was not the user's (a user's
@@ -483,14 +567,20 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
                 hook.cleanup_job(handle)
                 return self._run(context, reattach=False)
             hook.cleanup_job(handle)
-            raise AirflowFailException(f"Job {handle.job_id} was canceled outside Airflow")
+            self._fail_canceled(context, handle, "canceled outside Airflow")
         # Cleanup (removing an ended container, say) comes after the verdict and the failure analysis are read.
         try:
             if outcome == "complete":
                 return self._succeed(context, handle, status, self._outputs_of(context, handle))
-            return self._fail(hook, handle, status, event.get("message") or status.message)
+            return self._fail(context, hook, handle, status, event.get("message") or status.message)
         finally:
             hook.cleanup_job(handle)
+
+    def _fail_canceled(self, context: Context, handle: JobHandle, why: str) -> None:
+        """A job canceled from outside its task: the task fails without retries (a retry would undo the cancel)."""
+        analysis = classify(FailureFacts(canceled=True, message=f"job {handle.job_id} was {why}"))
+        self._keep_end(context, handle, JobState.CANCELED.value, analysis.err_class.value)
+        raise AirflowFailException(f"Job {handle.job_id} failed with {analysis.summary()} It was {why}.")
 
     def _succeed(
         self, context: Context, handle: JobHandle, status: JobStatus, outputs: dict[str, str]
@@ -500,10 +590,13 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         hook = get_platform_hook(handle.platform, handle.conn_id)
         hook.load_connection()
         hook.mark_consumed(handle.owned_by(context["ti"].try_number))
-        record: Any = {"handle": handle.to_json(), "consumed": True, "outputs": outputs}
-        context["task_state_store"].set(STATE_KEY, record)
+        record = self._stored(context)
+        if record is None or record.job_id != handle.job_id:
+            record = self._record_for(context, handle, outputs)
+        record = replace(record, outputs=outputs).ended(JobState.COMPLETE.value, consumed=True)
+        self._keep(context, record)
         self.log.info("Job %s completed; results in %s", handle.job_id, handle.results_dir)
-        return {
+        result = {
             "job_id": handle.job_id,
             "platform": handle.platform,
             "backend_job_id": handle.backend_job_id,
@@ -512,11 +605,59 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             "exit_code": status.exit_code,
             "results_dir": handle.results_dir,
             "outputs": outputs,
-            "console_url": handle.console_url,
+            "console_url": hook.job_url(handle),
+            "gpu_count": self.gpu_count,
+            "num_nodes": self.num_nodes,
+            "submitted_at": handle.submitted_at,
+            "ended_at": record.ended_at,
+            "gpu_hours": record.gpu_hours(),
+            "metrics": self._read_metrics(hook, handle),
         }
+        self._publish_assets(context, result)
+        return result
 
-    def _fail(self, hook: TAOPlatformHook, handle: JobHandle, status: JobStatus, message: str) -> dict[str, Any]:
+    def _read_metrics(self, hook: TAOPlatformHook, handle: JobHandle) -> Any:
+        """The job's metrics file (JSON), or None when it has none (or it cannot be read: never a failure)."""
+        if not self.metrics_file or not handle.results_dir:
+            return None
+        import json
+
+        try:
+            if handle.results_dir.startswith("s3://") and self.storage_conn_id:
+                bucket, _, key = handle.results_dir.removeprefix("s3://").partition("/")
+                data = self._s3_hook().read_key(f"{key.rstrip('/')}/{self.metrics_file}", bucket)
+            else:
+                data = hook.read_result_file(handle, self.metrics_file)
+            return None if data is None else json.loads(data)
+        except Exception as exc:
+            self.log.info("No metrics from %s/%s: %s", handle.results_dir, self.metrics_file, exc)
+            return None
+
+    def _publish_assets(self, context: Context, result: dict[str, Any]) -> None:
+        """Put which model this is into the events of the task's outlet Assets (one per Asset, at success)."""
+        events = context.get("outlet_events")
+        if not self.outlets or events is None:
+            return
+        ti = context["ti"]
+        extra = {
+            key: result[key]
+            for key in ("job_id", "platform", "backend_job_id", "results_dir", "outputs", "metrics", "gpu_hours")
+            if result.get(key) is not None
+        }
+        extra.update(dag_id=ti.dag_id, run_id=ti.run_id, task_id=ti.task_id)
+        for outlet in self.outlets:
+            try:
+                events[outlet].extra.update(extra)
+            except (KeyError, TypeError, AttributeError) as exc:  # an alias or a foreign outlet: Airflow's own event
+                self.log.warning("Cannot add the job's metadata to outlet %r: %s", outlet, exc)
+
+    def _fail(
+        self, context: Context, hook: TAOPlatformHook, handle: JobHandle, status: JobStatus, message: str
+    ) -> dict[str, Any]:
         analysis = hook.get_failure_analysis(handle)
+        self._keep_end(
+            context, handle, status.state.value, analysis.err_class.value if analysis else ErrClass.ERR_UNKNOWN.value
+        )
         if analysis is None:
             raise AirflowException(f"Job {handle.job_id} failed: {message}")
         self.log.error("Job %s failed: %s", handle.job_id, analysis.summary())

@@ -26,7 +26,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobState, JobStatus
-from airflow_provider_tao.outage import OutageLog, outage_report_seconds
+from airflow_provider_tao.outage import OutageLog
+from airflow_provider_tao.settings import outage_report_seconds
 
 #: Upper bound of one batched status call; a hung backend must not hang the trigger.
 STATUS_CALL_TIMEOUT = 60.0

@@ -14,6 +14,7 @@ from pathlib import Path
 
 EPOCHS = int(os.environ.get("EPOCHS", "8"))
 LEARNING_RATE = float(os.environ.get("LEARNING_RATE", "0.05"))
+EPOCH_SECONDS = float(os.environ.get("EPOCH_SECONDS", "0.5"))
 
 
 def main() -> None:
@@ -31,7 +32,7 @@ def main() -> None:
         loss = sum(((w * x + b) - y) ** 2 for x, y in rows) / len(rows)
         (out / "checkpoints" / f"epoch_{epoch}.json").write_text(json.dumps({"epoch": epoch, "w": w, "b": b}))
         print(f"Epoch {epoch}/{EPOCHS} loss={loss:.5f} w={w:.4f} b={b:.4f}", flush=True)
-        time.sleep(0.5)  # a real model trains much longer; the quickstart just has to be watchable
+        time.sleep(EPOCH_SECONDS)  # a real model trains much longer; the quickstart just has to be watchable
     (out / "model.json").write_text(json.dumps({"w": w, "b": b}))
     (out / "metrics.json").write_text(json.dumps({"train_mse": loss, "epochs": EPOCHS, "samples": len(rows)}))
     print(f"saved model to {out / 'model.json'}", flush=True)

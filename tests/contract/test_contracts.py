@@ -14,6 +14,7 @@ import sys
 import textwrap
 import uuid
 from datetime import UTC, datetime, timedelta
+from importlib.metadata import entry_points
 from pathlib import Path
 from unittest import mock
 
@@ -301,6 +302,7 @@ IMPORT_SPY = textwrap.dedent(
     sys.meta_path.insert(0, Spy())
     target = sys.argv[1]
     if target.endswith(".py"):
+        sys.path.insert(0, target.rsplit("/", 1)[0])  # Airflow puts the DAGs folder on sys.path
         runpy.run_path(target, run_name="__dag_file__")
     else:
         importlib.import_module(target)
@@ -341,8 +343,66 @@ def test_importing_imports_no_heavy_sdk(tmp_path, target):
     assert result["loaded"] == []
 
 
-def test_parsing_the_example_dag_imports_no_heavy_sdk(tmp_path):
-    result = _fresh_import(str(REPO / "example_dags" / "tao_quickstart.py"), tmp_path)
+@pytest.mark.parametrize("dag_file", ["tao_quickstart.py", "tao_retraining_pipeline.py"])
+def test_parsing_the_example_dag_imports_no_heavy_sdk(tmp_path, dag_file):
+    result = _fresh_import(str(REPO / "example_dags" / dag_file), tmp_path)
     assert "airflow_provider_tao.operators.submit" in result["ours"]
     assert result["attempts"] == [], result["attempts"]
     assert result["loaded"] == []
+
+
+# ----------------------------------------------------------------------------- the CLI group and the plugin
+
+
+def _airflow(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    (home / "dags").mkdir(exist_ok=True)
+    return subprocess.run(  # noqa: PLW1510 -- the return code is asserted with the output
+        [AIRFLOW, *args], env={**_clean_env(home), **(env or {})}, capture_output=True, text=True, timeout=180, cwd=home
+    )
+
+
+def test_the_cli_group_is_registered_through_provider_info(tmp_path):
+    proc = _airflow(tmp_path, "tao", "--help")
+    assert proc.returncode == 0, proc.stderr
+    for command in ("jobs", "logs", "cancel", "reap"):
+        assert command in proc.stdout
+    for command in ("jobs", "logs", "cancel", "reap"):
+        sub = _airflow(tmp_path, "tao", command, "--help")
+        assert sub.returncode == 0 and "--output" in sub.stdout, sub.stderr
+
+
+def _plugins(home: Path, env: dict[str, str]) -> list[dict]:
+    proc = _airflow(home, "plugins", "-o", "json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.strip()
+    return [] if out.startswith("No plugins") else json.loads(out.splitlines()[-1])
+
+
+def _entry_point_dist(root: Path) -> Path:
+    """A distribution carrying exactly the ``airflow.plugins`` entry points pyproject.toml declares (what
+    ``pip install`` writes), so the entry-point route is checked against the declaration, not the venv's install."""
+    import tomllib
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["airflow.plugins"]
+    dist = root / "tao_plugin_entry_point-0.0.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tao-plugin-entry-point\nVersion: 0.0.0\n")
+    (dist / "entry_points.txt").write_text("[airflow.plugins]\n" + "".join(f"{k} = {v}\n" for k, v in declared.items()))
+    return root
+
+
+@pytest.mark.parametrize("lazy", ["True", "False"], ids=["default-lazy-providers", "eager-providers"])
+def test_the_plugin_loads_exactly_once_whatever_provider_discovery_does(tmp_path, lazy):
+    env = {"AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": lazy}
+    installed = [ep for ep in entry_points(group="airflow.plugins") if ep.value.startswith("airflow_provider_tao")]
+    if not installed:  # an install older than pyproject.toml (a worktree on a shared venv): add what pip would write
+        path = _entry_point_dist(tmp_path / "site")
+        env["PYTHONPATH"] = os.pathsep.join([str(path), os.environ.get("PYTHONPATH", "")])
+    plugins = [p for p in _plugins(tmp_path, env) if p["name"] == "tao"]
+    assert len(plugins) == 1, plugins
+    (plugin,) = plugins
+    assert [app["url_prefix"] for app in plugin["fastapi_apps"]] == ["/tao"]
+    (view,) = plugin["external_views"]
+    assert (view["name"], view["href"], view["url_route"]) == ("TAO jobs", "/tao/jobs", "tao-jobs")
+    proc = _airflow(tmp_path, "plugins", "-o", "json", env=env)
+    assert "already registered" not in proc.stderr and "Failed to" not in proc.stderr, proc.stderr

@@ -18,6 +18,7 @@ import pytest
 
 from airflow_provider_tao.hooks.local import LocalHook
 from airflow_provider_tao.jobs import JobState
+from airflow_provider_tao.links import job_page_path
 from tests.e2e.airflow_harness import AirflowClient, AirflowStandalone, wait_until
 from tests.e2e.tao_jobs import (
     TASK,
@@ -48,8 +49,12 @@ def test_a_deferred_run_succeeds_through_the_triggerer_and_links_resolve_while_d
     links = dags.get_task_instance_links("tao_e2e_deferred", run_id, TASK)
     job_id = dags.get_xcom("tao_e2e_deferred", run_id, TASK, "tao_job_id")
     url = links.get("TAO job") if isinstance(links, dict) else None
-    assert url and url.startswith("file://") and url.endswith(f"/{job_id}/job.log"), links
-    assert Path(urlparse(url).path).exists() and urlparse(url).netloc == os.uname().nodename  # the host runs it
+    # local has no web console: the link is the provider's job page of this task instance (tests/e2e/ui opens it)
+    assert url == f"{dags.base_url}{job_page_path('tao_e2e_deferred', run_id, TASK)}", links
+    assert links.get("TAO results") == f"{url}#results", links
+    handle = dags.get_xcom("tao_e2e_deferred", run_id, TASK, "tao_job")["handle"]
+    log_file = urlparse(handle["console_url"])  # where the job's log is, and the host that runs it
+    assert Path(log_file.path).exists() and log_file.netloc == os.uname().nodename
     assert dags.get_task_instance_state("tao_e2e_deferred", run_id, TASK) == "deferred"
 
     dags.wait_for_dag_run("tao_e2e_deferred", run_id, ["success"], timeout=120)

@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--gpus-per-node", type=int, default=1)
     parser.add_argument("--tick", type=float, default=0.2, help="seconds between two controller passes")
+    parser.add_argument("--token", default=None, help="bearer token the API wants (default: none checked)")
     args = parser.parse_args(argv)
 
     workdir = workdir_for()
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = Cluster(store, runtime, workdir, nodes=args.nodes, gpus_per_node=args.gpus_per_node)
     cluster.tick_seconds = args.tick
     server = FakeApiServer(("127.0.0.1", args.port), store, cluster)
+    server.token = args.token
     cluster.start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -43,6 +43,8 @@ class FakeApiServer(ThreadingHTTPServer):
         self.fault_until = 0.0
         self.requests: Counter[str] = Counter()
         self.stats_lock = threading.Lock()
+        #: When set, the Kubernetes API wants ``Authorization: Bearer <token>`` (401 otherwise, as the real server).
+        self.token: str | None = None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -105,6 +107,9 @@ class _Handler(BaseHTTPRequestHandler):
                     "ServiceUnavailable" if self.server.fault_status == 503 else "InternalError",
                     "the server is currently unable to handle the request",
                 )
+            if self.server.token is not None and self.headers.get("Authorization") != f"Bearer {self.server.token}":
+                self._body()
+                raise ApiError(401, "Unauthorized", "Unauthorized")
             self._api(method, parts, query)
         except ApiError as exc:
             self._send(exc.code, exc.status())

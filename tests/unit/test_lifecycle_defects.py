@@ -14,7 +14,8 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_provider_tao.hooks.base import MARK_CONSUMED, JobValidationError
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
-from airflow_provider_tao.operators.submit import STATE_KEY, TAOSubmitOperator
+from airflow_provider_tao.operators.submit import TAOSubmitOperator
+from airflow_provider_tao.records import STATE_KEY
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
 from tests.unit.fakes import FakeHook, Store, make_context
 from tests.unit.test_operator_submit import _defer, _op

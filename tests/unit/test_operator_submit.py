@@ -11,7 +11,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobState, JobStatus
 from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESULTS_DIR
-from airflow_provider_tao.operators.submit import STATE_KEY, TAOSubmitOperator
+from airflow_provider_tao.operators.submit import TAOSubmitOperator
+from airflow_provider_tao.records import STATE_KEY, XCOM_RECORD
 from airflow_provider_tao.triggers.job import TAOJobTrigger
 from tests.unit.fakes import FakeHook, Store, make_context
 
@@ -48,12 +49,22 @@ def test_submit_stores_handle_pushes_links_then_defers(fake_platform: type[FakeH
     assert deferred.timeout is None  # the trigger owns the deadline, so the job is canceled at timeout
     (job,) = fake_platform.jobs.values()
     handle = job["handle"]
-    assert store.data[STATE_KEY] == {"handle": handle.to_json(), "consumed": False, "outputs": {}}
+    record = store.data[STATE_KEY]
+    assert {k: record[k] for k in ("handle", "consumed", "outputs", "state", "gpu_count", "num_nodes")} == {
+        "handle": handle.to_json(),
+        "consumed": False,
+        "outputs": {},
+        "state": "Submitted",
+        "gpu_count": 1,
+        "num_nodes": 1,
+    }
+    assert record["deadline"] == pytest.approx(context["ti"].start_date.timestamp() + 300)
     pushed = {c.kwargs["key"]: c.kwargs["value"] for c in context["ti"].xcom_push.call_args_list}
     assert pushed == {
+        XCOM_RECORD: record,  # the TAO jobs view reads the try's record from XCom too
         XCOM_JOB_ID: handle.job_id,
         XCOM_RESULTS_DIR: handle.results_dir,
-        XCOM_CONSOLE_URL: handle.console_url,
+        XCOM_CONSOLE_URL: handle.console_url,  # the fake platform's console page (hook.job_url)
     }
     kwargs = deferred.trigger.serialize()[1]
     assert kwargs["handle"] == handle.to_json()

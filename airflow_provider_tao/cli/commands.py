@@ -1,0 +1,212 @@
+"""``airflow tao jobs | logs | cancel | reap``: what Airflow knows of the jobs (:mod:`airflow_provider_tao.jobindex`)
+joined with what their platforms say (the hooks), and cancels through the one cancel routine."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import re
+import sys
+import time
+from argparse import Namespace
+from typing import Any
+
+from airflow.cli.simple_table import AirflowConsole
+from airflow.utils import cli as cli_utils
+from airflow.utils.providers_configuration_loader import providers_configuration_loaded
+from airflow.utils.session import create_session
+
+from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
+from airflow_provider_tao.hooks.base import TAOPlatformHook, redact, secrets_of
+from airflow_provider_tao.jobindex import WANTED_TI_STATES, IndexedJob, find_job, load_jobs, task_state_lookup
+from airflow_provider_tao.jobs import JobHandle
+
+#: What a job id given on the command line may look like (ours are 12 hex digits).
+JOB_ID = re.compile(r"^[0-9a-f]{6,32}$")
+#: Most log bytes ``airflow tao logs`` reads (in chunks of the hook's limit).
+MAX_LOG_BYTES = 64 << 20
+
+
+def _print(rows: list[dict[str, Any]], output: str) -> None:
+    """Rows as Airflow's CLI prints them; ``json`` keeps numbers, booleans and nulls as JSON (scripts read it)."""
+    if output == "json":
+        print(json.dumps(rows, default=str))
+    else:
+        AirflowConsole().print_as(data=rows, output=output)
+
+
+def _fail(message: str) -> None:
+    print(f"airflow tao: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def _hook(platform: str, conn_id: str | None) -> TAOPlatformHook:
+    hook = get_platform_hook(platform, conn_id)
+    hook.load_connection()
+    return hook
+
+
+def _job(job_id: str) -> IndexedJob:
+    if not JOB_ID.match(job_id):
+        _fail(f"{job_id!r} is not a job id: use the 12 hex digits of the task's XCom job_id (or 6+ of them)")
+    with create_session() as session:
+        try:
+            job = find_job(session, job_id)
+        except LookupError as exc:
+            _fail(str(exc))
+    if job is None:
+        _fail(f"no job {job_id} in this Airflow's task records (airflow tao jobs lists them)")
+    assert job is not None
+    if job.platform not in PLATFORMS:
+        _fail(f"job {job.job_id} ran on platform {job.platform!r}, which this installation does not have")
+    return job
+
+
+def _job_on_platform(job_id: str) -> tuple[IndexedJob, JobHandle, TAOPlatformHook]:
+    """The job Airflow knows by ``job_id``, its handle and its platform's hook (connection loaded)."""
+    job = _job(job_id)
+    handle = job.record.job
+    return job, handle, _hook(handle.platform, handle.conn_id)
+
+
+@cli_utils.action_cli(check_db=False)
+@providers_configuration_loaded
+def list_jobs(args: Namespace) -> None:
+    """``airflow tao jobs``."""
+    with create_session() as session:
+        jobs = load_jobs(session, dag_ids={args.dag_id} if args.dag_id else None, run_id=args.run_id)
+    now = time.time()
+    rows = [
+        job.row(now)
+        for job in jobs
+        if (not args.platform or job.platform == args.platform) and (not args.state or job.state == args.state)
+    ][: max(0, args.limit)]
+    if args.output == "table":
+        keys = ("job_id", "platform", "state", "dag_id", "task_id", "try_number", "gpus", "nodes", "gpu_hours")
+        rows = [{key: row[key] for key in keys} | {"run_id": row["run_id"]} for row in rows]
+    _print(rows, args.output)
+
+
+@cli_utils.action_cli(check_db=False)
+@providers_configuration_loaded
+def job_logs(args: Namespace) -> None:
+    """``airflow tao logs JOB``."""
+    job, handle, hook = _job_on_platform(args.job_id)
+    if args.tail is not None:
+        text, cursor = hook.get_job_logs(handle, "", tail=max(1, args.tail))
+    else:
+        parts, cursor, size = [], "", 0
+        while size < MAX_LOG_BYTES:
+            chunk, next_cursor = hook.get_job_logs(handle, cursor)
+            if not chunk or next_cursor == cursor:
+                break
+            parts.append(chunk)
+            size += len(chunk)
+            cursor = next_cursor
+        text = "".join(parts)
+    text = redact(text, secrets_of(job.record.secret_conn_ids))  # no task-log masker out here
+    if args.output in ("json", "yaml"):
+        _print([{"job_id": job.job_id, "platform": job.platform, "log": text}], args.output)
+    else:
+        sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
+
+
+@cli_utils.action_cli(check_db=False)
+@providers_configuration_loaded
+def cancel_job(args: Namespace) -> None:
+    """``airflow tao cancel JOB``: the one cancel routine, as a person (the task then fails with ERR_CANCELED)."""
+    job, handle, hook = _job_on_platform(args.job_id)
+    before = hook.get_job_status(handle).state
+    stopped = hook.cancel_job(handle, requested_by=f"cli:{getpass.getuser()}")
+    after = hook.get_job_status(handle)
+    row = {
+        "job_id": job.job_id,
+        "platform": job.platform,
+        "dag_id": job.dag_id,
+        "task_id": job.task_id,
+        "run_id": job.run_id,
+        "was": before.value,
+        "canceled": bool(stopped) and not before.is_terminal,
+        "state": after.state.value,
+        "note": "already ended: left as it was" if before.is_terminal else "its task fails with ERR_CANCELED",
+    }
+    _print([row], args.output)
+
+
+def reap_verdict(
+    hook: TAOPlatformHook, handle: JobHandle, job: IndexedJob | None, now: float, min_age: float
+) -> tuple[bool, str]:
+    """The reaper's one rule: (cancel it?, why) for an active job ``handle`` that Airflow knows as ``job``."""
+    if now - handle.submitted_at < min_age:
+        return False, "younger than --min-age-minutes"
+    if hook.lease_expired(handle, now):
+        return True, "lease expired"
+    if job is None:
+        # another deployment's job, or one whose records were cleaned up: not ours to judge
+        return False, "not in this Airflow's task records"
+    if job.current and job.ti_state in WANTED_TI_STATES:
+        deadline = job.record.deadline
+        if deadline and now > deadline + min_age:
+            return True, "past its task's deadline"
+        return False, f"its task is {job.ti_state}"
+    if job.current and not job.record.cancel_on_kill:
+        return False, "its task set cancel_on_kill=False"
+    if not job.current:
+        return True, "orphan: a newer job of its task replaced it"
+    return True, f"orphan: its task is {job.ti_state or 'gone'}"
+
+
+@cli_utils.action_cli(check_db=False)
+@providers_configuration_loaded
+def reap(args: Namespace) -> None:
+    """``airflow tao reap``: cancel orphans and jobs past their lease on every connection jobs were started on."""
+    from airflow.models.connection import Connection
+    from sqlalchemy import select
+
+    conn_types = {conn_type: platform for platform, (conn_type, _) in PLATFORMS.items()}
+    with create_session() as session:
+        jobs = load_jobs(session)
+        configured = session.execute(
+            select(Connection.conn_id, Connection.conn_type).where(Connection.conn_type.in_(conn_types))
+        ).all()
+    by_id: dict[str, IndexedJob] = {}
+    for indexed in jobs:
+        by_id.setdefault(indexed.job_id, indexed)
+    targets = {(j.platform, j.conn_id) for j in jobs if j.platform in PLATFORMS}
+    targets |= {(conn_types[conn_type], conn_id) for conn_id, conn_type in configured}
+    now, min_age = time.time(), max(0.0, args.min_age_minutes) * 60
+    rows: list[dict[str, Any]] = []
+    for platform, conn_id in sorted(targets, key=lambda t: (t[0], t[1] or "")):
+        try:
+            hook = _hook(platform, conn_id)
+            active = hook.list_active_jobs()
+        except Exception as exc:  # one unreachable platform must not stop the others' reaping
+            rows.append({"platform": platform, "conn_id": conn_id, "job_id": None, "action": "error", "why": str(exc)})
+            continue
+        with create_session() as session:
+            for resource in hook.reap_resources(task_state_lookup(session), dry_run=args.dry_run):
+                rows.append({"platform": platform, "conn_id": conn_id, "job_id": None, "name": resource["resource"],
+                             "action": resource["action"], "why": resource["why"]})  # fmt: skip
+        for handle in active:
+            job = by_id.get(handle.job_id)
+            cancel, why = reap_verdict(hook, handle, job, now, min_age)
+            action = "kept"
+            if cancel and args.dry_run:
+                action = "would cancel"
+            elif cancel:
+                action = "canceled" if hook.cancel_job(handle, requested_by=f"reap: {why}") else "cancel failed"
+                hook.cleanup_job(handle)
+            rows.append(
+                {
+                    "platform": platform,
+                    "conn_id": conn_id,
+                    "job_id": handle.job_id,
+                    "name": handle.name,
+                    "dag_id": job.dag_id if job else None,
+                    "task_id": job.task_id if job else None,
+                    "task_state": job.ti_state if job else None,
+                    "action": action,
+                    "why": why,
+                }
+            )
+    _print(rows, args.output)

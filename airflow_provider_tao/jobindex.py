@@ -1,0 +1,259 @@
+"""Every job this provider started, read back from what Airflow already stores -- no database of our own.
+
+A task instance's :class:`~airflow_provider_tao.records.JobRecord` is in ``task_state_store`` (all tries; dropped
+after success when ``[state_store] clear_on_success`` is on) and in the current try's XCom (cleared when a new try
+starts); its task instance row says how the task is doing. This module joins the three for the TAO jobs view and
+``airflow tao``. It runs in Airflow's core processes (API server, CLI) with a metadata-database session.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_tao.records import STATE_KEY, SUBMITTED, XCOM_RECORD, JobRecord
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+#: Task instance states in which the task still wants its job (it waits, or a next try will reattach).
+WANTED_TI_STATES = frozenset({"running", "deferred", "queued", "scheduled", "up_for_retry", "up_for_reschedule"})
+#: Task instance states while the task waits on its job.
+WAITING_TI_STATES = frozenset({"running", "deferred"})
+
+
+@dataclass(frozen=True)
+class IndexedJob:
+    """One job with the task instance that started it.
+
+    :param record: the job's record.
+    :param dag_id: the task instance's DAG.
+    :param run_id: its DAG run.
+    :param task_id: its task.
+    :param map_index: its map index (-1 when not mapped).
+    :param ti_state: the task instance's state now (None when the row is gone).
+    :param ti_try: the task instance's current try.
+    :param ti_end: epoch seconds the task instance ended, if it did.
+    :param current: this is the task instance's latest job (False: an earlier try's).
+    """
+
+    record: JobRecord
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
+    ti_state: str | None
+    ti_try: int | None
+    ti_end: float | None
+    current: bool
+
+    @property
+    def job_id(self) -> str:
+        return self.record.job_id
+
+    @property
+    def platform(self) -> str:
+        return str(self.record.handle.get("platform", ""))
+
+    @property
+    def conn_id(self) -> str | None:
+        value = self.record.handle.get("conn_id")
+        return str(value) if value else None
+
+    @property
+    def started_at(self) -> float:
+        return float(self.record.handle.get("submitted_at") or 0.0)
+
+    @property
+    def state(self) -> str:
+        """The job's state as far as Airflow knows: its end state, ``Running`` while its task waits on it, else
+        ``Unknown`` (its task ended without seeing the job end: a killed worker, a job left running on purpose)."""
+        if self.record.state != SUBMITTED:
+            return self.record.state
+        if self.current and self.ti_state in WAITING_TI_STATES | {"queued", "scheduled", "up_for_retry"}:
+            return "Running"
+        return "Unknown"
+
+    @property
+    def ended_at(self) -> float | None:
+        if self.record.ended_at:
+            return self.record.ended_at
+        return None if self.state == "Running" else self.ti_end
+
+    def runtime_seconds(self, now: float | None = None) -> float:
+        end = self.ended_at or now or time.time()
+        return max(0.0, end - self.started_at)
+
+    def gpu_hours(self, now: float | None = None) -> float | None:
+        if self.record.gpu_count < 0:
+            return None
+        return self.record.gpu_count * self.record.num_nodes * self.runtime_seconds(now) / 3600
+
+    def row(self, now: float | None = None) -> dict[str, Any]:
+        """A flat, JSON-ready row (what ``airflow tao jobs -o json`` prints)."""
+        gpu_hours = self.gpu_hours(now)
+        return {
+            "job_id": self.job_id,
+            "platform": self.platform,
+            "conn_id": self.conn_id,
+            "state": self.state,
+            "err_class": self.record.err_class or None,
+            "dag_id": self.dag_id,
+            "run_id": self.run_id,
+            "task_id": self.task_id,
+            "map_index": self.map_index,
+            "try_number": int(self.record.handle.get("try_number") or 1),
+            "task_state": self.ti_state,
+            "gpus": self.record.gpu_count,
+            "nodes": self.record.num_nodes,
+            "started": _iso(self.started_at),
+            "ended": _iso(self.ended_at) if self.ended_at else None,
+            "runtime_seconds": round(self.runtime_seconds(now), 1),
+            "gpu_hours": None if gpu_hours is None else round(gpu_hours, 4),
+            "name": self.record.handle.get("name"),
+            "backend_job_id": self.record.handle.get("backend_job_id"),
+            "results_dir": self.record.handle.get("results_dir"),
+        }
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
+
+
+def _epoch(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def _loads(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value
+
+
+def _newest(a: JobRecord | None, b: JobRecord | None) -> JobRecord | None:
+    """Of the stored and the XCom record of one task instance, the one that knows most about the latest job."""
+    if a is None or b is None:
+        return a or b
+    if a.job_id == b.job_id:
+        return a if (a.ended_at or 0) >= (b.ended_at or 0) else b
+    return a if a.job.submitted_at >= b.job.submitted_at else b
+
+
+def load_jobs(
+    session: Session,
+    *,
+    dag_ids: Collection[str] | None = None,
+    run_id: str | None = None,
+    include_history: bool = True,
+) -> list[IndexedJob]:
+    """Every job recorded in ``session``'s metadata database, newest first.
+
+    :param session: a metadata-database session.
+    :param dag_ids: only these DAGs (e.g. the ones the user may read); None = all.
+    :param run_id: only this DAG run.
+    :param include_history: also the jobs of earlier tries.
+    """
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
+    from sqlalchemy import select
+
+    records: dict[tuple[str, str, str, int], list[JobRecord | None]] = {}
+
+    def collect(rows: Iterable[Any], slot: int, decode: Any) -> None:
+        for row in rows:
+            if dag_ids is not None and row.dag_id not in dag_ids:
+                continue
+            key = (row.dag_id, row.run_id, row.task_id, int(row.map_index))
+            records.setdefault(key, [None, None])[slot] = JobRecord.from_json(decode(row))
+
+    store = select(TaskStateStoreModel).where(TaskStateStoreModel.key == STATE_KEY)
+    xcom = select(XComModel).where(XComModel.key == XCOM_RECORD)
+    if run_id is not None:
+        store = store.where(TaskStateStoreModel.run_id == run_id)
+        xcom = xcom.where(XComModel.run_id == run_id)
+    collect(session.scalars(store), 0, lambda row: _loads(row.value))
+    collect(session.scalars(xcom), 1, lambda row: _loads(XComModel.deserialize_value(row)))
+
+    instances: dict[tuple[str, str, str, int], Any] = {}  # TaskInstance rows
+    for dag_id in {key[0] for key in records}:
+        query = select(TaskInstance).where(TaskInstance.dag_id == dag_id)
+        if run_id is not None:
+            query = query.where(TaskInstance.run_id == run_id)
+        for row in session.scalars(query):
+            instances[(row.dag_id, row.run_id, row.task_id, int(row.map_index))] = row
+
+    jobs: list[IndexedJob] = []
+    for key, (stored, pushed) in records.items():
+        latest = _newest(stored, pushed)
+        if latest is None:
+            continue
+        ti = instances.get(key)
+        common: dict[str, Any] = {
+            "dag_id": key[0],
+            "run_id": key[1],
+            "task_id": key[2],
+            "map_index": key[3],
+            "ti_state": str(ti.state.value if hasattr(ti.state, "value") else ti.state) if ti and ti.state else None,
+            "ti_try": ti.try_number if ti else None,
+            "ti_end": _epoch(ti.end_date) if ti else None,
+        }
+        jobs.append(IndexedJob(record=latest, current=True, **common))
+        if include_history:
+            seen = {latest.job_id}
+            for old in reversed(latest.history):
+                earlier = JobRecord.from_json(old)
+                if earlier is not None and earlier.job_id not in seen:
+                    seen.add(earlier.job_id)
+                    jobs.append(IndexedJob(record=earlier, current=False, **common))
+    jobs.sort(key=lambda job: job.started_at, reverse=True)
+    return jobs
+
+
+def find_job(session: Session, job_id: str) -> IndexedJob | None:
+    """The job with this id (an exact id, or a unique prefix of at least 6 characters)."""
+    matches = [job for job in load_jobs(session) if job.job_id == job_id]
+    if not matches and len(job_id) >= 6:
+        matches = [job for job in load_jobs(session) if job.job_id.startswith(job_id)]
+        if len({job.job_id for job in matches}) > 1:
+            raise LookupError(f"{job_id!r} matches several jobs: {', '.join(sorted({j.job_id for j in matches}))}")
+    return matches[0] if matches else None
+
+
+def task_state_lookup(session: Session) -> Callable[[Mapping[str, Any]], str | None]:
+    """The Airflow state of a task instance named by ``{dag_id, run_id, task_id, map_index}`` (None: unknown), for
+    :meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.reap_resources`."""
+    from airflow.models.taskinstance import TaskInstance
+    from sqlalchemy import select
+
+    def lookup(origin: Mapping[str, Any]) -> str | None:
+        query = select(TaskInstance.state).where(
+            TaskInstance.dag_id == str(origin.get("dag_id")),
+            TaskInstance.run_id == str(origin.get("run_id")),
+            TaskInstance.task_id == str(origin.get("task_id")),
+            TaskInstance.map_index == int(origin.get("map_index") or -1),
+        )
+        state = session.scalar(query)
+        return None if state is None else str(getattr(state, "value", state))
+
+    return lookup
+
+
+def gpu_hours_by_dag_and_day(jobs: Iterable[IndexedJob], now: float | None = None) -> dict[str, dict[str, float]]:
+    """GPU-hours per DAG per day (UTC day of the job's submission): ``{day: {dag_id: hours}}``, days ascending."""
+    totals: dict[str, dict[str, float]] = {}
+    for job in jobs:
+        hours = job.gpu_hours(now)
+        if hours is None:
+            continue
+        day = datetime.fromtimestamp(job.started_at, UTC).date().isoformat()
+        per_dag = totals.setdefault(day, {})
+        per_dag[job.dag_id] = per_dag.get(job.dag_id, 0.0) + hours
+    return dict(sorted(totals.items()))

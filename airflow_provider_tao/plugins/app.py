@@ -1,0 +1,195 @@
+"""The plugin's FastAPI app (mounted at ``/tao`` in the API server).
+
+``GET /jobs`` is the TAO jobs view (HTML), ``GET /api/jobs`` the same rows and chart as JSON, ``GET
+/jobs/<dag>/<run>/<task>`` one task instance's job page. The view reads only Airflow's own records
+(:mod:`airflow_provider_tao.jobindex`); the job page also asks the job's platform for its log, through the hook.
+Every route needs a logged-in user and shows only the DAGs that user may read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
+from airflow_provider_tao.hooks.base import redact, secrets_of
+from airflow_provider_tao.jobindex import IndexedJob, gpu_hours_by_dag_and_day, load_jobs
+from airflow_provider_tao.plugins import pages
+
+if TYPE_CHECKING:
+    from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+
+#: Lines of the job's log the job page shows.
+LOG_TAIL_LINES = 200
+#: Seconds the job page waits for the platform (log, location) before it says the platform did not answer.
+PLATFORM_TIMEOUT = 10.0
+
+
+async def readable_dags(request: Request) -> set[str]:
+    """The DAGs the request's user may read (401 without a valid login, as every Airflow route)."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
+
+    user: BaseUser = await get_user(request, None, await bearer_scheme(request))
+    return set(get_auth_manager().get_authorized_dag_ids(user=user, method="GET"))
+
+
+ReadableDags = Annotated[set[str], Depends(readable_dags)]
+
+
+def _base_url() -> str:
+    from airflow.configuration import conf
+
+    return str(conf.get("api", "base_url", fallback="") or "").rstrip("/")
+
+
+def _selected(jobs: list[IndexedJob], filters: dict[str, str], now: float) -> list[IndexedJob]:
+    days = float(filters["days"]) if filters["days"].replace(".", "", 1).isdigit() else 0.0
+    return [
+        job
+        for job in jobs
+        if (not filters["dag_id"] or job.dag_id == filters["dag_id"])
+        and (not filters["platform"] or job.platform == filters["platform"])
+        and (not filters["state"] or job.state == filters["state"])
+        and (not days or job.started_at >= now - days * 86400)
+        and (not filters["q"] or job.job_id.startswith(filters["q"].strip().lower()))
+    ]
+
+
+def _load(dags: set[str], **kwargs: Any) -> list[IndexedJob]:
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return load_jobs(session, dag_ids=dags, **kwargs)
+
+
+def _job_url(job: IndexedJob) -> str:
+    """The job's console page, from the hook (no platform call: the URL is built from the connection)."""
+    if job.platform not in PLATFORMS:
+        return ""
+    try:
+        return get_platform_hook(job.platform, job.conn_id).job_url(job.record.job)
+    except Exception:
+        return ""
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(title="TAO jobs", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/static/icon.svg", include_in_schema=False)
+    def icon() -> Response:
+        return Response(pages.icon(), media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
+
+    @app.get("/api/jobs")
+    def jobs_json(request: Request, dags: ReadableDags) -> JSONResponse:
+        now = time.time()
+        filters = pages.as_filters(request.query_params)
+        jobs = _selected(_load(dags), filters, now)
+        return JSONResponse(
+            {
+                "jobs": [job.row(now) for job in jobs],
+                "gpu_hours_by_dag_and_day": gpu_hours_by_dag_and_day(jobs, now),
+                "total_gpu_hours": round(sum(job.gpu_hours(now) or 0.0 for job in jobs), 4),
+            }
+        )
+
+    @app.get("/jobs", response_class=HTMLResponse)
+    def jobs_view(request: Request, dags: ReadableDags) -> HTMLResponse:
+        now = time.time()
+        filters = pages.as_filters(request.query_params)
+        everything = _load(dags)
+        jobs = _selected(everything, filters, now)
+        return HTMLResponse(
+            pages.jobs_view(
+                jobs,
+                base=_base_url(),
+                filters=filters,
+                dag_ids=sorted({job.dag_id for job in everything}),
+                platforms=sorted(PLATFORMS),
+                job_urls={job.job_id: _job_url(job) for job in jobs},
+                now=now,
+            )
+        )
+
+    @app.get("/jobs/{dag_id}/{run_id}/{task_id}", response_class=HTMLResponse)
+    async def job_page(dag_id: str, run_id: str, task_id: str, dags: ReadableDags, map_index: int = -1) -> HTMLResponse:
+        if dag_id not in dags:
+            raise HTTPException(404, "no such job")  # the same answer as for a job that does not exist
+        jobs = [
+            job
+            for job in await asyncio.to_thread(_load, {dag_id}, run_id=run_id)
+            if job.task_id == task_id and job.map_index == map_index
+        ]
+        current = next((job for job in jobs if job.current), None)
+        if current is None:
+            raise HTTPException(404, "no such job")
+        try:
+            view = await asyncio.wait_for(asyncio.to_thread(_platform_view, current), PLATFORM_TIMEOUT)
+        except TimeoutError:
+            view = (
+                {},
+                "",
+                f"the {current.platform} platform did not answer within {PLATFORM_TIMEOUT:.0f} s",
+                "",
+                "",
+                [],
+            )
+        location, log, note, url, results_url, files = view
+        return HTMLResponse(
+            pages.job_page(
+                current,
+                base=_base_url(),
+                location=location,
+                job_url=url,
+                results_url=results_url,
+                log=log,
+                log_note=note,
+                results=files,
+                history=[job for job in jobs if not job.current],
+            )
+        )
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        if request.url.path.rstrip("/").endswith("/api/jobs"):
+            return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+        return HTMLResponse(pages.error_page(exc.status_code, str(exc.detail)), status_code=exc.status_code)
+
+    return app
+
+
+def _platform_view(job: IndexedJob) -> tuple[dict[str, str], str, str, str, str, list[str]]:
+    """What the job's platform says: where the job is, the tail of its log, its console and results links, and the
+    files of a results folder this host can see. A platform that does not answer is said so, never an error page."""
+    handle = job.record.job
+    if job.platform not in PLATFORMS:
+        return {}, "", f"platform {job.platform!r} is not installed here", "", "", []
+    hook = get_platform_hook(job.platform, job.conn_id)
+    started = time.monotonic()
+    try:
+        hook.load_connection()
+        location = hook.job_location(handle)
+        url, results_url = hook.job_url(handle), hook.results_url(handle)
+    except Exception as exc:
+        return {}, "", f"cannot use connection {job.conn_id!r}: {exc}", "", "", []
+    try:
+        log, _ = hook.get_job_logs(handle, "", tail=LOG_TAIL_LINES)
+        log = redact(log, secrets_of(job.record.secret_conn_ids))
+        note = (
+            f"last {LOG_TAIL_LINES} lines, read from the {job.platform} platform in {time.monotonic() - started:.1f} s"
+        )
+    except Exception as exc:
+        log, note = "", f"the {job.platform} platform did not give the log: {exc}"
+    results_dir = str(job.record.handle.get("results_dir") or "")
+    files = []
+    if results_dir.startswith("/") and os.path.isdir(results_dir):
+        for root, _, names in os.walk(results_dir):
+            files += [os.path.relpath(os.path.join(root, n), results_dir) for n in names]
+            if len(files) > 200:
+                break
+    return location, log, note, url, results_url, sorted(files)[:200]

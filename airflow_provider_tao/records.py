@@ -1,0 +1,103 @@
+"""What the operator keeps about a task instance's job, in what Airflow already stores.
+
+One :class:`JobRecord` per task instance lives in ``task_state_store`` under :data:`STATE_KEY` (it survives retries;
+``[state_store] clear_on_success`` may drop it once the task succeeded) and, for the current try, in the XCom
+:data:`XCOM_RECORD` (cleared by Airflow when a new try starts, kept after success). The TAO jobs view and
+``airflow tao`` read both back (:mod:`airflow_provider_tao.jobindex`); nothing else is stored anywhere.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from airflow_provider_tao.jobs import JobHandle, _JsonValue
+
+#: ``task_state_store`` key of a task instance's record.
+STATE_KEY = "tao_job"
+#: XCom key of the current try's record (pushed before the task defers, updated when it ends).
+XCOM_RECORD = "tao_job"
+#: Earlier jobs of a task instance kept in its record (other tries), newest last.
+HISTORY_LIMIT = 20
+
+#: ``JobRecord.state`` while the task waits on the job (the job's live state is on its platform, not in Airflow).
+SUBMITTED = "Submitted"
+
+
+@dataclass(frozen=True)
+class JobRecord(_JsonValue):
+    """A task instance's job as the operator last saw it.
+
+    :param handle: the job's handle (``JobHandle.to_json()``).
+    :param consumed: a try succeeded with this job's result (a clear must run a new job).
+    :param outputs: output name -> final URI.
+    :param gpu_count: GPUs per node asked for (-1 = every GPU of the node).
+    :param num_nodes: nodes asked for.
+    :param cancel_on_kill: the task cancels the job when it is killed (False: the job is meant to outlive it).
+    :param deadline: epoch seconds after which the task cancels the job (execution_timeout or ``[tao] lease_hours``).
+    :param state: ``Submitted`` while the task waits, then the job's end state (``Complete``, ``Error``, ``Canceled``).
+    :param err_class: the failure class of a job that did not complete.
+    :param ended_at: epoch seconds the task saw the job end.
+    :param history: earlier jobs of this task instance (their records without history), newest last.
+    :param secret_conn_ids: connections whose secrets the job received (``storage_conn_id``): the job page and
+        ``airflow tao logs`` hide their values in the job's log.
+    """
+
+    handle: dict[str, Any]
+    consumed: bool = False
+    outputs: dict[str, str] = field(default_factory=dict)
+    gpu_count: int = 0
+    num_nodes: int = 1
+    cancel_on_kill: bool = True
+    deadline: float | None = None
+    state: str = SUBMITTED
+    err_class: str = ""
+    ended_at: float | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    secret_conn_ids: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: Any) -> JobRecord | None:
+        """The record in ``data``, or None when it is not one (a foreign or damaged value)."""
+        if not isinstance(data, dict) or not isinstance(data.get("handle"), dict) or "job_id" not in data["handle"]:
+            return None
+        known = cls._known(data)
+        history = known.get("history")
+        known["history"] = [h for h in history if isinstance(h, dict)] if isinstance(history, list) else []
+        try:
+            return cls(**known)
+        except TypeError:
+            return None
+
+    @property
+    def job(self) -> JobHandle:
+        return JobHandle.from_json(self.handle)
+
+    @property
+    def job_id(self) -> str:
+        return str(self.handle["job_id"])
+
+    def ended(self, state: str, *, err_class: str = "", consumed: bool | None = None) -> JobRecord:
+        """The record of the job once the task saw it end."""
+        return replace(
+            self,
+            state=state,
+            err_class=err_class,
+            ended_at=time.time(),
+            consumed=self.consumed if consumed is None else consumed,
+        )
+
+    def successor(self, handle: JobHandle, **fields: Any) -> JobRecord:
+        """The record of a new job of the same task instance; this one moves into the history."""
+        history = [*self.history, {**self.to_json(), "history": []}][-HISTORY_LIMIT:]
+        if self.job_id == handle.job_id:
+            history = self.history
+        return JobRecord(handle=handle.to_json(), history=history, **fields)
+
+    def gpu_hours(self, now: float | None = None) -> float | None:
+        """GPUs x nodes x hours from submission to the end (or ``now`` while it waits); None for "every GPU"."""
+        if self.gpu_count < 0:
+            return None
+        end = self.ended_at or now or time.time()
+        return self.gpu_count * self.num_nodes * max(0.0, end - self.job.submitted_at) / 3600

@@ -1,0 +1,307 @@
+"""Sphinx extension of the provider's docs: tables generated from the code, so the docs cannot drift from it.
+
+Directives:
+
+* ``tao-connection-fields`` *conn_type*: the connection form of a platform (standard and extra fields).
+* ``tao-config``: the ``[tao]`` section.
+* ``tao-error-classes``: the failure classes, retriable or not, and what to do.
+* ``tao-error-messages``: every error message the code can raise, with its fix (see :func:`message_sites`).
+
+``tests/unit/test_docs.py`` uses :func:`message_sites` and :data:`FIXES` to keep the troubleshooting page complete.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "airflow_provider_tao"
+
+#: Exception classes (and message helpers) whose messages people read, and how a site's fix is found.
+MESSAGE_CALLS = {
+    "JobValidationError",
+    "JobSubmitError",
+    "ConnectionProblem",
+    "AirflowException",
+    "AirflowFailException",
+    "AirflowTaskTimeout",
+    "SlurmTransportError",
+    "ValueError",
+    "ConfigError",
+    "InfraError",
+    "OSError",
+    "ConnectionError",
+    "LookupError",
+    "UnknownVersionKeyError",
+    "HTTPException",
+    "_fail",
+}
+
+#: What to do about a connection test's failure, by its kind.
+KIND_FIXES = {
+    "unreachable": "Check the host / URL / port and that the service runs and is reachable from the Airflow hosts "
+    "(a firewall, a VPN, a DNS name).",
+    "auth": "Update the connection's credentials (user, key, password, token, TLS files, host key).",
+    "not_found": "Create the missing namespace / partition, or fix its name in the connection.",
+    "permission": "Grant the connection's identity the access it needs (RBAC role, docker group, folder rights).",
+    "config": "Fill in or fix the connection field the message names.",
+}
+
+#: Fixes of the messages that do not carry their own: static fragment of the message -> what to do.
+FIXES: dict[str, str] = {
+    # airflow tao
+    "is not a job id": "Copy the job id from `airflow tao jobs` or the task's XCom `job_id` (12 hex digits).",
+    "in this Airflow's task records": "The job was not started by this Airflow (or its records were cleaned up): "
+    "list the known jobs with `airflow tao jobs`.",
+    "which this installation does not have": "Install the platform's extra "
+    "(`pip install 'airflow-provider-tao[...]'`).",
+    "matches several jobs": "Give more digits of the job id.",
+    "no such job": "The job page of a task that never submitted a job, or of a DAG you may not read: open it from the "
+    "task's 'TAO job' link.",
+    # operator
+    "Bad input, nothing was submitted": "Fix the parameter the message names (see the table below); the task fails "
+    "without retries because a retry would meet the same input.",
+    "not submitting another one, to avoid a duplicate": "The platform did not answer whether the earlier try's job "
+    "still runs; the next try asks again. Restore the platform connection, or cancel the old job by hand.",
+    "execution_timeout (or [tao] lease_hours)": "Raise the task's execution_timeout (or [tao] lease_hours), or resume "
+    "from the last checkpoint.",
+    "failed with": "Read the failure class in the message (table above) and the evidence lines in the task log.",
+    "failed: {…}": "The job failed but its platform gave no facts to classify: read the job's log "
+    "(`airflow tao logs JOB`).",
+    # platforms refusing a job
+    "Docker refused container": "Read the daemon's reason: an unknown runtime, a bad mount or device, a name clash. "
+    "Fix backend_details or the connection; the task is retried only when the class is retriable.",
+    "did not start": "The container was created but could not start (a bad entrypoint, mount or device): fix the "
+    "image or backend_details; nothing was left running.",
+    "Check the image name and tag": "The message says it: check the image name and tag and the registry login.",
+    "Kubernetes refused Job": "Read the API server's reason (quota, admission webhook, invalid field) and fix "
+    "backend_details or the namespace's limits.",
+    "could not be set up": "A Secret or ConfigMap of the Job was refused (too large, quota): nothing ran; fix the "
+    "reason the message gives.",
+    "its old Job did not go away": "A finished Job of the same task instance is still being deleted (finalizers): "
+    "wait, or delete it with kubectl; the task's retry submits again.",
+    # local
+    "is not there (an unmounted or moved volume?)": "Mount the jobs folder again on the worker (or fix jobs_dir): the "
+    "wait goes on while it is missing and picks the job up when it is back.",
+    # slurm transport
+    "cannot reach any login host": "Check the login hosts, port, network and credentials; the message lists each "
+    "host's error.",
+    "cannot reach the login node": "The triggerer lost SSH to the login node; it reconnects by itself. Check the "
+    "network if it lasts.",
+    "not reconnecting for another": "A reconnect just failed: the next one comes after a short back-off.",
+    "cannot open a channel to": "The login node refused a new SSH session (MaxSessions?): it is retried on the next "
+    "poll.",
+    "command on": "The SSH connection broke during a command; it is retried on the next poll.",
+    "command failed on the login node": "The SSH connection broke during a command; it is retried on the next poll.",
+    "submitting job": "sbatch refused the job: read its message (partition, account, QOS, time limit) and fix the "
+    "connection or backend_details.",
+    "scancel": "scancel failed: the job may already have ended; check with squeue / sacct.",
+    "writing mark": "The shared filesystem of the login node refused a write: check its space and permissions.",
+    "unsupported host key type": "Give an ssh-ed25519, ecdsa-sha2-* or ssh-rsa host key (ssh-keyscan -t ed25519).",
+    "bad mark": "Internal: a mark name or value the cluster's shell cannot keep. Please report it.",
+    "unsafe sbatch value for": "Use plain characters in that backend_details value (no newline, no shell syntax).",
+    "is not a relative path inside the job folder": "Use relative file names in the job's files.",
+    # images
+    "expected a mapping with 'images:' and 'wheels:' trees": "Fix versions.yaml: it needs 'images:' and 'wheels:'.",
+    "Use one of them, or give an absolute image URI": "The message lists the known keys: use one, or an image URI.",
+    "image: empty image": "Give a versions.yaml key such as tao_toolkit.pyt or an image URI.",
+}
+
+#: Fixes by module and exception, for modules whose messages all follow one rule.
+MODULE_FIXES: dict[tuple[str, str], str] = {
+    ("runner/entrypoint.py", "ValueError"): "The task fails before anything is submitted, with the parameter and the "
+    "expected form in the message: fix that part of specs / args / inputs / outputs / command.",
+    ("runner/script_runner.py", "ConfigError"): "The job itself reports ERR_CONFIG (not retried): fix the input, "
+    "output, credentials or spec the message names.",
+    ("runner/script_runner.py", "ValueError"): "The job itself reports ERR_CONFIG (not retried): fix the spec or "
+    "URI the message names.",
+    ("runner/script_runner.py", "InfraError"): "The job itself reports ERR_INFRA (retried): storage or network "
+    "trouble; if it repeats, check the storage endpoint and credentials.",
+    ("runner/script_runner.py", "OSError"): "A short read from storage: the job reports ERR_INFRA and is retried.",
+}
+
+
+@dataclass(frozen=True)
+class MessageSite:
+    """One place in the code that raises (or returns) an error message.
+
+    :param module: the module's path under ``airflow_provider_tao``.
+    :param line: the line number.
+    :param kind: the exception class (or helper) name.
+    :param message: the message with its run-time parts as ``{...}``.
+    :param parameter: for ``JobValidationError``, the parameter it names.
+    :param fix: the fix the site itself states (``JobValidationError``'s third argument), else "".
+    :param problem_kind: for ``ConnectionProblem``, its kind.
+    """
+
+    module: str
+    line: int
+    kind: str
+    message: str
+    parameter: str = ""
+    fix: str = ""
+    problem_kind: str = ""
+
+    @property
+    def key(self) -> str:
+        """The longest static part of the message: how the page and :data:`FIXES` find it."""
+        parts = [p.strip(" :.;,'\"") for p in re.split(r"\{[^}]*\}", self.message)]
+        return max(parts, key=len) if parts else ""
+
+
+def _template(node: ast.AST | None) -> str:
+    """A message expression as text, run-time parts as ``{...}``."""
+    if node is None:
+        return ""
+    if isinstance(node, ast.Constant):
+        return str(node.value)
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_template(v) if isinstance(v, ast.Constant) else "{…}" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _template(node.left) + _template(node.right)
+    if isinstance(node, ast.IfExp):
+        return _template(node.body)
+    return "{…}"
+
+
+def message_sites() -> list[MessageSite]:
+    """Every construction of a message-carrying exception in the package, with a message."""
+    sites = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if name not in MESSAGE_CALLS or not node.args:
+                continue
+            module = str(path.relative_to(PACKAGE))
+            args = node.args
+            if name == "JobValidationError" and len(args) == 3:
+                site = MessageSite(
+                    module, node.lineno, name, _template(args[1]), _template(args[0]), _template(args[2])
+                )
+            elif name == "ConnectionProblem" and len(args) == 2:
+                site = MessageSite(module, node.lineno, name, _template(args[1]), problem_kind=_template(args[0]))
+            elif name in ("JobSubmitError", "HTTPException") and len(args) >= 2:
+                site = MessageSite(module, node.lineno, name, _template(args[1]))
+            else:
+                site = MessageSite(module, node.lineno, name, _template(args[0]))
+            if site.message.strip("{…} ") and site.key:
+                sites.append(site)
+    return sites
+
+
+def fix_of(site: MessageSite) -> str:
+    """What to do about ``site``'s message ("" = not documented: the test fails)."""
+    if site.fix:
+        return site.fix
+    if site.kind == "ConnectionProblem":
+        return KIND_FIXES.get(site.problem_kind, "")
+    if (site.module, site.kind) in MODULE_FIXES:
+        return MODULE_FIXES[(site.module, site.kind)]
+    for fragment, fix in FIXES.items():
+        if fragment in site.message:
+            return fix
+    return ""
+
+
+# ----------------------------------------------------------------------------- rendering (markdown tables)
+
+
+def _cell(text: str) -> str:
+    """Text for a Markdown table cell: no pipe, newline, backtick or HTML tag (``<root>`` is text here)."""
+    text = text.replace("|", "\\|").replace("\n", " ").replace("`", "'")
+    return text.replace("<", "&lt;").replace(">", "&gt;")
+
+
+def connection_fields_table(conn_type: str) -> str:
+    from airflow_provider_tao.get_provider_info import CONNECTION_FORMS
+
+    form = CONNECTION_FORMS[conn_type]()
+    behaviour = form["ui-field-behaviour"]
+    rows = ["| Field | Label in the form | Type | Help | Example |", "|---|---|---|---|---|"]
+    for name in ("host", "login", "password", "port", "schema"):
+        if name in behaviour["hidden-fields"]:
+            continue
+        label = behaviour["relabeling"].get(name, name.capitalize())
+        rows.append(f"| `{name}` (standard) | {_cell(label)} | | | {_cell(behaviour['placeholders'].get(name, ''))} |")
+    for name, field in form["conn-fields"].items():
+        schema = field["schema"]
+        kind = schema["type"][0] + (" (secret)" if schema.get("format") == "password" else "")
+        example = ", ".join(str(e) for e in schema.get("examples", []))
+        rows.append(
+            f"| `{name}` | {_cell(field['label'])} | {kind} | {_cell(field['description'])} | {_cell(example)} |"
+        )
+    hidden = ", ".join(f"`{h}`" for h in behaviour["hidden-fields"])
+    return "\n".join(rows) + f"\n\nHidden standard fields: {hidden}.\n"
+
+
+def config_table() -> str:
+    from airflow_provider_tao.settings import OPTIONS, config_section
+
+    declared = config_section()["tao"]["options"]
+    rows = ["| Option | Type | Default | Example | What it does |", "|---|---|---|---|---|"]
+    for name, (kind, default, description) in OPTIONS.items():
+        example = declared[name]["example"] or ""
+        shown = default if default is not None else "(unset)"
+        rows.append(f"| `{name}` | {kind} | {shown} | {example} | {_cell(description)} |")
+    return "\n".join(rows) + "\n"
+
+
+def error_classes_table() -> str:
+    from airflow_provider_tao.failures import SUGGESTIONS
+    from airflow_provider_tao.jobs import ErrClass
+
+    rows = ["| Class | Retried by Airflow | What to do |", "|---|---|---|"]
+    for err_class in ErrClass:
+        rows.append(
+            f"| `{err_class.value}` | {'yes' if err_class.retriable else 'no'} | {_cell(SUGGESTIONS[err_class])} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def error_messages_table() -> str:
+    rows = ["| Message | Raised by | Fix |", "|---|---|---|"]
+    seen = set()
+    for site in message_sites():
+        key = (site.message, fix_of(site))
+        if key in seen:
+            continue
+        seen.add(key)
+        where = f"`{site.module}` ({site.kind}{', ' + site.parameter if site.parameter else ''})"
+        rows.append(f"| {_cell(site.message)} | {_cell(where)} | {_cell(fix_of(site))} |")
+    return "\n".join(rows) + "\n"
+
+
+# ----------------------------------------------------------------------------- Sphinx glue
+
+
+def setup(app: Any) -> dict[str, Any]:
+    from docutils import nodes
+    from docutils.parsers.rst import Directive, directives
+    from docutils.statemachine import StringList
+
+    def markdown_directive(render: Any, with_argument: bool) -> type[Directive]:
+        class Generated(Directive):
+            required_arguments = 1 if with_argument else 0
+            has_content = False
+
+            def run(self) -> list[Any]:
+                container = nodes.container()
+                lines = render(*self.arguments).splitlines()  # MyST parses it: a Markdown pipe table
+                self.state.nested_parse(StringList(lines, source="generated"), self.content_offset, container)
+                return list(container.children)
+
+        return Generated
+
+    directives.register_directive("tao-connection-fields", markdown_directive(connection_fields_table, True))
+    directives.register_directive("tao-config", markdown_directive(config_table, False))
+    directives.register_directive("tao-error-classes", markdown_directive(error_classes_table, False))
+    directives.register_directive("tao-error-messages", markdown_directive(error_messages_table, False))
+    return {"version": "1", "parallel_read_safe": True}

@@ -1,0 +1,88 @@
+"""One ``airflow standalone`` for every UI, CLI and Asset test: the example DAGs plus ``dags/tao_ui_e2e.py``, a
+``tao_docker`` connection on the test Docker engine, the UI's connection "Test" button on, and providers discovered
+eagerly so the TAO plugin is loaded from the provider info (the ``airflow.plugins`` entry point covers the default
+setting; ``tests/contract`` checks that route).
+
+Every module here returns the same config, so they share one instance (started once, after the modules of
+``tests/e2e`` that use the default config).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.airflow_harness import AirflowClient, AirflowStandalone, StandaloneConfig
+from tests.integration.docker.conftest import DockerEngine, docker_engine  # noqa: F401  (the shared engine)
+
+REPO = Path(__file__).resolve().parents[3]
+UI_DAGS = Path(__file__).resolve().parent / "dags"
+DOCKER_CONN_ID = "tao_ui_docker"
+#: The DAGs every module here needs parsed and unpaused.
+DAG_IDS = (
+    "tao_quickstart",
+    "tao_retraining_train",
+    "tao_retraining_evaluate",
+    "tao_ui_two_platforms",
+    "tao_ui_cancel",
+    "tao_ui_orphan",
+)
+
+
+@pytest.fixture(scope="session")
+def ui_results_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ui-docker-results")
+
+
+@pytest.fixture(scope="module")
+def airflow_standalone_config(docker_engine: DockerEngine, ui_results_root: Path) -> StandaloneConfig:  # noqa: F811
+    docker_conn = {
+        "conn_type": "tao_docker",
+        "host": docker_engine.host,
+        "extra": {"results_root": str(ui_results_root), "network": "tao_ci", "cancel_grace_seconds": 2},
+    }
+    return StandaloneConfig(
+        dags_folder=REPO / "example_dags",
+        extra_dag_files=(UI_DAGS / "tao_ui_e2e.py",),
+        extra_env={
+            f"AIRFLOW_CONN_{DOCKER_CONN_ID.upper()}": json.dumps(docker_conn),
+            "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": "False",
+            "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
+            # the worker's visible GPUs for the local platform (no GPU is used: the jobs just run on the CPU)
+            "CUDA_VISIBLE_DEVICES": "0,1",
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+def ui_dags(airflow_standalone: AirflowStandalone) -> Iterator[AirflowClient]:
+    """The client, once the DAGs are parsed and unpaused."""
+    client = airflow_standalone.client
+    for dag_id in DAG_IDS:
+        client.wait_for_dag(dag_id, timeout=120)
+        client.unpause_dag(dag_id)
+    yield client
+
+
+def airflow_cli(instance: AirflowStandalone, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``airflow <args>`` with the instance's environment (its database, connections and settings)."""
+    return subprocess.run(
+        [instance.airflow_bin, *args],
+        env=instance.env,
+        cwd=instance.home,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def cli_json(instance: AirflowStandalone, *args: str) -> Any:
+    proc = airflow_cli(instance, *args, "-o", "json")
+    assert proc.returncode == 0, f"airflow {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,0 +1,127 @@
+"""``airflow tao`` against a real ``airflow standalone``: a run's jobs on two platforms, the log of one, and a cancel
+that fails the deferred task with ERR_CANCELED and no retry."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from tests.e2e.airflow_harness import AirflowClient, AirflowStandalone, wait_until
+from tests.e2e.ui.conftest import airflow_cli, cli_json
+
+
+def test_jobs_lists_the_jobs_of_a_run_on_two_platforms(airflow_standalone: AirflowStandalone, ui_dags: AirflowClient):
+    run_id = ui_dags.trigger_dag_run("tao_ui_two_platforms")
+    ui_dags.wait_for_dag_run("tao_ui_two_platforms", run_id, ["success"], timeout=180)
+
+    rows = cli_json(airflow_standalone, "tao", "jobs", "--run-id", run_id)
+    assert sorted((r["task_id"], r["platform"], r["state"]) for r in rows) == [
+        ("train_docker", "docker", "Complete"),
+        ("train_local", "local", "Complete"),
+    ]
+    for row in rows:
+        assert row["dag_id"] == "tao_ui_two_platforms" and row["run_id"] == run_id
+        assert row["task_state"] == "success" and row["try_number"] == 1
+        assert row["runtime_seconds"] >= 3.0
+        gpus = 2 if row["platform"] == "docker" else 1
+        assert (row["gpus"], row["nodes"]) == (gpus, 1)
+        assert row["gpu_hours"] == pytest.approx(gpus * row["runtime_seconds"] / 3600, rel=0.02, abs=1e-4)
+        assert row["job_id"] == ui_dags.get_xcom("tao_ui_two_platforms", run_id, row["task_id"])["job_id"]
+    # the other filters narrow the same list
+    assert [r["platform"] for r in cli_json(airflow_standalone, "tao", "jobs", "-r", run_id, "-p", "docker")] == [
+        "docker"
+    ]
+
+    # (the local job's log: other test sessions on the shared Docker engine may remove this provider's containers)
+    local_job = next(r for r in rows if r["platform"] == "local")
+    log = cli_json(airflow_standalone, "tao", "logs", local_job["job_id"])
+    steps = [line for line in log[0]["log"].splitlines() if line.startswith("step")]
+    assert steps == [f"step {i}" for i in range(1, 5)], log
+    tail = airflow_cli(airflow_standalone, "tao", "logs", local_job["job_id"], "--tail", "1")
+    assert tail.returncode == 0 and tail.stdout.strip().endswith("step 4"), tail.stdout + tail.stderr
+
+
+def test_cancel_fails_the_deferred_task_with_err_canceled(
+    airflow_standalone: AirflowStandalone, ui_dags: AirflowClient
+):
+    run_id = ui_dags.trigger_dag_run("tao_ui_cancel")
+    ui_dags.wait_for_task_instance("tao_ui_cancel", run_id, "train", ["deferred"], timeout=120)
+    job_id = ui_dags.get_xcom("tao_ui_cancel", run_id, "train", key="tao_job_id")  # pushed before deferring
+    (row,) = cli_json(airflow_standalone, "tao", "jobs", "--run-id", run_id)
+    assert (row["job_id"], row["state"], row["task_state"]) == (job_id, "Running", "deferred")
+    pid = int(row["backend_job_id"])
+    assert _alive(pid)
+
+    started = time.monotonic()
+    (result,) = cli_json(airflow_standalone, "tao", "cancel", job_id)
+    assert (result["was"], result["canceled"], result["state"]) == ("Running", True, "Canceled"), result
+    ti = ui_dags.wait_for_task_instance("tao_ui_cancel", run_id, "train", ["failed"], timeout=60)
+    print(f"airflow tao cancel -> task failed in {time.monotonic() - started:.1f}s")
+    assert ti["try_number"] == 1  # retries=2, yet no retry: a person canceled it
+    wait_until(lambda: not _alive(pid), timeout=30, message=f"job process group {pid} still runs")
+    log = ui_dags.get_task_log("tao_ui_cancel", run_id, "train", 1)
+    assert "ERR_CANCELED (not retriable)" in log and "canceled by cli:" in log, log[-3000:]
+    (row,) = cli_json(airflow_standalone, "tao", "jobs", "--run-id", run_id)
+    assert (row["state"], row["err_class"], row["task_state"]) == ("Canceled", "ERR_CANCELED", "failed")
+    # canceling again says so and changes nothing
+    (again,) = cli_json(airflow_standalone, "tao", "cancel", job_id)
+    assert (again["was"], again["canceled"]) == ("Canceled", False)
+
+
+def test_reap_cancels_the_job_of_a_killed_worker(airflow_standalone: AirflowStandalone, ui_dags: AirflowClient):
+    """A worker killed while it waited on its job (no retries): the task fails, the job runs on with no one watching
+    it -- an orphan. ``airflow tao reap`` finds it on the platform and cancels it; jobs still watched are kept."""
+    watched = ui_dags.trigger_dag_run("tao_ui_cancel")  # a deferred job: its task still wants it
+    ui_dags.wait_for_task_instance("tao_ui_cancel", watched, "train", ["deferred"], timeout=120)
+    run_id = ui_dags.trigger_dag_run("tao_ui_orphan")
+    ui_dags.wait_for_task_instance("tao_ui_orphan", run_id, "train", ["running"], timeout=120)
+    job_id = wait_until(
+        lambda: _xcom_or_none(ui_dags, "tao_ui_orphan", run_id, "tao_job_id"), timeout=60, message="no job id XCom"
+    )
+    airflow_standalone.kill_task_runner("tao_ui_orphan", run_id, "train")
+    ui_dags.wait_for_task_instance("tao_ui_orphan", run_id, "train", ["failed"], timeout=120)
+    (row,) = cli_json(airflow_standalone, "tao", "jobs", "--run-id", run_id)
+    pid = int(row["backend_job_id"])
+    assert row["task_state"] == "failed" and _alive(pid)  # the orphan
+
+    dry = cli_json(airflow_standalone, "tao", "reap", "--dry-run", "--min-age-minutes", "0")
+    verdicts = {r["job_id"]: (r["action"], r["why"]) for r in dry}
+    assert verdicts[job_id] == ("would cancel", "orphan: its task is failed"), dry
+    watched_job = ui_dags.get_xcom("tao_ui_cancel", watched, "train", key="tao_job_id")
+    assert verdicts[watched_job] == ("kept", "its task is deferred"), dry
+    assert _alive(pid)  # a dry run changes nothing
+
+    reaped = cli_json(airflow_standalone, "tao", "reap", "--min-age-minutes", "0")
+    assert {r["job_id"]: r["action"] for r in reaped}[job_id] == "canceled", reaped
+    wait_until(lambda: not _alive(pid), timeout=30, message=f"orphan {pid} still runs")
+    assert ui_dags.get_task_instance_state("tao_ui_cancel", watched, "train") == "deferred"
+    ui_dags.mark_task_instance_failed("tao_ui_cancel", watched, "train")  # (its job is canceled by the trigger)
+    # a young orphan is left alone by default (its task may be writing its record right now)
+    again = cli_json(airflow_standalone, "tao", "reap")
+    assert job_id not in {r["job_id"] for r in again}  # canceled: no longer active on the platform
+
+
+def _xcom_or_none(client: AirflowClient, dag_id: str, run_id: str, key: str) -> str | None:
+    try:
+        return str(client.get_xcom(dag_id, run_id, "train", key=key))
+    except KeyError:
+        return None
+
+
+def test_bad_job_ids_are_refused_before_anything_is_looked_up(airflow_standalone: AirflowStandalone) -> None:
+    for bad in ("../../etc/passwd", "abc", "0123456789abcdef" * 3, "$(touch /tmp/x)"):
+        proc = airflow_cli(airflow_standalone, "tao", "logs", bad)
+        assert proc.returncode == 1 and "is not a job id" in proc.stderr, proc.stderr
+    proc = airflow_cli(airflow_standalone, "tao", "cancel", "abcdef012345")
+    assert proc.returncode == 1 and "no job abcdef012345" in proc.stderr, proc.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
