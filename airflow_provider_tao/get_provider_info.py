@@ -323,10 +323,17 @@ def _lepton_form() -> dict[str, Any]:
         hidden=["host", "schema", "login", "port", "extra"],
         relabeling={"password": "API token"},
         examples={
-            "workspace_id": "my-workspace",
+            "workspace_id": "tao-research",
+            "workspace_url": "https://gateway.dgxc-lepton.nvidia.com/api/v2/workspaces/tao-research",
             "node_group": "h100-pool",
             "resource_shape": "gpu.8xh100-80gb",
+            "image_pull_secret": "ngc-pull",
             "registry": "nvcr.io",
+            "ttl_seconds_after_finished": "86400",
+            "capacity_timeout_seconds": "900",
+            "start_timeout_seconds": "600",
+            "staging_timeout_seconds": "600",
+            "shared_memory_size": "16384",
         },
     )
 
@@ -347,8 +354,14 @@ def _brev_form() -> dict[str, Any]:
             ),
             "lease_hours": _field(
                 "Lease (h)",
-                "An instance this provider created is deleted by the reaper this long after its creation (8).",
+                "An instance this provider creates is deleted by the reaper (airflow tao reap) this long after its "
+                "creation; a job's backend_details['lease_hours'] wins (default: [tao] lease_hours when set, else 8).",
                 kind="number",
+            ),
+            "console_url": _field(
+                "Console instance page",
+                "Link of an instance in the Brev console, opened by the task's TAO job link; {id} and {name} are "
+                "filled in (default https://brev.nvidia.com/environment/{id}).",
             ),
             "ngc_api_key": _field("NGC API key", "Key for pulling images from the registry (NGC_KEY).", secret=True),
             "registry": _field("Registry", "The registry the NGC key is for (default nvcr.io)."),
@@ -368,9 +381,16 @@ def _brev_form() -> dict[str, Any]:
         relabeling={"password": "Brev API token"},
         examples={
             "brev_path": "/usr/local/bin/brev",
+            "org": "ml-research",
             "instance_type": "g5.xlarge,g6.xlarge",
             "lease_hours": "8",
+            "console_url": "https://brev.nvidia.com/environment/{id}",
             "registry": "nvcr.io",
+            "network": "host",
+            "shm_size": "16g",
+            "cancel_grace_seconds": "10",
+            "boot_timeout_seconds": "1200",
+            "launch_timeout_seconds": "1800",
         },
     )
 

@@ -40,7 +40,8 @@ OPTIONS: dict[str, tuple[str, str | None, str]] = {
         "0",
         "Longest a job may run when its task sets no execution_timeout: the watch cancels it after this many hours "
         "(like an execution_timeout), and `airflow tao reap` stops any job of this provider older than this whose "
-        "task no longer watches it. 0 = no lease. Platforms that rent machines (Brev) also stamp it on them.",
+        "task no longer watches it. 0 = no lease. Brev instances take it as their lease when neither the job nor the "
+        "connection sets lease_hours (a rented machine always has one: 8 h when this is 0).",
     ),
     "outage_report_seconds": (
         "float",

@@ -5,9 +5,12 @@ Every instance the ``brev`` platform creates carries a lease on the instance its
 its creation time, ``lease_hours`` from the connection or the job, and the dag / task / run that owns it).
 ``reap`` lists the instances with one ``brev ls --json``, reads each running instance's lease with one ``brev exec``,
 asks Airflow for the state of the owning task instance, and deletes (plain ``brev delete <name>``) those whose lease
-expired or whose task is ``success``, ``failed``, ``skipped``, ``upstream_failed`` or ``removed``. An instance
-without this provider's lease -- one you made yourself, or one an ``instance_id`` names -- is never touched. The task
-log has one line per instance: what was done and why.
+expired or whose task is ``success``, ``failed``, ``skipped``, ``upstream_failed`` or ``removed``. An expired
+instance whose task still runs is not pulled from under it: its jobs are canceled (the task fails with
+``ERR_CANCELED`` and deletes the instance; the next run deletes it if the task never resumes). An instance without
+this provider's lease -- one you made yourself, or one an ``instance_id`` names -- is never touched. The task log has
+one line per instance: what was done and why. ``airflow tao reap`` (``--dry-run`` to look first) runs the same guard
+from the command line.
 
 Uses the same ``tao_brev`` connection as the training DAGs (``TAO_BREV_CONN_ID`` overrides it).
 """

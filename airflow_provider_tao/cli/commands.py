@@ -18,7 +18,14 @@ from airflow.utils.session import create_session
 
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook, redact, secrets_of
-from airflow_provider_tao.jobindex import WANTED_TI_STATES, IndexedJob, find_job, load_jobs, task_state_lookup
+from airflow_provider_tao.jobindex import (
+    WAITING_TI_STATES,
+    WANTED_TI_STATES,
+    IndexedJob,
+    find_job,
+    load_jobs,
+    task_state_lookup,
+)
 from airflow_provider_tao.jobs import JobHandle
 
 #: What a job id given on the command line may look like (ours are 12 hex digits).
@@ -118,6 +125,8 @@ def cancel_job(args: Namespace) -> None:
     job, handle, hook = _job_on_platform(args.job_id)
     before = hook.get_job_status(handle).state
     stopped = hook.cancel_job(handle, requested_by=f"cli:{getpass.getuser()}")
+    if stopped and not before.is_terminal and not _task_resumes(job):
+        hook.cleanup_job(handle)  # no task will resume to clean up after it
     after = hook.get_job_status(handle)
     row = {
         "job_id": job.job_id,
@@ -131,6 +140,12 @@ def cancel_job(args: Namespace) -> None:
         "note": "already ended: left as it was" if before.is_terminal else "its task fails with ERR_CANCELED",
     }
     _print([row], args.output)
+
+
+def _task_resumes(job: IndexedJob | None) -> bool:
+    """Whether the job's task still waits on it: it sees the cancel and cleans up after the job itself (a Brev
+    instance deleted under a waiting task would read as a lost instance, not as a cancel)."""
+    return job is not None and job.current and job.ti_state in WAITING_TI_STATES
 
 
 def reap_verdict(
@@ -195,7 +210,8 @@ def reap(args: Namespace) -> None:
                 action = "would cancel"
             elif cancel:
                 action = "canceled" if hook.cancel_job(handle, requested_by=f"reap: {why}") else "cancel failed"
-                hook.cleanup_job(handle)
+                if not _task_resumes(job):
+                    hook.cleanup_job(handle)
             rows.append(
                 {
                     "platform": platform,

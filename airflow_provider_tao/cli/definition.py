@@ -42,7 +42,8 @@ TAO_COMMANDS = (
     ),
     ActionCommand(
         name="reap",
-        help="Cancel jobs no task watches any more (orphans) and jobs past their lease, on every connection in use",
+        help="Cancel jobs no task watches any more (orphans) and jobs past their lease, and delete the machines a "
+        "platform rents for them (Brev instances) whose lease expired or whose task ended, on every connection in use",
         func=lazy_load_command(f"{_COMMANDS}.reap"),
         args=(ARG_DRY_RUN, ARG_MIN_AGE, ARG_OUTPUT, ARG_VERBOSE),
     ),

@@ -21,14 +21,21 @@ deleted) fails its jobs as retriable infrastructure (``ERR_INFRA``); a stopped o
 answer (a flaky connection) is Unknown, never a failure.
 
 Cost guard: every instance this provider creates carries a lease (``~/.tao-brev/lease.json`` on the instance itself:
-created at, expires at = created + ``lease_hours``, the owning dag/task/run), written by the instance's startup
-script and again at launch. :meth:`BrevHook.reap` deletes the instances whose lease expired or whose task is
-finished, and never one without a lease (one it did not create).
+created at, expires at = created + ``lease_hours`` -- the job's, the connection's, ``[tao] lease_hours``, else 8 --,
+the owning dag/task/run), written by the instance's startup script and again at launch. :meth:`BrevHook.reap` (also
+``airflow tao reap``, through :meth:`BrevHook.reap_resources`) deletes the instances whose lease expired or whose task
+is finished, and never one without a lease (one it did not create); an expired instance whose task still watches it
+has its jobs canceled instead, and the task deletes it.
+
+A cancel from outside the task (``airflow tao cancel``, the reaper: a ``canceled_by`` mark) stops the container but
+keeps the task's instance: the waiting task must read "canceled by ..." there (a deleted instance reads as a lost
+one, ``ERR_INFRA``, and a retry); its cleanup deletes the instance.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import tempfile
 import threading
 import time
@@ -39,22 +46,29 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_tao import settings
 from airflow_provider_tao.failures import FailureFacts
 from airflow_provider_tao.hooks import brev_remote as remote
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
     LOG_READ_LIMIT,
     MARK_CANCEL,
+    MARK_CANCELED_BY,
+    ConnectionProblem,
     JobSubmitError,
     JobValidationError,
     TAOPlatformHook,
     register_secrets,
 )
-from airflow_provider_tao.hooks.brev_cli import BrevError, BrevSession
+from airflow_provider_tao.hooks.brev_cli import BrevError, BrevSession, connection_problem
 from airflow_provider_tao.hooks.cli import write_private_file
+from airflow_provider_tao.jobindex import WAITING_TI_STATES
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
+#: The lease of an instance when neither the job, the connection nor ``[tao] lease_hours`` gives one.
 DEFAULT_LEASE_HOURS = 8.0
+#: An instance's page in the Brev console (the connection's ``console_url`` overrides it).
+DEFAULT_CONSOLE_URL = "https://brev.nvidia.com/environment/{id}"
 DEFAULT_REGISTRY = "nvcr.io"
 DEFAULT_SHM_SIZE = "16g"
 #: An instance has this long to reach RUNNING after ``brev create`` (GPU instances boot in 2-5 min, some slower).
@@ -93,7 +107,10 @@ class ReapDecision:
     """What :meth:`BrevHook.reap` did with one instance.
 
     :param instance: the instance name.
-    :param action: ``deleted``, ``kept``, ``skipped`` (its lease could not be read) or ``failed`` (delete failed).
+    :param action: ``deleted``; ``jobs canceled`` (its lease expired while its task still watches it: the jobs on it
+        are canceled through the one cancel routine, the task fails with ERR_CANCELED and deletes the instance, or the
+        next reap does); ``kept``; ``skipped`` (its lease could not be read, or it is being deleted); ``failed``
+        (the delete failed); in a dry run ``would delete`` / ``would cancel jobs``.
     :param reason: why, in words (also logged).
     """
 
@@ -138,6 +155,7 @@ class BrevHook(TAOPlatformHook):
         self._log_cursors: dict[str, str] = {}  # job id -> the cursor its last log read returned
         self._prefetched: dict[str, tuple[str, bytes]] = {}  # job id -> (cursor, log bytes read by a probe)
         self._live: set[str] = set()  # jobs the last probe found not ended
+        self._leases: dict[str, dict[str, Any] | None] = {}  # instance -> its lease, as the last scan read it
 
     # ----------------------------------------------------------------- settings and session
 
@@ -179,16 +197,116 @@ class BrevHook(TAOPlatformHook):
             log=self.log,
         )
 
-    def test_connection(self) -> tuple[bool, str]:
-        """The UI's "Test" button: one ``brev ls --json`` with the connection's token."""
+    def probe_connection(self) -> str:
+        """The UI's "Test" button: one ``brev ls --json`` through the connection's private CLI session (its headless
+        login first and, with ``org``, ``brev set``); says what failed: no CLI at ``brev_path``, the token refused,
+        the org missing, the Brev API not answering."""
+        self.load_connection()
+        if not self.setting("password"):
+            raise ConnectionProblem(
+                "config", "no Brev API token: put it in the connection's password (or set BREV_API_TOKEN)"
+            )
         try:
-            instances = self.session.instances()
+            instances = self.session.instances(timeout=PROBE_TIMEOUT)
         except BrevError as exc:
-            what = {ErrClass.ERR_AUTH: "Brev refused the token", ErrClass.ERR_CONFIG: "the brev CLI cannot run"}
-            return False, f"{what.get(exc.err_class, 'brev ls --json failed')}: {exc}"
+            raise connection_problem(exc) from exc
         running = sum(1 for entry in instances.values() if entry.get("status") == "RUNNING")
         org = f"org {self.org}" if self.org else "the account's default org"
-        return True, f"brev answers: {len(instances)} instance(s) in {org}, {running} running"
+        return f"brev answers: {len(instances)} instance(s) in {org}, {running} running"
+
+    # ----------------------------------------------------------------- where the job is, what runs (UI, CLI)
+
+    def _console_url(self, entry: Mapping[str, Any] | None) -> str:
+        """The instance's page in the Brev console: the connection's ``console_url`` with ``{id}`` and ``{name}``
+        filled in from ``brev ls`` (kept in the job's handle: the TAO job link needs no call)."""
+        from urllib.parse import quote
+
+        self.load_connection()
+        template = str(self.setting("console_url", DEFAULT_CONSOLE_URL))
+        if not entry or not entry.get("id"):
+            return ""
+        return template.replace("{id}", quote(str(entry["id"]), safe="")).replace(
+            "{name}", quote(str(entry.get("name") or ""), safe="")
+        )
+
+    def job_location(self, handle: JobHandle) -> dict[str, str]:
+        instance, container = shlex.quote(handle.backend_job_id), ct.container_name(handle.job_id)
+        return {
+            "Instance": handle.backend_job_id,
+            "Container": container,
+            "Log": f"brev exec {instance} 'docker logs {container}'",
+            "Shell": f"brev shell {instance}",
+        }
+
+    def list_active_jobs(self) -> list[JobHandle]:
+        """This provider's containers still running on the account's instances: one ``brev ls --json``, then one
+        exec per running instance (side by side) reading its lease and its containers -- the scan the reaper makes.
+        An instance that does not answer is left out (logged)."""
+        instances = self.session.instances()
+        handles = []
+        for name, scan in sorted(self._scan_all(instances).items()):
+            if isinstance(scan, str):
+                self.log.warning("Instance %s did not answer: its jobs are not listed (%s)", name, scan)
+                continue
+            handles += [self._handle_of(name, instances[name], container) for container in scan[1]]
+        return handles
+
+    def lease_expired(self, handle: JobHandle, now: float | None = None) -> bool:
+        """A job on an instance this provider created expires with the instance's lease (as the last scan of
+        :meth:`list_active_jobs` read it); a job on a reused instance after ``[tao] lease_hours``."""
+        with self._lock:
+            lease = self._leases.get(handle.backend_job_id)
+        if _own_lease(lease, handle.backend_job_id):
+            assert lease is not None
+            return (time.time() if now is None else now) >= float(lease.get("expires_at") or 0)
+        return super().lease_expired(handle, now)
+
+    def reap_resources(
+        self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
+    ) -> list[dict[str, str]]:
+        """``airflow tao reap``'s cost guard: :meth:`reap` on this connection."""
+        return [
+            {"resource": d.instance, "action": d.action, "why": d.reason}
+            for d in self.reap(task_state=task_state, dry_run=dry_run)
+        ]
+
+    def _handle_of(self, instance: str, entry: Mapping[str, Any], found: remote.FoundContainer) -> JobHandle:
+        """The handle of a job found on an instance (by its container's labels)."""
+        return JobHandle(
+            platform=self.platform,
+            conn_id=self.conn_id,
+            job_id=found.job_id,
+            name=found.name,
+            backend_job_id=instance,
+            results_dir=found.results_dir,
+            try_number=found.try_number,
+            submitted_at=found.created_at or time.time(),
+            console_url=self._console_url(entry),
+        )
+
+    def _scan(self, instance: str) -> tuple[dict[str, Any] | None, list[remote.FoundContainer]] | str:
+        """One exec: the instance's lease and this provider's containers still running on it; the error text when
+        it did not answer."""
+        try:
+            answer = self._call(instance, remote.active(), PROBE_TIMEOUT)
+        except BrevError as exc:
+            if exc.err_class is ErrClass.ERR_AUTH:
+                raise
+            return str(exc)
+        return "did not answer brev exec" if answer is None else remote.parse_active(answer)
+
+    def _scan_all(
+        self, instances: Mapping[str, Mapping[str, Any]]
+    ) -> dict[str, tuple[dict[str, Any] | None, list[remote.FoundContainer]] | str]:
+        """:meth:`_scan` of every instance that may be exec'd (never a stopped one: exec would start it)."""
+        readable = sorted(name for name, entry in instances.items() if entry.get("status") in _EXEC_STATES)
+        if not readable:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(PROBE_WORKERS, len(readable))) as pool:
+            scans = dict(zip(readable, pool.map(self._scan, readable), strict=True))
+        with self._lock:
+            self._leases.update({name: scan[0] for name, scan in scans.items() if not isinstance(scan, str)})
+        return scans
 
     # ----------------------------------------------------------------- validation
 
@@ -248,7 +366,9 @@ class BrevHook(TAOPlatformHook):
         return [t.strip() for t in types if t and t.strip()]
 
     def _lease_hours(self, details: Mapping[str, Any]) -> float:
-        value = details.get("lease_hours", self._number("lease_hours", DEFAULT_LEASE_HOURS))
+        """The job's ``lease_hours``, else the connection's, else ``[tao] lease_hours``, else 8: an instance this
+        provider rents always has a lease (``[tao] lease_hours = 0``, "no lease", does not apply to machines)."""
+        value = details.get("lease_hours", self._number("lease_hours", settings.lease_hours() or DEFAULT_LEASE_HOURS))
         try:
             hours = float(value)
         except (TypeError, ValueError):
@@ -274,13 +394,13 @@ class BrevHook(TAOPlatformHook):
         try:
             instances = self.session.instances()  # a refused token fails here, before anything is created
             if reuse:
-                instance = self._reused_instance(str(reuse), instances)
+                instance, entry = self._reused_instance(str(reuse), instances)
             else:
                 lease = self._lease(spec, details, try_number)
                 self._own_instance(spec, self._types(details), lease, instances)
                 exists = True
-                self._wait_ready(instance, lease)
-            handle = self.new_handle(spec, try_number, backend_job_id=instance)
+                entry = self._wait_ready(instance, lease)
+            handle = self.new_handle(spec, try_number, backend_job_id=instance, console_url=self._console_url(entry))
             if not reuse and not handle.results_dir.startswith("s3://"):
                 self.log.warning(
                     "Job %s writes its results to %s on instance %s, which is deleted when the job ends: use "
@@ -297,8 +417,11 @@ class BrevHook(TAOPlatformHook):
         )
         return handle
 
-    def _reused_instance(self, wanted: str, instances: Mapping[str, Mapping[str, Any]]) -> str:
-        """The existing instance a job asked for (by name or id), running and answering."""
+    def _reused_instance(
+        self, wanted: str, instances: Mapping[str, Mapping[str, Any]]
+    ) -> tuple[str, Mapping[str, Any]]:
+        """The existing instance a job asked for (by name or id), running and answering: its name and ``brev ls``
+        entry."""
         entry = instances.get(wanted) or next((e for e in instances.values() if e.get("id") == wanted), None)
         if entry is None:
             raise BrevError(
@@ -309,14 +432,13 @@ class BrevHook(TAOPlatformHook):
         name = str(entry["name"])
         status = str(entry.get("status"))
         if status == "RUNNING":
-            return name
+            return name, entry
         if status in ("STOPPED", "STOPPING"):
             self.log.info("Instance %s is %s: starting it", name, status)
             self.session.check(["start", name, "--detached"], CALL_TIMEOUT, f"starting instance {name}")
         elif status not in ("STARTING", "DEPLOYING"):
             raise BrevError(ErrClass.ERR_INFRA, f"instance {name} is {status}: it cannot run a job (brev ls)")
-        self._wait_ready(name, None)
-        return name
+        return name, self._wait_ready(name, None)
 
     def _own_instance(
         self, spec: JobSpec, types: Sequence[str], lease: Mapping[str, Any], instances: Mapping[str, Mapping[str, Any]]
@@ -374,9 +496,10 @@ class BrevHook(TAOPlatformHook):
             time.sleep(delay)
             delay = min(delay * 1.5, 10.0)
 
-    def _wait_ready(self, name: str, lease: Mapping[str, Any] | None) -> None:
+    def _wait_ready(self, name: str, lease: Mapping[str, Any] | None) -> dict[str, Any]:
         """``brev ls --json`` until the instance is RUNNING (``boot_timeout_seconds``), then a trivial exec until it
-        answers (5 minutes): a fresh instance reports RUNNING before sshd and its shell are up."""
+        answers (5 minutes): a fresh instance reports RUNNING before sshd and its shell are up. Returns its
+        ``brev ls`` entry."""
         boot_timeout = self._number("boot_timeout_seconds", DEFAULT_BOOT_TIMEOUT)
         deadline = time.monotonic() + boot_timeout
         delay = 1.0
@@ -386,6 +509,7 @@ class BrevHook(TAOPlatformHook):
             if entry is None:
                 raise BrevError(ErrClass.ERR_INFRA, f"instance {name} disappeared while it was starting")
             if status == "RUNNING":
+                running = dict(entry)
                 break
             if status in ("FAILURE", "DELETING", "STOPPED"):
                 raise BrevError(ErrClass.ERR_INFRA, f"instance {name} is {status} instead of starting (brev ls)")
@@ -422,6 +546,7 @@ class BrevHook(TAOPlatformHook):
                 f"instance {name} has no usable Docker ({said}): use an instance in VM mode (Docker and the NVIDIA "
                 "Container Toolkit are preinstalled there)",
             )
+        return running
 
     def _launch(self, spec: JobSpec, handle: JobHandle, details: Mapping[str, Any]) -> None:
         """One ``brev copy`` of the job's 0600 archive, then one ``brev exec`` of its launch script."""
@@ -517,16 +642,7 @@ class BrevHook(TAOPlatformHook):
         if not found:
             return None
         instance, newest = max(found, key=lambda item: item[1].created_at)
-        return JobHandle(
-            platform=self.platform,
-            conn_id=self.conn_id,
-            job_id=newest.job_id,
-            name=name,
-            backend_job_id=instance,
-            results_dir=newest.results_dir,
-            try_number=newest.try_number,
-            submitted_at=newest.created_at or time.time(),
-        )
+        return self._handle_of(instance, instances[instance], newest)
 
     def _containers_named(self, instance: str, name: str) -> list[remote.FoundContainer]:
         deadline = time.monotonic() + self._number("launch_timeout_seconds", DEFAULT_LAUNCH_TIMEOUT)
@@ -699,13 +815,20 @@ class BrevHook(TAOPlatformHook):
         if entry is None:
             return True
         grace = int(self._number("cancel_grace_seconds", 10))
+        outside = None  # who canceled the job from outside its task (a person, the reaper), as its marks say
         if entry.get("status") in _EXEC_STATES:
             answer = self._call(instance, remote.stop(handle.job_id, grace), timeout=CALL_TIMEOUT + grace)
             if answer is None and not self._ephemeral(handle):
                 raise BrevError(
                     ErrClass.ERR_INFRA, f"instance {instance} did not answer the stop of job {handle.job_id}"
                 )
-        if self._ephemeral(handle):
+            if answer is not None:
+                outside = remote.parse_probe(answer).marks.get(handle.job_id, {}).get(MARK_CANCELED_BY)
+        if self._ephemeral(handle) and outside:
+            # Its task still watches the job: it must see "canceled by ..." (an instance deleted under it reads as
+            # a lost instance, ERR_INFRA, and a retry). Its cleanup deletes the instance -- or `airflow tao reap`.
+            self.log.info("Instance %s stays until the task of job %s has seen the cancel", instance, handle.job_id)
+        elif self._ephemeral(handle):
             self._delete_instance(instance, f"job {handle.job_id} was canceled")
         return True
 
@@ -804,74 +927,103 @@ class BrevHook(TAOPlatformHook):
     # ----------------------------------------------------------------- the cost guard
 
     def reap(
-        self, task_state: Callable[[Mapping[str, Any]], str | None] | None = None, now: float | None = None
+        self,
+        task_state: Callable[[Mapping[str, Any]], str | None] | None = None,
+        now: float | None = None,
+        *,
+        dry_run: bool = False,
     ) -> list[ReapDecision]:
         """Delete every instance this provider created whose lease has expired or whose task is finished; never one
-        without this provider's lease. Every decision is logged with its reason.
+        without this provider's lease. An expired instance whose task still watches it (running, deferred) is not
+        pulled from under the task: its jobs are canceled through the one cancel routine (the task fails with
+        ERR_CANCELED, not retried, and deletes the instance), and a later reap deletes it if the task did not.
+        Every decision is logged with its reason. One ``brev ls --json`` and one exec per running instance.
 
         :param task_state: the Airflow state of a lease's task instance (see :func:`task_state_lookup`); without it
-            only expired leases are reaped.
+            only expired leases are reaped, and at once.
         :param now: the time to judge leases by (epoch seconds; default now).
+        :param dry_run: decide and report; delete and cancel nothing.
         """
         now = time.time() if now is None else now
         instances = self.session.instances()
-        readable = sorted(name for name, entry in instances.items() if entry.get("status") in _EXEC_STATES)
-        leases: dict[str, dict[str, Any] | str | None] = {}
-        if readable:
-            with ThreadPoolExecutor(max_workers=min(PROBE_WORKERS, len(readable))) as pool:
-                leases = dict(zip(readable, pool.map(self._read_lease, readable), strict=True))
+        scans = self._scan_all(instances)
         decisions = []
         for name in sorted(instances):
-            decision = self._judge(
-                name, str(instances[name].get("status")), leases.get(name, "unread"), task_state, now
-            )
+            entry = instances[name]
+            decision = self._judge(name, entry, scans.get(name, "unread"), task_state, now=now, dry_run=dry_run)
             self.log.info("Reaper: %s %s: %s", decision.action, decision.instance, decision.reason)
             decisions.append(decision)
         return decisions
 
-    def _read_lease(self, instance: str) -> dict[str, Any] | str | None:
-        call = remote.probe({})
-        try:
-            answer = self._call(instance, call, PROBE_TIMEOUT)
-        except BrevError as exc:
-            return str(exc)
-        return "did not answer brev exec" if answer is None else remote.parse_probe(answer).lease
-
     def _judge(
         self,
         name: str,
-        status: str,
-        lease: dict[str, Any] | str | None,
+        entry: Mapping[str, Any],
+        scan: tuple[dict[str, Any] | None, list[remote.FoundContainer]] | str,
         task_state: Callable[[Mapping[str, Any]], str | None] | None,
+        *,
         now: float,
+        dry_run: bool,
     ) -> ReapDecision:
-        if lease == "unread":
+        status = str(entry.get("status"))
+        if status == "DELETING":
+            return ReapDecision(name, "skipped", "it is being deleted already")
+        if scan == "unread":
             return ReapDecision(name, "skipped", f"it is {status}: its lease cannot be read without starting it")
-        if isinstance(lease, str):
-            return ReapDecision(name, "skipped", f"its lease could not be read: {lease}")
-        if lease is None or lease.get("created_by") != LEASE_CREATOR or lease.get("instance") != name:
+        if isinstance(scan, str):
+            return ReapDecision(name, "skipped", f"its lease could not be read: {scan}")
+        lease, running = scan
+        if lease is None or not _own_lease(lease, name):
             return ReapDecision(name, "kept", "not created by this provider (no lease of its own)")
         owner = f"{lease.get('dag_id')}.{lease.get('task_id')} run {lease.get('run_id')}"
         if lease.get("map_index") not in (None, "", "-1"):
             owner += f" map index {lease.get('map_index')}"
         expires = float(lease.get("expires_at") or 0)
+        state = task_state(lease) if task_state is not None else None
         reason = None
         if now >= expires:
             reason = (
                 f"its lease expired at {_utc(expires)} (created {_utc(float(lease.get('created_at') or 0))} "
                 f"with lease_hours={lease.get('lease_hours')}) for task {owner}"
             )
-        state = task_state(lease) if task_state is not None and reason is None else None
-        if state in FINISHED_TASK_STATES:
+            if state in WAITING_TI_STATES and running:  # the task sees the cancel and cleans up
+                jobs = ", ".join(c.job_id for c in running)
+                why = f"{reason}; its task is {state}: job(s) {jobs} canceled, the task deletes the instance"
+                return self._cancel_jobs(name, entry, running, why=why, dry_run=dry_run)
+        elif state in FINISHED_TASK_STATES:
             reason = f"its task {owner} is {state}"
         if reason is None:
             known = f"is {state}" if state else "is not finished (or unknown to this Airflow)"
             return ReapDecision(name, "kept", f"leased until {_utc(expires)}; its task {owner} {known}")
+        if dry_run:
+            return ReapDecision(name, "would delete", reason)
         try:
             deleted = self.session.delete(name)
         except BrevError as exc:
             return ReapDecision(name, "failed", f"{reason}, but brev delete failed: {exc}")
         return ReapDecision(name, "deleted" if deleted else "kept", reason if deleted else f"{reason}; already gone")
+
+    def _cancel_jobs(
+        self,
+        name: str,
+        entry: Mapping[str, Any],
+        running: Sequence[remote.FoundContainer],
+        *,
+        why: str,
+        dry_run: bool,
+    ) -> ReapDecision:
+        """An expired instance whose task still watches it: cancel its running jobs as the reaper, keep it for the
+        task's cleanup (the next reap deletes it once nothing runs on it)."""
+        if dry_run:
+            return ReapDecision(name, "would cancel jobs", why)
+        for found in running:
+            self.cancel_job(self._handle_of(name, entry, found), requested_by="reap: lease expired")
+        return ReapDecision(name, "jobs canceled", why)
+
+
+def _own_lease(lease: Mapping[str, Any] | None, instance: str) -> bool:
+    """Whether ``lease`` is this provider's lease of ``instance`` (only such instances are ever reaped)."""
+    return lease is not None and lease.get("created_by") == LEASE_CREATOR and lease.get("instance") == instance
 
 
 def task_state_lookup(ti: Any) -> Callable[[Mapping[str, Any]], str | None]:

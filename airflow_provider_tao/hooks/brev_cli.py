@@ -35,6 +35,7 @@ from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_tao.hooks.base import ConnectionProblem
 from airflow_provider_tao.hooks.cli import (
     CliNotFoundError,
     CliResult,
@@ -59,6 +60,8 @@ _AUTH_TEXT = re.compile(
 _UNKNOWN_TYPE = re.compile(r'instance type "([^"]+)" is not a recognized type')
 _NO_CAPACITY = re.compile(r'instance type "([^"]+)" is currently unavailable \(no capacity\)')
 _WORKER_FAILED = re.compile(r"\[Worker \d+\] (\S+) Failed: (.*)")
+#: ``brev set``'s words for an org name it does not know (or knows twice).
+_NO_ORG = re.compile(r"no orgs? (?:exist|found) with name|more than one org exist")
 _CAPACITY_TEXT = re.compile(r"capacity|insufficient|unavailable|out of stock|quota", re.IGNORECASE)
 
 
@@ -74,6 +77,17 @@ class BrevError(RuntimeError):
         super().__init__(message)
         self.err_class = err_class
         self.result = result
+
+
+def connection_problem(exc: BrevError) -> ConnectionProblem:
+    """The Test button's words for a ``brev`` call that failed: the token refused (``auth``), the CLI unable to run
+    (``config``: no executable at ``brev_path``), the org the connection names missing (``not_found``: ``brev set``
+    refused it), else the Brev API not answering (``unreachable``)."""
+    if exc.err_class is ErrClass.ERR_AUTH:
+        return ConnectionProblem("auth", str(exc))
+    if exc.err_class is ErrClass.ERR_CONFIG:
+        return ConnectionProblem("config" if exc.result is None else "not_found", str(exc))
+    return ConnectionProblem("unreachable", f"{exc}; check the network and that the Brev API answers")
 
 
 def is_logged_out(result: CliResult) -> bool:
@@ -234,12 +248,14 @@ class BrevSession:
             result = self._run(["set", self.org], SET_TIMEOUT)
             if is_logged_out(result):
                 raise _auth_error(result)
-            if not result.ok:
+            if not result.ok and _NO_ORG.search(result.stderr):
                 raise BrevError(
                     ErrClass.ERR_CONFIG,
                     f"cannot select org {self.org!r}: {result.describe()}. Fix 'org' on the tao_brev connection",
                     result,
                 )
+            if not result.ok:  # the API or the network: nothing says the org is wrong
+                raise BrevError(ErrClass.ERR_INFRA, f"selecting org {self.org!r} failed: {result.describe()}", result)
         self._state.generation += 1
 
     # ----------------------------------------------------------------- calls

@@ -71,6 +71,11 @@ _LOGS_OF = (
     f'head -c {_LOG_CUT} > "$d/.log"; else : > "$d/.log"; fi; '
     'printf \'L %s %s\\n\' "$j" "$(wc -c < "$d/.log")"; cat "$d/.log"; printf \'\\n\'; rm -f "$d/.log"'
 )
+# The marks of job $j, as ``M <job> <key> <value>`` lines.
+_MARKS_OF = (
+    'for m in "$HOME/.tao-brev/jobs/$j"/marks/*; do [ ! -f "$m" ] || '
+    'printf \'M %s %s %s\\n\' "$j" "${m##*/}" "$(head -c 200 "$m" | tr -d \'\\n\')"; done'
+)
 # Everything about some jobs of one instance in one call: $@ = "<job_id>=<log since|all|->" each.
 _PROBE = (
     f'D="$HOME/.tao-brev/jobs"; t=""; {_LEASE_READ}; '
@@ -79,8 +84,7 @@ _PROBE = (
     'for a in "$@"; do j="${a%%=*}"; s="${a#*=}"; d="$D/$j"; [ -d "$d" ] || continue; '
     "printf 'K %s\\n' \"$j\"; "
     '[ ! -f "$d/exit" ] || printf \'X %s %s\\n\' "$j" "$(head -c 20 "$d/exit" | tr -d \'\\n\')"; '
-    'for m in "$d"/marks/*; do [ ! -f "$m" ] || '
-    'printf \'M %s %s %s\\n\' "$j" "${m##*/}" "$(head -c 200 "$m" | tr -d \'\\n\')"; done; '
+    f"{_MARKS_OF}; "
     f'[ "$s" = - ] || {{ {_LOGS_OF}; }}; done'
 )
 # One job's log: $1 = job id, $2 = since|all, $3 = tail ("" = all lines).
@@ -88,26 +92,32 @@ _LOGS = (
     'umask 077; d="$HOME/.tao-brev/jobs/$1"; mkdir -p "$d" && j="$1" && s="$2" && t="${3:+--tail $3}" && '
     f"{{ {_LOGS_OF}; }}"
 )
-# Stop a job's container (SIGTERM, then SIGKILL after $2 s) and report its state: $1 = job id.
+# Stop a job's container (SIGTERM, then SIGKILL after $2 s) and report its state and marks: $1 = job id.
 _STOP = (
     'docker stop -t "$2" "tao-job-$1" >/dev/null 2>&1; '
-    f'docker inspect -f {_STATE} "tao-job-$1" 2>/dev/null; {_LEASE_READ}'
+    f'docker inspect -f {_STATE} "tao-job-$1" 2>/dev/null; {_LEASE_READ}; j="$1"; {_MARKS_OF}'
 )
 # Keep one mark with the job: $1 = job id, $2 = key, $3 = JSON value.
 _MARK = (
     'umask 077; d="$HOME/.tao-brev/jobs/$1"; [ -d "$d" ] || { echo NOJOB; exit 0; }; '
     'mkdir -p "$d/marks" && printf "%s" "$3" > "$d/marks/.$2.tmp" && mv "$d/marks/.$2.tmp" "$d/marks/$2" && echo OK'
 )
+# One ``F <job id> <state> <created> <try> <job name> <results dir>`` line per container of $ids.
+_CONTAINERS = (
+    '[ -z "$ids" ] || docker inspect -f \'F {{index .Config.Labels "tao.nvidia.com/job-id"}} {{.State.Status}} '
+    '{{.Created}} {{index .Config.Labels "tao.nvidia.com/try"}} {{index .Config.Labels "tao.nvidia.com/job-name"}} '
+    '{{index .Config.Labels "tao.nvidia.com/results-dir"}}\' $ids'
+)
 # This provider's containers of a job name, and its launches still going on: $1 = the name.
 _FIND = (
     'ids=$(docker ps -aq --filter "label=tao.nvidia.com/managed=true" --filter "label=tao.nvidia.com/job-name=$1"); '
-    '[ -z "$ids" ] || docker inspect -f \'F {{index .Config.Labels "tao.nvidia.com/job-id"}} {{.State.Status}} '
-    '{{.Created}} {{index .Config.Labels "tao.nvidia.com/try"}} '
-    '{{index .Config.Labels "tao.nvidia.com/results-dir"}}\' $ids; '
+    f"{_CONTAINERS}; "
     'for d in "$HOME"/.tao-brev/jobs/*; do [ -d "$d/.lock" ] && [ "$(cat "$d/name" 2>/dev/null)" = "$1" ] || continue; '
     'p=$(cat "$d/.lock/pid" 2>/dev/null); '
     '[ -z "$p" ] || ! kill -0 "$p" 2>/dev/null || printf "P %s\\n" "${d##*/}"; done'
 )
+# What runs on an instance: its lease and this provider's containers that have not ended.
+_ACTIVE = f'{_LEASE_READ}; ids=$(docker ps -q --filter "label=tao.nvidia.com/managed=true"); {_CONTAINERS}'
 # Remove a container that was created but never started, and its job folder: $1 = job id.
 _REMOVE = 'docker rm -f "tao-job-$1" >/dev/null 2>&1; rm -rf "$HOME/.tao-brev/jobs/$1"; echo OK'
 
@@ -183,6 +193,11 @@ def write_mark(job_id: str, key: str, value: Any) -> Script:
 
 def find(name: str) -> Script:
     return script(_FIND, name)
+
+
+def active() -> Script:
+    """The instance's lease and this provider's containers still running (or paused, restarting), in one call."""
+    return script(_ACTIVE)
 
 
 def remove(job_id: str) -> Script:
@@ -336,22 +351,28 @@ class FoundContainer:
     state: str
     created_at: float
     try_number: int
+    name: str
     results_dir: str
 
 
 def parse_find(data: bytes) -> tuple[list[FoundContainer], list[str]]:
-    """The containers :func:`find` reported, and the job ids whose launch is still going on."""
+    """The containers :func:`find` (or :func:`active`) reported, and the job ids whose launch is still going on."""
     found, launching = [], []
     for line in data.decode(errors="replace").splitlines():
         if line.startswith("P "):
             launching.append(line[2:].strip())
         if not line.startswith("F "):
             continue
-        job, state, created, try_number, results = _split(line[2:], 5)
+        job, state, created, try_number, name, results = _split(line[2:], 6)
         if job and job != "<no value>":
             try_text = try_number if try_number.isdigit() else "1"
-            found.append(FoundContainer(job, state, docker_time(created), int(try_text), results))
+            found.append(FoundContainer(job, state, docker_time(created), int(try_text), name, results))
     return found, launching
+
+
+def parse_active(data: bytes) -> tuple[dict[str, Any] | None, list[FoundContainer]]:
+    """The instance's lease and this provider's running containers, as :func:`active` reported them."""
+    return parse_probe(data).lease, parse_find(data)[0]
 
 
 def parse_launch(data: bytes) -> tuple[str, str] | tuple[None, str]:

@@ -54,6 +54,7 @@ from airflow_provider_tao.hooks.lepton_placement import LeptonPlacementHook, Pla
 from airflow_provider_tao.hooks.lepton_status import (
     DEFAULT_CAPACITY_TIMEOUT,
     DEFAULT_START_TIMEOUT,
+    ENDING_STATES,
     FINISHED_STATES,
     LABEL_CAPACITY,
     LABEL_JOB_ID,
@@ -365,6 +366,28 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
             for job_id in ended:
                 self._delete_secrets(job_id, [n for n in existing if n.startswith(secret_prefix(job_id))])
         return self._handle_of(jobs[0]) if jobs else None
+
+    # ----------------------------------------------------------------- where the job is, what runs (UI, CLI)
+
+    def job_url(self, handle: JobHandle) -> str:
+        """The job's page in the Lepton dashboard (built from the workspace URL: no API call)."""
+        return super().job_url(handle) or (self._console_url(handle.backend_job_id) if handle.backend_job_id else "")
+
+    def job_location(self, handle: JobHandle) -> dict[str, str]:
+        job = handle.backend_job_id or handle.name
+        return {"Workspace": self.workspace_id, "Lepton job": job, "Log": f"lep job log --id {job}"}
+
+    def list_active_jobs(self) -> list[JobHandle]:
+        """This provider's jobs of the workspace that have not ended and are not being deleted (one labelled job
+        list, as a poll)."""
+        self._ready()
+        return [
+            self._handle_of(job)
+            for job in self._list_jobs(f"{LABEL_MANAGED}=true")
+            if labels_of(job).get(LABEL_JOB_ID)
+            and labels_of(job).get(LABEL_NAME)
+            and state_of(job) not in FINISHED_STATES | ENDING_STATES
+        ]
 
     # ----------------------------------------------------------------- cancel, failure analysis, cleanup
 

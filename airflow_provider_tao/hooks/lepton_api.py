@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Callable, Container
 from typing import Any, TypeVar
 
-from airflow_provider_tao.hooks.base import JobValidationError, TAOPlatformHook
+from airflow_provider_tao.hooks.base import MARK_CANCELED_BY, ConnectionProblem, JobValidationError, TAOPlatformHook
 from airflow_provider_tao.hooks.lepton_status import LABEL_JOB_ID, labels_of
 from airflow_provider_tao.jobs import JobHandle
 
 T = TypeVar("T")
 
-#: Seconds one API request may take (the client's own default is 120 s).
+#: Seconds one API request may take (the client's own default is 120 s); the Test button waits less.
 REQUEST_TIMEOUT = 30
+PROBE_TIMEOUT = 15
 PAGE_SIZE = 500
 DEFAULT_REGISTRY = "nvcr.io"
 #: Every 4xx: a stop request the job has outlived (it has ended: nothing to stop).
@@ -168,23 +170,56 @@ class LeptonAPIHook(TAOPlatformHook):
         return str(self._client().url)
 
     def _console_url(self, backend_id: str) -> str:
-        base = self._client().get_dashboard_base_url()
-        return f"{base}/compute/jobs/detail/{backend_id}/replicas/list" if base else ""
+        """The job's page in the Lepton dashboard (derived from the workspace URL as ``leptonai`` does; no call)."""
+        from urllib.parse import quote
 
-    def test_connection(self) -> tuple[bool, str]:
-        """The UI's "Test" button: one job list of one item in the workspace."""
+        base = self._client().get_dashboard_base_url()
+        return f"{base}/compute/jobs/detail/{quote(backend_id, safe='')}/replicas/list" if base else ""
+
+    def probe_connection(self) -> str:
+        """The UI's "Test" button: ``GET /workspace`` through the client (``APIClient.info``), one cheap read with
+        the connection's token; says which workspace answered and its state."""
+        import requests
+        from leptonai.api.v2.utils import (
+            WorkspaceForbiddenError,
+            WorkspaceNotFoundError,
+            WorkspaceUnauthorizedError,
+        )
+
+        workspace, client = self.workspace_id, self._client()
+        url = str(client.url)
         try:
-            url = self._url()
-            self._raw(
-                "listing jobs", "get", "/jobs", params={"job_query_mode": "alive_only", "page": 1, "page_size": 1}
-            )
-        except JobValidationError as exc:
-            return False, str(exc)
-        except Exception as exc:
-            if status_of(exc) == 404:
-                return False, f"workspace {self.setting('workspace_id')!r} was not found at {url}"
-            return False, f"cannot use the Lepton API at {url}: {exc}"
-        return True, f"Lepton workspace {self.workspace_id} answers and its jobs can be listed"
+            info = client.info(timeout=PROBE_TIMEOUT)
+        except WorkspaceUnauthorizedError as exc:
+            raise ConnectionProblem(
+                "auth",
+                f"the Lepton API at {url} refused the token (401); put a valid API token of workspace "
+                f"{workspace!r} into the connection's password (tokens are issued in the Lepton dashboard)",
+            ) from exc
+        except WorkspaceForbiddenError as exc:
+            raise ConnectionProblem(
+                "permission", f"the token may not use workspace {workspace!r} (403 at {url}); use a token of a member"
+            ) from exc
+        except WorkspaceNotFoundError as exc:
+            raise ConnectionProblem(
+                "not_found",
+                f"workspace {workspace!r} was not found at {url} (404); check workspace_id and workspace_url",
+            ) from exc
+        except requests.RequestException as exc:  # no answer at all: refused, DNS, timeout, TLS
+            raise ConnectionProblem(
+                "unreachable", f"nothing answers at {url} ({_reason(exc)}); check workspace_url and the network"
+            ) from exc
+        except Exception as exc:  # an answer that is not the workspace API's (a 5xx, a proxy's HTML page)
+            answered = f"answered {status_of(exc)}" if status_of(exc) else "answered"
+            raise ConnectionProblem(
+                "unreachable", f"{url} {answered}, but not as a Lepton workspace API: {str(exc)[:300]}"
+            ) from exc
+        state = str(getattr(info.workspace_state, "value", info.workspace_state) or "normal")
+        name = info.workspace_name or workspace
+        if state == "terminated":
+            raise ConnectionProblem("not_found", f"workspace {name} ({workspace}) has been terminated: it runs no jobs")
+        note = "" if state == "normal" else f" (state {state}: jobs wait until it is resumed in the Lepton dashboard)"
+        return f"Lepton workspace {name} ({workspace}) answers at {url}{note}"
 
     # ----------------------------------------------------------------- jobs and their replicas
 
@@ -268,8 +303,9 @@ class LeptonAPIHook(TAOPlatformHook):
         try:
             if names is None:
                 names = [n for n in self._secret_names() if n.startswith(secret_prefix(job_id))]
+            kept = f"{mark_prefix(job_id)}{MARK_CANCELED_BY}."  # its task reads it after the deletion: swept later
             for name in names:
-                if marks or not name.startswith(mark_prefix(job_id)):
+                if not name.startswith(mark_prefix(job_id)) or (marks and not name.startswith(kept)):
                     self._delete_secret(name)
             if pull_secret and self.setting("ngc_api_key"):
                 path = f"/imagepullsecrets/{pull_secret_name(job_id)}"
@@ -278,6 +314,13 @@ class LeptonAPIHook(TAOPlatformHook):
                 )
         except Exception as exc:
             self.log.warning("Deleting the secrets of job %s failed: %s", job_id, exc)
+
+
+def _reason(exc: BaseException) -> str:
+    """The root of a transport failure in a few words ("Connection refused", "Name or service not known")."""
+    text = str(exc)
+    found = re.findall(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    return found[-1].strip() if found else type(exc).__name__
 
 
 def _raw_request(method: str, path: str, **kwargs: Any) -> Callable[[Any], Any]:

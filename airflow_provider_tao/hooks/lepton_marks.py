@@ -1,9 +1,12 @@
-"""Ownership marks of ``lepton`` jobs (who owns a job, who asked to cancel it, who consumed its verdict).
+"""Ownership marks of ``lepton`` jobs (who owns a job, who asked to cancel it, who consumed its verdict, who canceled
+it from outside its task).
 
-Marks are labels of the job, patched. Whether a workspace lets a PATCH change labels is not documented, so every
-write is read back; where labels do not change, the marks are user secrets named ``tao.<job_id>.mark.<key>.<try>``
-(marks only ever grow, so the highest try wins). Reads merge both. Mark secrets live as long as their job: those of
-jobs that no longer exist are swept before the next submission.
+Marks are labels of the job, patched: try numbers as digits, who canceled the job in label characters (``cli:jdoe``
+is kept as ``cli-jdoe``). Whether a workspace lets a PATCH change labels is not documented, so every write is read
+back; where labels do not change, the marks are user secrets named ``tao.<job_id>.mark.<key>.<value>`` (try numbers
+only ever grow, so the highest wins). Reads merge both. Mark secrets live as long as their job: those of jobs that no
+longer exist are swept before the next submission (who canceled a job outlives its deletion until then: its task
+reads it when it resumes).
 """
 
 from __future__ import annotations
@@ -13,7 +16,17 @@ from typing import Any
 
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.lepton_api import LeptonAPIHook, mark_prefix, status_of
-from airflow_provider_tao.hooks.lepton_status import LABEL_JOB_ID, LABEL_MANAGED, MARK_LABELS, id_of, labels_of
+from airflow_provider_tao.hooks.lepton_status import (
+    LABEL_JOB_ID,
+    LABEL_MANAGED,
+    MARK_LABELS,
+    TEXT_MARKS,
+    id_of,
+    labels_of,
+    mark_text,
+    mark_value,
+    marks_of,
+)
 from airflow_provider_tao.jobs import JobHandle
 
 #: Per workspace URL: whether a PATCH changes a job's labels (None: not yet seen in this process).
@@ -35,17 +48,18 @@ class LeptonMarksHook(LeptonAPIHook):
         job = self._own_job(handle)
         if job is None:
             return {}  # gone, or a newer job: nothing of this one was claimed
-        marks: dict[str, Any] = {}
-        labels = labels_of(job)
-        for key, label in MARK_LABELS.items():
-            if str(labels.get(label, "")).isdigit():
-                marks[key] = int(labels[label])
+        marks = marks_of(job)
         if self._labels_patchable() is not True:
             prefix = mark_prefix(handle.job_id)
             for name in self._secret_names():
-                key, _, value = name.removeprefix(prefix).rpartition(".")
-                if name.startswith(prefix) and key in MARK_LABELS and value.isdigit():
-                    marks[key] = max(int(value), marks.get(key, 0))
+                for key in MARK_LABELS:
+                    if not name.startswith(f"{prefix}{key}."):
+                        continue
+                    value = mark_value(key, name.removeprefix(f"{prefix}{key}."))
+                    if key in TEXT_MARKS and value is not None:
+                        marks[key] = value
+                    elif value is not None:
+                        marks[key] = max(value, marks.get(key, 0))  # marks only grow: the highest try wins
         return marks
 
     def write_mark(self, handle: JobHandle, key: str, value: Any) -> None:
@@ -55,13 +69,13 @@ class LeptonMarksHook(LeptonAPIHook):
         if job is None:
             self.log.info("Lepton job %s no longer exists: mark %s not kept", handle.backend_job_id, key)
             return
-        url, label = self._url(), MARK_LABELS[key]
+        url, label, text = self._url(), MARK_LABELS[key], mark_text(key, value)
         if _LABELS_PATCHABLE.get(url) is not False:
-            labels = {**labels_of(job), label: str(value)}
+            labels = {**labels_of(job), label: text}
             try:
                 self._api("marking the job", lambda c: c.job.update(id_of(job), spec={"metadata": {"labels": labels}}))
                 after = self._get_job(id_of(job))
-                _LABELS_PATCHABLE[url] = after is not None and labels_of(after).get(label) == str(value)
+                _LABELS_PATCHABLE[url] = after is not None and labels_of(after).get(label) == text
             except Exception as exc:
                 code = status_of(exc)  # None for a refused token (JobValidationError): raised
                 if code is None or code >= 500 or code == 404:
@@ -70,7 +84,7 @@ class LeptonMarksHook(LeptonAPIHook):
             if _LABELS_PATCHABLE[url]:
                 return
             self.log.info("This Lepton workspace keeps job labels as created: ownership marks are kept in secrets")
-        name = f"{mark_prefix(handle.job_id)}{key}.{int(value)}"
+        name = f"{mark_prefix(handle.job_id)}{key}.{text}"
         try:
             self._create_secrets({name: str(value)})
         except Exception as exc:

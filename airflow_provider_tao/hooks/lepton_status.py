@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_tao.failures import FailureFacts
-from airflow_provider_tao.hooks.base import MARK_CANCEL, MARK_CONSUMED, MARK_OWNER
+from airflow_provider_tao.hooks import container as ct
+from airflow_provider_tao.hooks.base import MARK_CANCEL, MARK_CANCELED_BY, MARK_CONSUMED, MARK_OWNER
 from airflow_provider_tao.jobs import JobState, JobStatus
 
 # Label keys: the client refuses '/' in them (``^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$``, <= 63).
@@ -28,7 +29,14 @@ LABEL_CAPACITY = "tao-capacity-timeout"
 LABEL_START = "tao-start-timeout"
 LABEL_STAGE_OF = "tao-stage-of"
 ORIGIN_LABELS = {"dag_id": "tao-dag-id", "task_id": "tao-task-id", "map_index": "tao-map-index"}
-MARK_LABELS = {MARK_OWNER: "tao-owner-try", MARK_CANCEL: "tao-cancel-by", MARK_CONSUMED: "tao-consumed-by"}
+MARK_LABELS = {
+    MARK_OWNER: "tao-owner-try",
+    MARK_CANCEL: "tao-cancel-by",
+    MARK_CONSUMED: "tao-consumed-by",
+    MARK_CANCELED_BY: "tao-canceled-by",
+}
+#: Marks that name a person or a tool (who canceled the job from outside its task); the others are try numbers.
+TEXT_MARKS = frozenset({MARK_CANCELED_BY})
 
 #: The bounds of a job without its own (``capacity_timeout_seconds``, ``start_timeout_seconds``).
 DEFAULT_CAPACITY_TIMEOUT = 15 * 60
@@ -37,6 +45,8 @@ QUEUE_STATES = frozenset({"Queueing", "Awaiting", "PendingRetry"})
 START_STATES = frozenset({"Starting", "Restarting"})
 #: Lepton states after which the job runs nothing more (Stopped is a pause: it can be started again).
 FINISHED_STATES = frozenset({"Completed", "Failed", "Deleted", "Archived"})
+#: States of a job on its way out (a delete under way).
+ENDING_STATES = frozenset({"Deleting", "Terminating"})
 _READINESS_ORDER = ("Failed", "ConfigError", "SystemError", "NoCapacity", "Queueing", "InProgress")
 _PULLING = re.compile(r"pull|image", re.IGNORECASE)
 _EXIT_CODE = re.compile(r"exit(?:ed)?(?: with)? code[:= ]+(-?\d+)", re.IGNORECASE)
@@ -48,6 +58,28 @@ _EVICTED = re.compile(r"evict|preempt", re.IGNORECASE)
 
 def labels_of(job: dict[str, Any]) -> dict[str, str]:
     return dict((job.get("metadata") or {}).get("labels") or {})
+
+
+def mark_text(key: str, value: Any) -> str:
+    """A mark's value as a label value and in a mark secret's name: a try number as digits; who canceled the job in
+    label characters (``cli:jdoe`` -> ``cli-jdoe``: a label value allows only ``[A-Za-z0-9_.-]``)."""
+    if key in TEXT_MARKS:
+        return ct.label_value(str(value)) or "unknown"
+    return str(int(value))
+
+
+def mark_value(key: str, text: str) -> Any:
+    """The mark kept as ``text`` (a label value or a mark secret's name part); None when it is not one."""
+    if key in TEXT_MARKS:
+        return text or None
+    return int(text) if text.isdigit() else None
+
+
+def marks_of(job: dict[str, Any]) -> dict[str, Any]:
+    """The ownership marks held in the job's labels."""
+    labels = labels_of(job)
+    found = {key: mark_value(key, str(labels.get(label, ""))) for key, label in MARK_LABELS.items()}
+    return {key: value for key, value in found.items() if value is not None}
 
 
 def id_of(job: dict[str, Any]) -> str:
@@ -133,7 +165,7 @@ def job_status(
         return JobStatus(JobState.ERROR, f"Lepton job {name} failed ({failed} replica(s) failed)", raw_state=state)
     if state == "Deleted":
         return JobStatus(JobState.CANCELED, f"Lepton job {name} was deleted", raw_state=state)
-    if state in ("Deleting", "Terminating"):
+    if state in ENDING_STATES:
         return JobStatus(JobState.CANCELING, f"Lepton job {name} is being deleted", raw_state=state)
     if state in ("Stopped", "Stopping"):
         return JobStatus(JobState.PAUSED, f"Lepton job {name} is {state.lower()}", raw_state=state)

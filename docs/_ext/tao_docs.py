@@ -26,6 +26,7 @@ MESSAGE_CALLS = {
     "JobValidationError",
     "JobSubmitError",
     "ConnectionProblem",
+    "BrevError",
     "AirflowException",
     "AirflowFailException",
     "AirflowTaskTimeout",
@@ -70,7 +71,7 @@ FIXES: dict[str, str] = {
     "execution_timeout (or [tao] lease_hours)": "Raise the task's execution_timeout (or [tao] lease_hours), or resume "
     "from the last checkpoint.",
     "failed with": "Read the failure class in the message (table above) and the evidence lines in the task log.",
-    "failed: {…}": "The job failed but its platform gave no facts to classify: read the job's log "
+    "Job {…} failed: {…}": "The job failed but its platform gave no facts to classify: read the job's log "
     "(`airflow tao logs JOB`).",
     # platforms refusing a job
     "Docker refused container": "Read the daemon's reason: an unknown runtime, a bad mount or device, a name clash. "
@@ -100,28 +101,93 @@ FIXES: dict[str, str] = {
     "submitting job": "sbatch refused the job: read its message (partition, account, QOS, time limit) and fix the "
     "connection or backend_details.",
     "scancel": "scancel failed: the job may already have ended; check with squeue / sacct.",
-    "writing mark": "The shared filesystem of the login node refused a write: check its space and permissions.",
+    "writing mark {…} of job": "The shared filesystem of the login node refused a write: check its space and "
+    "permissions.",
     "unsupported host key type": "Give an ssh-ed25519, ecdsa-sha2-* or ssh-rsa host key (ssh-keyscan -t ed25519).",
     "bad mark": "Internal: a mark name or value the cluster's shell cannot keep. Please report it.",
     "unsafe sbatch value for": "Use plain characters in that backend_details value (no newline, no shell syntax).",
     "is not a relative path inside the job folder": "Use relative file names in the job's files.",
+    # lepton
+    "Lepton refused job": "Read Lepton's reason in the message: a 400 / 404 / 422 means a field of the job (shape, "
+    "node group, mounts, image pull secret) is wrong -- fix backend_details or the connection (ERR_CONFIG, not "
+    "retried); other refusals are retried.",
+    "Lepton did not create job": "The workspace failed (5xx) or did not answer while the job was created, and no "
+    "job of its name appeared: the task is retried (ERR_INFRA). If it repeats, check the workspace in the Lepton "
+    "dashboard.",
+    "its old job did not go away": "An ended job of the same task instance is still being deleted: the task's retry "
+    "submits again; remove it by hand (`lep job remove --id <id>`) if it stays.",
+    "could not write the job's files onto the shared volume": "A staging job failed: read its log in the Lepton "
+    "console (storage permissions of the volume, a full volume), or keep the job's files under 1 MiB packed (large "
+    "specs and inputs through S3).",
+    "staging the job's files took more than": "The staging jobs waited for capacity on the node group: retry later, "
+    "raise staging_timeout_seconds on the connection, or keep the job's files under 1 MiB packed.",
+    # brev
+    "no Brev API token": "Put the Brev API token in the password of the tao_brev connection.",
+    "there is no instance": "Create the instance (`brev create`) or fix backend_details['instance_id']: `brev ls` "
+    "lists your instances.",
+    "it cannot run a job (brev ls)": "The reused instance is FAILURE or being deleted: name another instance_id, or "
+    "drop it for an instance of the task's own.",
+    "s after its delete": "Brev did not finish deleting the failed instance of an earlier try: the task's retry tries "
+    "again; look at it with `brev ls`.",
+    "disappeared while it was starting": "Brev lost the new instance while it booted (ERR_INFRA): the task is retried "
+    "on a new one; if it repeats, try another instance type.",
+    "instead of starting (brev ls)": "The new instance failed or stopped while it booted (ERR_INFRA): the task is "
+    "retried on a new one; if it repeats, try another instance type.",
+    "the type may be short of capacity": "ERR_CAPACITY (retried): wait, raise boot_timeout_seconds, or add types to "
+    "the instance_type chain.",
+    "is RUNNING but brev exec did not answer": "The instance's ssh never came up (ERR_INFRA): the task is retried on "
+    "a fresh instance; try `brev shell <instance>` to see why.",
+    "has no usable Docker": "Create instances in VM mode (`brev create`'s default): Docker and the NVIDIA Container "
+    "Toolkit are preinstalled there. A reused instance needs Docker installed.",
+    " failed at ": "The launch on the instance failed at the step the message names -- login: the NGC key "
+    "(ERR_AUTH); create: the image (ERR_IMAGE_PULL) or backend_details (ERR_CONFIG); start: GPUs or mounts the "
+    "instance lacks (ERR_CONFIG). Fix that; the task's own instance is deleted.",
+    "launching job": "`brev exec` lost the connection during the launch (ERR_INFRA): the retry finds the launch if it "
+    "went through, else launches again.",
+    "did not answer the search for job": "`brev exec` to the instance failed (a flaky connection): the task cannot "
+    "tell whether its job exists, so it submits nothing and is retried; check `brev shell <instance>` if it lasts.",
+    "did not answer the stop of job": "`brev exec` to the reused instance failed while its job was stopped: cancel "
+    "again (`airflow tao cancel JOB`) or stop it by hand (`brev exec <instance> 'docker stop tao-job-<id>'`).",
+    "did not answer (reading marks)": "`brev exec` to the instance failed (a flaky connection): repeated on the next "
+    "poll or try.",
+    "did not answer (writing mark": "`brev exec` to the instance failed (a flaky connection): repeated on the next "
+    "poll or try.",
+    "are not Brev instance types": "Use types `brev search` lists, in instance_type on the connection or "
+    "backend_details['instance_type'] (ERR_CONFIG, not retried).",
+    "no capacity for any instance type of the chain": "ERR_CAPACITY (retried): wait, or add instance types to the "
+    "chain.",
+    "cannot select org": "Fix the connection's org: `brev ls orgs` lists the orgs of the token's account.",
+    "selecting org {…} failed": "The Brev API did not answer while the org was selected (ERR_INFRA, retried); check "
+    "the network and the Brev status page if it lasts.",
+    "Install the brev CLI on the Airflow hosts": "Install the brev CLI on every Airflow host that runs tasks, "
+    "triggers or the UI (the Test button), or set brev_path on the connection.",
+    "printed no JSON object": "The brev CLI answered `ls --json` with something else: update the brev CLI on the "
+    "Airflow hosts.",
+    "Brev refused the token": "Put a valid Brev API token in the connection's password (create one in the Brev "
+    "console); the provider logs the CLI in with it by itself.",
+    "brev create failed": "Read the CLI's words in the message: a name or org problem is ERR_CONFIG (fix the "
+    "connection), anything else ERR_INFRA (retried).",
+    "deleting instance {…} failed": "`brev delete` failed: the instance may stay (and cost): delete it by hand "
+    "(`brev delete <instance>`) or let `airflow tao reap` delete it when its lease expires.",
+    "{…} failed: {…}": "A brev call failed (the CLI, the Brev API or the network; ERR_INFRA, retried): read the CLI's "
+    "words in the message.",
     # images
     "expected a mapping with 'images:' and 'wheels:' trees": "Fix versions.yaml: it needs 'images:' and 'wheels:'.",
     "Use one of them, or give an absolute image URI": "The message lists the known keys: use one, or an image URI.",
     "image: empty image": "Give a versions.yaml key such as tao_toolkit.pyt or an image URI.",
 }
 
-#: Fixes by module and exception, for modules whose messages all follow one rule.
+#: Fixes by module (a path, or a folder ending in ``/``) and exception, for modules whose messages all follow one rule.
 MODULE_FIXES: dict[tuple[str, str], str] = {
-    ("runner/entrypoint.py", "ValueError"): "The task fails before anything is submitted, with the parameter and the "
+    ("runner/validation.py", "ValueError"): "The task fails before anything is submitted, with the parameter and the "
     "expected form in the message: fix that part of specs / args / inputs / outputs / command.",
-    ("runner/script_runner.py", "ConfigError"): "The job itself reports ERR_CONFIG (not retried): fix the input, "
-    "output, credentials or spec the message names.",
-    ("runner/script_runner.py", "ValueError"): "The job itself reports ERR_CONFIG (not retried): fix the spec or "
-    "URI the message names.",
-    ("runner/script_runner.py", "InfraError"): "The job itself reports ERR_INFRA (retried): storage or network "
-    "trouble; if it repeats, check the storage endpoint and credentials.",
-    ("runner/script_runner.py", "OSError"): "A short read from storage: the job reports ERR_INFRA and is retried.",
+    ("runner/job/", "ConfigError"): "The job itself reports ERR_CONFIG (not retried): fix the input, output, "
+    "credentials or spec the message names.",
+    ("runner/job/", "ValueError"): "The job itself reports ERR_CONFIG (not retried): fix the spec or URI the message "
+    "names.",
+    ("runner/job/", "InfraError"): "The job itself reports ERR_INFRA (retried): storage or network trouble; if it "
+    "repeats, check the storage endpoint and credentials.",
+    ("runner/job/", "OSError"): "A short read from storage: the job reports ERR_INFRA and is retried.",
 }
 
 
@@ -188,7 +254,7 @@ def message_sites() -> list[MessageSite]:
                 )
             elif name == "ConnectionProblem" and len(args) == 2:
                 site = MessageSite(module, node.lineno, name, _template(args[1]), problem_kind=_template(args[0]))
-            elif name in ("JobSubmitError", "HTTPException") and len(args) >= 2:
+            elif name in ("JobSubmitError", "HTTPException", "BrevError") and len(args) >= 2:
                 site = MessageSite(module, node.lineno, name, _template(args[1]))
             else:
                 site = MessageSite(module, node.lineno, name, _template(args[0]))
@@ -203,8 +269,9 @@ def fix_of(site: MessageSite) -> str:
         return site.fix
     if site.kind == "ConnectionProblem":
         return KIND_FIXES.get(site.problem_kind, "")
-    if (site.module, site.kind) in MODULE_FIXES:
-        return MODULE_FIXES[(site.module, site.kind)]
+    for (module, kind), fix in MODULE_FIXES.items():
+        if site.kind == kind and (site.module == module or (module.endswith("/") and site.module.startswith(module))):
+            return fix
     for fragment, fix in FIXES.items():
         if fragment in site.message:
             return fix

@@ -72,6 +72,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "failure_analysis": True,  # False: GET /jobs/{id}/failure-analysis answers 404 (the route is not in leptonai)
     "label_rules": "kubernetes",  # label values checked as Kubernetes label values | none
     "auth": "ok",  # ok | forbid (every workspace route answers 403)
+    "workspace_state": "normal",  # GET /workspace's workspace_state: normal | paused | all-pods-terminated | terminated
     # limits derived from what a Kubernetes-based control plane stores (etcd objects, Secrets)
     "max_job_bytes": 1536 * 1024,
     "max_secret_bytes": 1024 * 1024,
@@ -295,7 +296,7 @@ class World:
             "git_commit": "0.26.4",
             "workspace_name": self.workspace_id,
             "workspace_tier": "enterprise",
-            "workspace_state": "normal",
+            "workspace_state": self.settings["workspace_state"],
             "supported_shapes": {},
             "workspace_disk_usage_bytes": 0,
             "workloads": {

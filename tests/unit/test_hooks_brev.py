@@ -424,6 +424,19 @@ def test_the_probe_reads_states_exits_marks_logs_and_the_lease_in_one_call(insta
     assert instance.run(remote.write_mark("gone00", "owner_try", 1)) == b"NOJOB\n"
 
 
+def test_the_stop_reports_who_canceled_the_job(instance: Instance) -> None:
+    """A cancel from outside the task (its ``canceled_by`` mark) keeps the instance for the task: the stop's answer
+    says so, without another call."""
+    _staged(instance, ngc_key=None)
+    instance.run(remote.launch("a1b2c3"))
+    instance.run(remote.write_mark("a1b2c3", "canceled_by", 'cli:j"doe\nx'))
+    answer = instance.run(remote.stop("a1b2c3", 0))
+    assert answer is not None
+    found = remote.parse_probe(answer)
+    assert found.marks == {"a1b2c3": {"owner_try": 2, "canceled_by": 'cli:j"doe\nx'}}
+    assert found.containers["a1b2c3"][1]["Status"] == "running"  # the stand-in docker's stop changes nothing
+
+
 def test_answers_are_read_from_the_last_complete_frame() -> None:
     call = remote.script("echo hi")
     frame = f"TAO-BEGIN {call.nonce}\nhi\n\nTAO-END {call.nonce} 0\n"
@@ -657,6 +670,68 @@ def test_reaper_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [c for c in session.calls if c[0] == "delete"] == [("delete", "expired"), ("delete", "finished")]
 
 
+def test_reaper_dry_run_and_expired_leases_under_tasks_that_still_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An expired instance is never pulled from under a task that still watches a job on it: its jobs are canceled
+    (here: would be) and the task deletes it; with nothing running on it any more, the next reap deletes it."""
+    now = 1_800_000_000.0
+    lease = {"created_by": bv.LEASE_CREATOR, "created_at": now - 7200, "expires_at": now - 1, "lease_hours": 2,
+             "dag_id": "d", "task_id": "t", "map_index": "-1"}  # fmt: skip
+    running = b"F a1b2c3 running 2026-01-01T00:00:00.5Z 1 d-t-0123456789 /results/a1b2c3\n"
+    answers = {
+        "watched": (lease | {"instance": "watched", "run_id": "r1"}, running),
+        "idle": (lease | {"instance": "idle", "run_id": "r2"}, b""),  # its job ended: the task resumes
+        "orphan": (lease | {"instance": "orphan", "run_id": "r3"}, running),
+        "young": (lease | {"instance": "young", "run_id": "r4", "expires_at": now + 60}, running),
+    }
+    instances = {name: {"status": "RUNNING", "id": f"i-{name}"} for name in answers} | {"going": {"status": "DELETING"}}
+    session = ScriptedSession(
+        instances, lambda i, c: b"LEASE " + json.dumps(answers[i][0]).encode() + b"\n" + answers[i][1]
+    )
+    hook = _hook(monkeypatch, session)
+    states = {"r1": "deferred", "r2": "running", "r3": "failed", "r4": "deferred"}
+    decisions = {d.instance: d for d in hook.reap(lambda lease: states[lease["run_id"]], now=now, dry_run=True)}
+    assert {name: d.action for name, d in decisions.items()} == {
+        "watched": "would cancel jobs", "idle": "would delete", "orphan": "would delete", "young": "kept",
+        "going": "skipped",
+    }  # fmt: skip
+    assert "its task is deferred: job(s) a1b2c3 canceled" in decisions["watched"].reason
+    assert decisions["going"].reason == "it is being deleted already"
+    assert [c for c in session.calls if c[0] not in ("ls", "exec")] == []  # a dry run changes nothing
+    assert session.calls.count(("ls",)) == 1 and sorted(c for c in session.calls if c[0] == "exec") == [
+        ("exec", name) for name in sorted(answers)
+    ]  # one ls, one exec per running instance (never one that is being deleted)
+    # what the scan read also serves the reaper's rule for the jobs on these instances, without another call
+    (job,) = [h for h in hook.list_active_jobs() if h.backend_job_id == "watched"]
+    assert (job.job_id, job.name, job.try_number, job.results_dir) == ("a1b2c3", "d-t-0123456789", 1, "/results/a1b2c3")
+    assert job.console_url == "https://brev.nvidia.com/environment/i-watched"
+    calls = len(session.calls)
+    assert hook.lease_expired(job, now) is True and len(session.calls) == calls
+    assert hook.lease_expired(JobHandle("brev", None, "x", "n", backend_job_id="young"), now) is False
+
+
+@pytest.mark.parametrize(
+    ("tao_lease_hours", "connection", "job", "hours"),
+    [
+        (None, None, None, 8.0),  # a rented machine always has a lease
+        ("0", None, None, 8.0),  # [tao] lease_hours = 0 ("no lease") does not apply to machines
+        ("24", None, None, 24.0),  # the deployment's default
+        ("24", 4, None, 4.0),  # the connection's value wins over it
+        ("24", 4, 1.5, 1.5),  # and the job's over both
+    ],
+)
+def test_an_instances_lease_is_the_jobs_then_the_connections_then_tao_lease_hours_then_8(
+    monkeypatch: pytest.MonkeyPatch,
+    tao_lease_hours: str | None,
+    connection: float | None,
+    job: float | None,
+    hours: float,
+) -> None:
+    if tao_lease_hours is not None:
+        monkeypatch.setenv("AIRFLOW__TAO__LEASE_HOURS", tao_lease_hours)
+    hook = _hook(monkeypatch, **({"lease_hours": connection} if connection is not None else {}))
+    assert hook._lease_hours({"lease_hours": job} if job is not None else {}) == hours
+
+
 def test_task_state_lookup_asks_airflow_for_the_leases_task_instance() -> None:
     asked: list[dict[str, Any]] = []
 
@@ -759,9 +834,38 @@ def test_test_connection_says_what_failed(monkeypatch: pytest.MonkeyPatch) -> No
     ok, message = _hook(monkeypatch, session, org="lab").test_connection()
     assert ok and message == "brev answers: 2 instance(s) in org lab, 1 running" and session.calls == [("ls",)]
 
-    class Refusing(ScriptedSession):
-        def instances(self, timeout: float = 0) -> dict[str, dict[str, Any]]:
-            raise BrevError(ErrClass.ERR_AUTH, "logged out after a fresh login")
 
-    ok, message = _hook(monkeypatch, Refusing({}, lambda i, c: None)).test_connection()
-    assert not ok and message.startswith("Brev refused the token")
+@pytest.mark.parametrize(
+    ("error", "words"),
+    [
+        (BrevError(ErrClass.ERR_AUTH, "Brev refused the token"), "Authentication refused: Brev refused the token"),
+        (BrevError(ErrClass.ERR_CONFIG, "cannot run '/x/brev'"), "Incomplete connection: cannot run '/x/brev'"),
+        (
+            BrevError(ErrClass.ERR_CONFIG, "cannot select org 'lab'", _result(stderr="no orgs exist", code=1)),
+            "Not found: cannot select org 'lab'",
+        ),
+        (
+            BrevError(ErrClass.ERR_INFRA, "listing the instances (brev ls --json) failed"),
+            "Unreachable: listing the instances (brev ls --json) failed; check the network and that the Brev API "
+            "answers",
+        ),
+    ],
+)
+def test_test_connection_says_in_words_what_failed(
+    monkeypatch: pytest.MonkeyPatch, error: BrevError, words: str
+) -> None:
+    class Failing(ScriptedSession):
+        def instances(self, timeout: float = 0) -> dict[str, dict[str, Any]]:
+            raise error
+
+    assert _hook(monkeypatch, Failing({}, lambda i, c: None)).test_connection() == (False, words)
+
+
+def test_test_connection_without_a_token_calls_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BREV_API_TOKEN", raising=False)
+    monkeypatch.setenv("AIRFLOW_CONN_TAO_BREV_UNIT", json.dumps({"conn_type": "tao_brev"}))
+    ok, message = bv.BrevHook("tao_brev_unit").test_connection()
+    assert (ok, message) == (
+        False,
+        "Incomplete connection: no Brev API token: put it in the connection's password (or set BREV_API_TOKEN)",
+    )

@@ -9,6 +9,7 @@ import gzip
 import io
 import json
 import os
+import re
 import secrets
 import subprocess
 import tarfile
@@ -428,8 +429,27 @@ def test_unknown_backend_details_are_refused() -> None:
 def test_marks_and_secrets_of_a_job_share_one_prefix() -> None:
     assert la.secret_prefix("abc") == "tao.abc."
     assert json.dumps(sorted(ls.MARK_LABELS.values())) == json.dumps(
-        ["tao-cancel-by", "tao-consumed-by", "tao-owner-try"]
+        ["tao-cancel-by", "tao-canceled-by", "tao-consumed-by", "tao-owner-try"]
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "text"),
+    [
+        ("owner_try", 3, "3"),
+        ("canceled_by", "cli:jdoe", "cli-jdoe"),
+        ("canceled_by", "reap: orphan: its task is failed", "reap-orphan-its-task-is-failed"),
+        ("canceled_by", "cli:" + "x" * 80, "cli-" + "x" * 59),
+        ("canceled_by", "::", "unknown"),
+    ],
+)
+def test_marks_are_kept_in_label_characters(key: str, value: Any, text: str) -> None:
+    """Who canceled a job is a label value (and a part of a mark secret's name): Kubernetes' label rule."""
+    assert ls.mark_text(key, value) == text
+    assert re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?", text)
+    assert ls.mark_value(key, text) == (int(text) if key == "owner_try" else text)
+    job = {"metadata": {"labels": {ls.MARK_LABELS[key]: text, ls.MARK_LABELS["consumed_by"]: "x"}}}
+    assert ls.marks_of(job) == {key: ls.mark_value(key, text)}  # a label that is not a try number is no mark
 
 
 # ----------------------------------------------------------------------------- what the operator takes from the hook

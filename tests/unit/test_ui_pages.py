@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tao.cli.commands import reap_verdict
+from airflow_provider_tao.hooks import PLATFORMS
 from airflow_provider_tao.jobindex import IndexedJob, gpu_hours_by_dag_and_day
 from airflow_provider_tao.jobs import JobHandle
 from airflow_provider_tao.plugins import pages
@@ -84,6 +85,53 @@ def test_hostile_names_and_log_lines_are_text() -> None:
         assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
         # the only script is the provider's own
         assert len(re.findall(r"<script>", html)) == 1
+
+
+#: A connection of each platform (with a password: it must show nowhere) on which ``job_location`` and ``job_url``
+#: need no backend -- they never call one (the job page and the view build them for every row).
+PLATFORM_CONNECTIONS: dict[str, dict[str, Any]] = {
+    "local": {"conn_type": "tao_local"},
+    "slurm": {"conn_type": "tao_slurm", "host": "login1.example.com", "extra": {"results_root": "/lustre/tao"}},
+    "docker": {"conn_type": "tao_docker", "host": "tcp://gpu-box.example.com:2376"},
+    "kubernetes": {
+        "conn_type": "tao_kubernetes",
+        "extra": {"dashboard_url": "https://dash.example/#/{namespace}/{name}"},
+    },
+    "lepton": {"conn_type": "tao_lepton", "extra": {"workspace_id": "ws1"}},
+    "brev": {"conn_type": "tao_brev", "extra": {"console_url": "https://brev.example/environment/{id}"}},
+}
+PASSWORD = "pw-Sup3rSecret-9876"
+
+
+@pytest.mark.parametrize("platform", sorted(PLATFORMS))
+def test_every_platforms_job_location_and_link_stay_text_and_hide_the_password(
+    platform: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What each platform says about a job (its location lines, its console link) reaches the job page as text and as
+    web links only, whatever the names hold, and carries no secret of the connection."""
+    import json
+
+    from airflow_provider_tao.hooks import get_platform_hook
+
+    assert set(PLATFORM_CONNECTIONS) == set(PLATFORMS), "a new platform adds its connection here"
+    conn_id = f"ui_{platform}"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({**PLATFORM_CONNECTIONS[platform],
+                                                                      "password": PASSWORD}))  # fmt: skip
+    hook = get_platform_hook(platform, conn_id)
+    hook.load_connection()
+    for console in ("javascript:alert(1)", ""):
+        handle = JobHandle(platform, conn_id, "a1b2c3d4e5f6", EVIL, backend_job_id=EVIL, results_dir=f"/r/{EVIL}",
+                           submitted_at=10 * DAY, console_url=console)  # fmt: skip
+        location, url = hook.job_location(handle), hook.job_url(handle)
+        assert location and all(isinstance(v, str) for v in location.values())
+        assert url == "" or url.startswith(("http://", "https://")), url
+        job = IndexedJob(JobRecord(handle=handle.to_json(), gpu_count=1), EVIL, "r", "t", -1, "deferred", 1, None, True)
+        page = pages.job_page(job, base="", location=location, job_url=url, results_url=hook.results_url(handle),
+                              log="", log_note="", results=[], history=[])  # fmt: skip
+        assert EVIL not in page
+        links = re.findall(r'href="([^"]*)"', page)
+        assert links and all(link.startswith(("https://", "http://", "/", "#")) for link in links), links
+        assert PASSWORD not in json.dumps(location) + url + page
 
 
 def test_only_web_links_become_links() -> None:

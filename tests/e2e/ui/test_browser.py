@@ -67,7 +67,11 @@ def _shot(page: Any, shots: Path, name: str, full_page: bool = False) -> Path:
 
 def test_connection_forms_show_our_fields(page: Any, shots: Path, airflow_standalone: AirflowStandalone) -> None:
     url = airflow_standalone.api_url
-    for conn in get_provider_info()["connection-types"]:
+    forms = get_provider_info()["connection-types"]
+    assert [c["connection-type"] for c in forms] == [
+        "tao_local", "tao_slurm", "tao_brev", "tao_docker", "tao_kubernetes", "tao_lepton"
+    ]  # fmt: skip
+    for conn in forms:
         page.goto(f"{url}/connections")
         page.get_by_role("button", name="Add Connection").click()
         dialog = page.get_by_role("dialog")
@@ -88,6 +92,9 @@ def test_connection_forms_show_our_fields(page: Any, shots: Path, airflow_standa
             if field["schema"].get("format") == "password":  # secrets are masked in the form
                 assert dialog.locator(f"input[name='element_{name}']").get_attribute("type") == "password", name
         _shot(page, shots, f"01-connection-form-{conn['connection-type']}", full_page=True)
+        last = list(conn["conn-fields"].values())[-1]
+        dialog.get_by_text(last["description"], exact=True).scroll_into_view_if_needed()  # the dialog scrolls
+        _shot(page, shots, f"01-connection-form-{conn['connection-type']}-end")
 
 
 def _settled(page: Any, toast: Any) -> None:

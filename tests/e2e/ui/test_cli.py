@@ -1,13 +1,16 @@
-"""``airflow tao`` against a real ``airflow standalone``: a run's jobs on two platforms, the log of one, and a cancel
-that fails the deferred task with ERR_CANCELED and no retry."""
+"""``airflow tao`` against a real ``airflow standalone``: a run's jobs on two platforms, the log of one, a cancel that
+fails the deferred task with ERR_CANCELED and no retry, the reaper on orphans and on Brev's leased instances."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from typing import Any
 
 import pytest
 
+from tests.brevfake.control import BrevWorld
 from tests.e2e.airflow_harness import AirflowClient, AirflowStandalone, wait_until
 from tests.e2e.ui.conftest import airflow_cli, cli_json
 
@@ -125,3 +128,66 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_reap_deletes_an_expired_brev_lease_and_keeps_a_running_tasks_and_a_hand_made_instance(
+    airflow_standalone: AirflowStandalone, ui_dags: AirflowClient, ui_brev_world: BrevWorld
+):
+    """Brev's cost guard in ``airflow tao reap``, on the fake Brev world: an instance whose lease expired and whose
+    task is gone is deleted; one whose lease expired under a task that still waits has its job canceled (the task
+    fails with ERR_CANCELED, no retry, and deletes it); a running task's instance and one made by hand are kept."""
+    ui_brev_world.create_instance("made-by-hand")
+    dags = {"orphan": "tao_ui_brev_lease", "expired": "tao_ui_brev_lease", "running": "tao_ui_brev"}
+    runs = {name: ui_dags.trigger_dag_run(dag) for name, dag in dags.items()}
+    for name, run_id in runs.items():
+        ui_dags.wait_for_task_instance(dags[name], run_id, "train", ["deferred"], timeout=180)
+    rows = {name: cli_json(airflow_standalone, "tao", "jobs", "--run-id", run_id)[0] for name, run_id in runs.items()}
+    instances = {name: row["backend_job_id"] for name, row in rows.items()}
+    assert all(ui_brev_world.instance(i)["status"] == "RUNNING" for i in instances.values())
+    ui_dags.mark_task_instance_failed("tao_ui_brev_lease", runs["orphan"], "train")  # cancel_on_kill=False: it runs on
+    ui_dags.wait_for_task_instance("tao_ui_brev_lease", runs["orphan"], "train", ["failed"], timeout=60)
+    for name in ("orphan", "expired"):  # 10.8 s leases
+        lease = json.loads((ui_brev_world.home_of(instances[name]) / ".tao-brev" / "lease.json").read_text())
+        expires = float(lease["expires_at"])
+        wait_until(lambda e=expires: time.time() > e + 1, timeout=60, message="the lease did not expire")
+
+    def verdicts(rows: list[dict[str, Any]]) -> tuple[dict[str, tuple[str, str]], dict[str, tuple[str, str]]]:
+        brev = [r for r in rows if r["platform"] == "brev"]
+        machines = {r["name"]: (r["action"], r["why"]) for r in brev if r["job_id"] is None}
+        return machines, {r["job_id"]: (r["action"], r["why"]) for r in brev if r["job_id"]}
+
+    machines, jobs = verdicts(cli_json(airflow_standalone, "tao", "reap", "--dry-run", "--min-age-minutes", "0"))
+    assert machines[instances["orphan"]][0] == "would delete" and "lease expired" in machines[instances["orphan"]][1]
+    assert machines[instances["expired"]][0] == "would cancel jobs", machines
+    assert machines[instances["running"]][0] == "kept" and "is deferred" in machines[instances["running"]][1]
+    assert machines["made-by-hand"] == ("kept", "not created by this provider (no lease of its own)")
+    assert jobs[rows["orphan"]["job_id"]] == ("would cancel", "lease expired"), jobs
+    assert jobs[rows["running"]["job_id"]] == ("kept", "its task is deferred"), jobs
+    assert all(ui_brev_world.instance(i)["status"] == "RUNNING" for i in instances.values())  # a dry run
+
+    machines, jobs = verdicts(cli_json(airflow_standalone, "tao", "reap", "--min-age-minutes", "0"))
+    assert machines[instances["orphan"]][0] == "deleted", machines
+    assert machines[instances["expired"]][0] == "jobs canceled", machines
+    assert machines[instances["running"]][0] == "kept" and machines["made-by-hand"][0] == "kept", machines
+    assert jobs[rows["expired"]["job_id"]] == ("canceled", "lease expired"), jobs
+    assert jobs[rows["running"]["job_id"]] == ("kept", "its task is deferred"), jobs
+    ti = ui_dags.wait_for_task_instance("tao_ui_brev_lease", runs["expired"], "train", ["failed"], timeout=90)
+    assert ti["try_number"] == 1  # retries=2, yet no retry: the reaper canceled it
+    log = ui_dags.get_task_log("tao_ui_brev_lease", runs["expired"], "train", 1)
+    assert "ERR_CANCELED (not retriable)" in log and "canceled by reap: lease expired" in log, log[-3000:]
+    for name in ("orphan", "expired"):  # the reaper deleted one, the task that saw the cancel the other
+        wait_until(lambda n=name: _gone(ui_brev_world, instances[n]), timeout=60, message=f"{name} instance stays")
+    assert ui_brev_world.instance(instances["running"])["status"] == "RUNNING"
+    assert ui_brev_world.instance("made-by-hand")["status"] == "RUNNING"
+
+    # a person cancels the running one: its task fails with ERR_CANCELED and deletes its instance
+    (result,) = cli_json(airflow_standalone, "tao", "cancel", rows["running"]["job_id"])
+    assert (result["was"], result["canceled"], result["state"]) == ("Running", True, "Canceled"), result
+    ui_dags.wait_for_task_instance("tao_ui_brev", runs["running"], "train", ["failed"], timeout=90)
+    log = ui_dags.get_task_log("tao_ui_brev", runs["running"], "train", 1)
+    assert "ERR_CANCELED (not retriable)" in log and "canceled by cli:" in log, log[-3000:]
+    wait_until(lambda: _gone(ui_brev_world, instances["running"]), timeout=60, message="the instance stays")
+
+
+def _gone(world: BrevWorld, instance: str) -> bool:
+    return all(i["name"] != instance or i["status"] == "DELETING" for i in world.instances())

@@ -10,6 +10,7 @@ the jobs started on them -- and nothing else. A missing engine is a test FAILURE
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import pytest
 
 from tests.brevfake.control import BrevWorld
 from tests.integration.docker.conftest import DockerEngine, docker_engine  # noqa: F401  (the shared engine)
+from tests.integration.taskrun import Triggerer
 
 CONN_ID = "tao_brev_ci"
 INSTANCE_TYPES = "g5.xlarge,g5.2xlarge"
@@ -47,3 +49,22 @@ def brev_world(
         yield world
     finally:
         world.teardown()
+
+
+@pytest.fixture
+def no_trigger_outlives_its_test(triggerer: Triggerer) -> Iterator[None]:
+    """A test that fails half-way leaves triggers watching the world it made; the next test's triggers would share
+    their poller, and its connection to a world that is gone. Cancel them all, as a triggerer restart would."""
+    yield
+
+    async def cancel_watchers() -> None:
+        left = []
+        for task in asyncio.all_tasks():
+            frame = getattr(task.get_coro(), "cr_frame", None)
+            trigger = frame.f_locals.get("trigger") if frame is not None else None
+            if getattr(getattr(trigger, "handle", None), "platform", None) == "brev":
+                task.cancel()
+                left.append(task)
+        await asyncio.gather(*left, return_exceptions=True)
+
+    triggerer.call(cancel_watchers(), timeout=30)

@@ -8,7 +8,6 @@ invocation, the job containers), never of our hook.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
@@ -17,7 +16,6 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,28 +41,9 @@ from tests.integration.taskrun import (
     worker_process,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_trigger_outlives_its_test")]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(autouse=True)
-def _no_trigger_outlives_its_test(triggerer: Triggerer) -> Iterator[None]:
-    """A test that fails half-way leaves triggers watching the world it made; the next test's triggers would share
-    their poller, and its connection to a world that is gone. Cancel them all, as a triggerer restart would."""
-    yield
-
-    async def cancel_watchers() -> None:
-        left = []
-        for task in asyncio.all_tasks():
-            frame = getattr(task.get_coro(), "cr_frame", None)
-            trigger = frame.f_locals.get("trigger") if frame is not None else None
-            if getattr(getattr(trigger, "handle", None), "platform", None) == "brev":
-                task.cancel()
-                left.append(task)
-        await asyncio.gather(*left, return_exceptions=True)
-
-    triggerer.call(cancel_watchers(), timeout=30)
 
 
 def _op(image: str, command: str | list[str], **kwargs: Any) -> Any:
@@ -427,8 +406,11 @@ def test_the_reaper_deletes_an_expired_lease_and_keeps_a_running_task_and_a_fore
     time.sleep(2)  # the orphan's lease (1.8 s) runs out
 
     def state_of(lease: dict[str, Any]) -> str:
-        return "running"  # Airflow still thinks both tasks run (the first one is a zombie)
+        return "failed" if lease["run_id"] == orphan.context["ti"].run_id else "running"  # the orphan's task failed
 
+    dry = {d.instance: d for d in BrevHook(CONN_ID).reap(task_state=state_of, dry_run=True)}
+    assert dry[_name(orphan)].action == "would delete" and "lease expired" in dry[_name(orphan)].reason
+    assert brev_world.instance(_name(orphan))["status"] == "RUNNING"  # a dry run deletes nothing
     decisions = {d.instance: d for d in BrevHook(CONN_ID).reap(task_state=state_of)}
     assert decisions[_name(orphan)].action == "deleted" and "lease expired" in decisions[_name(orphan)].reason
     assert decisions[_name(alive)].action == "kept" and "is running" in decisions[_name(alive)].reason
@@ -441,6 +423,38 @@ def test_the_reaper_deletes_an_expired_lease_and_keeps_a_running_task_and_a_fore
     assert brev_world.instance("made-by-hand")["status"] == "RUNNING"
     kill(alive)
     _wait_gone(brev_world, _name(alive))
+
+
+def test_an_expired_lease_under_a_watching_task_cancels_its_job_and_the_task_deletes_the_instance(
+    brev_world: BrevWorld, docker_engine: DockerEngine, triggerer: Triggerer
+) -> None:
+    """The lease ran out while the task still waits: deleting the instance under it would read as a lost instance
+    (ERR_INFRA, retried on a new instance). The reaper cancels the job instead; the task fails with ERR_CANCELED, is
+    not retried, and deletes its instance. A zombie task that never resumes loses it at the next reap."""
+    run = start(triggerer, _op(docker_engine.busybox, "sleep 300", backend_details={"lease_hours": 0.0005}, retries=2))
+    zombie = start(triggerer, _op(docker_engine.busybox, "sleep 300", task_id="zombie",
+                                  backend_details={"lease_hours": 0.0005}))  # fmt: skip
+    for task in (run, zombie):
+        _wait_job_running(brev_world, _name(task))
+    zombie.future.cancel()  # its worker and trigger are gone, yet Airflow still says "running"
+    time.sleep(2)  # both leases (1.8 s) run out
+
+    def state_of(lease: dict[str, Any]) -> str:
+        return "deferred" if lease["run_id"] == run.context["ti"].run_id else "running"
+
+    dry = {d.instance: d.action for d in BrevHook(CONN_ID).reap(task_state=state_of, dry_run=True)}
+    assert dry == {_name(run): "would cancel jobs", _name(zombie): "would cancel jobs"}
+    assert len([c for c in brev_world.job_containers() if c.get("State") == "running"]) == 2
+    decisions = {d.instance: d for d in BrevHook(CONN_ID).reap(task_state=state_of)}
+    assert decisions[_name(run)].action == "jobs canceled" and run.job_id in decisions[_name(run)].reason
+    with pytest.raises(AirflowFailException, match=r"ERR_CANCELED \(not retriable\).*canceled by reap: lease expired"):
+        finish(run)
+    _wait_gone(brev_world, _name(run))  # deleted by the task that saw the cancel
+    assert brev_world.instance(_name(zombie))["status"] == "RUNNING"
+    assert not [c for c in _job_containers(brev_world, _name(zombie)) if c.get("State") == "running"]
+    again = {d.instance: d for d in BrevHook(CONN_ID).reap(task_state=state_of)}
+    assert again[_name(zombie)].action == "deleted" and "lease expired" in again[_name(zombie)].reason
+    _wait_gone(brev_world, _name(zombie))
 
 
 # --------------------------------------------------------------------------- batching, secrets

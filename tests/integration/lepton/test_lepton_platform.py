@@ -311,8 +311,8 @@ def test_a_wrong_token_is_err_auth_before_anything_is_created(ws: Workspace, mon
     calls = ws.fake.stats()["by"]
     assert not any(key.startswith(("POST", "PATCH", "DELETE")) for key in calls), calls  # nothing created
     ok, message = _hook("tao_lepton_badtoken").test_connection()
-    assert not ok and "ERR_AUTH" in message and "password" in message
-    assert _hook().test_connection() == (True, "Lepton workspace ws-ci answers and its jobs can be listed")
+    assert not ok and message.startswith("Authentication refused:") and "password" in message, message
+    assert _hook().test_connection() == (True, f"Lepton workspace ws-ci (ws-ci) answers at {ws.fake.workspace_url}")
 
 
 def test_a_token_without_permission_is_err_auth_before_anything_is_created(ws: Workspace) -> None:

@@ -1,4 +1,5 @@
-"""DAGs of the UI/CLI end-to-end tests: one run with a job on each of two platforms, and a long job to cancel."""
+"""DAGs of the UI/CLI end-to-end tests: one run with a job on each of two platforms, a long job to cancel, and long
+jobs on the fake Brev world for ``airflow tao reap`` (one with a lease of 10.8 s)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,24 @@ with DAG("tao_ui_orphan", schedule=None, start_date=datetime(2026, 1, 1), catchu
         poll_interval=1,
         retries=0,
     )
+
+for dag_id, lease_hours in (("tao_ui_brev", 8.0), ("tao_ui_brev_lease", 0.003)):
+    with DAG(
+        dag_id,
+        schedule=None,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        default_args={"retries": 2, "retry_delay": timedelta(seconds=1)},
+        tags=["tao-e2e"],
+    ):
+        TAOSubmitOperator(
+            task_id="train",
+            conn_id="tao_ui_brev",
+            image="local/busybox:ci",
+            command="echo started; sleep 600",
+            gpu_count=0,
+            backend_details={"lease_hours": lease_hours},
+            cancel_on_kill=False,  # marked failed, its job runs on: an orphan for the reaper
+            deferrable=True,
+            poll_interval=1,
+        )
