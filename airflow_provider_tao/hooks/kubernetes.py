@@ -18,7 +18,8 @@ Status: a Job is Running only while one of its pods runs a container. Pending po
 ContainerCreating, a config error); a pod that stays unschedulable past ``unschedulable_timeout_seconds`` (default
 15 min) or cannot start past ``start_timeout_seconds`` (image pull, config error; default 10 min) makes the job an
 Error, which the task's failure analysis turns into ``ERR_CAPACITY`` / ``ERR_IMAGE_PULL`` / ``ERR_CONFIG`` and
-whose cleanup deletes the Job. The ownership marks are annotations of the Job (merge patches).
+whose cleanup deletes the Job (the rule: :mod:`~airflow_provider_tao.hooks.kubernetes_status`). The ownership marks
+are annotations of the Job (merge patches).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import json
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cached_property
 from typing import Any
 
@@ -45,27 +46,35 @@ from airflow_provider_tao.hooks.base import (
     multi_node_env,
 )
 from airflow_provider_tao.hooks.container import label_value
-from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
+from airflow_provider_tao.hooks.kubernetes_status import (
+    ANNOTATION_START,
+    ANNOTATION_UNSCHEDULABLE,
+    CONTAINER,
+    DEFAULT_START_TIMEOUT,
+    DEFAULT_UNSCHEDULABLE_TIMEOUT,
+    INDEX_ANNOTATION,
+    job_status,
+    pods_needed,
+)
+from airflow_provider_tao.hooks.kubernetes_status import culprit_of as _culprit
+from airflow_provider_tao.hooks.kubernetes_status import epoch as _epoch
+from airflow_provider_tao.hooks.kubernetes_status import is_finished as _finished
+from airflow_provider_tao.hooks.kubernetes_status import pod_name as _name_of
+from airflow_provider_tao.hooks.kubernetes_status import rank0_pod as _rank0
+from airflow_provider_tao.hooks.kubernetes_status import termination_of as _terminated
+from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobStatus
 
-CONTAINER = "tao"
 RESULTS_MOUNT = "/results"
 DEFAULT_NAMESPACE = "default"
 DEFAULT_TTL_SECONDS = 24 * 3600
-DEFAULT_UNSCHEDULABLE_TIMEOUT = 15 * 60
-DEFAULT_START_TIMEOUT = 10 * 60
 DEFAULT_SHM_SIZE = "16Gi"
 DEFAULT_REGISTRY = "nvcr.io"
 #: Raw bytes of one files chunk: a ConfigMap holds at most 1 MiB, base64 and metadata come on top.
 PART_SIZE = 700 * 1024
-#: A Job still suspended after this long was left behind by a worker that died mid-submission.
-SETUP_TIMEOUT_SECONDS = 60.0
 #: How long an exec-auth client (EKS, GKE tokens) is used before it is rebuilt with a fresh token.
 EXEC_AUTH_REFRESH_SECONDS = 600.0
-INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 ANNOTATION_RUN_ID = f"{ct.LABEL_DOMAIN}/run-id"
 ANNOTATION_RESULTS_DIR = f"{ct.LABEL_DOMAIN}/results-dir"
-ANNOTATION_UNSCHEDULABLE = f"{ct.LABEL_DOMAIN}/unschedulable-timeout"
-ANNOTATION_START = f"{ct.LABEL_DOMAIN}/start-timeout"
 #: ``backend_details`` keys this platform understands.
 DETAIL_KEYS = frozenset(
     {
@@ -83,13 +92,6 @@ DETAIL_KEYS = frozenset(
 )
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _MARK_KEYS = frozenset({MARK_OWNER, MARK_CANCEL, MARK_CONSUMED})
-_WAITING_FATAL = {
-    "ErrImagePull",
-    "ImagePullBackOff",
-    "InvalidImageName",
-    "CreateContainerConfigError",
-    "CreateContainerError",
-}
 
 
 def mark_annotation(key: str) -> str:
@@ -816,165 +818,11 @@ class TAOKubernetesHook(TAOPlatformHook):
                 raise
 
 
-# ----------------------------------------------------------------------------- the status rule
-
-
-@dataclass(frozen=True)
-class _Waiting:
-    """Why a pod does not run yet, and since when (epoch seconds)."""
-
-    reason: str
-    message: str
-    since: float
-
-
-def pods_needed(jobs: list[dict[str, Any]], watched: set[str]) -> bool:
-    """Whether a poll must list the pods: a watched Job whose own status settles its state -- completed, or with a
-    ready pod (``status.ready``: a pod is Ready only while its containers run) -- needs none. Pending, failing and
-    deleted Jobs do (the reason, the culprit's exit code); so does a cluster that does not report ``ready``."""
-    for job in jobs:
-        if (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) not in watched:
-            continue
-        conditions = {c["type"] for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
-        if "Complete" in conditions:
-            continue
-        ready = ((job.get("status") or {}).get("ready") or 0) > 0
-        if not ready or conditions & {"Failed", "FailureTarget"} or job["metadata"].get("deletionTimestamp"):
-            return True
-    return False
-
-
-def job_status(job: dict[str, Any], pods: list[dict[str, Any]], now: float) -> JobStatus:
-    """A Job's state from the Job and its pods (API JSON). Running only while a pod runs its container; a pod
-    that cannot be scheduled or started past its bound makes the job an Error."""
-    meta = job["metadata"]
-    name = meta["name"]
-    if meta.get("deletionTimestamp"):
-        return JobStatus(JobState.CANCELING, f"Job {name} is being deleted", raw_state="Deleting")
-    conditions = {c["type"]: c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
-    if "Complete" in conditions:
-        return JobStatus(JobState.COMPLETE, f"Job {name} completed", 0, "Complete")
-    failed = conditions.get("Failed") or conditions.get("FailureTarget")
-    if failed is not None:
-        return _failed_status(name, failed, pods)
-    if job["spec"].get("suspend"):
-        if now - (_epoch(meta.get("creationTimestamp")) or now) > SETUP_TIMEOUT_SECONDS:
-            return JobStatus(
-                JobState.ERROR,
-                f"Job {name} was created but never started (the submitting worker died?)",
-                raw_state="Suspended",
-            )
-        return JobStatus(JobState.PENDING, f"Job {name} is being set up", raw_state="Suspended")
-    if not pods and (ready := (job.get("status") or {}).get("ready") or 0):  # the poll did not list the pods
-        active_count = (job.get("status") or {}).get("active") or ready
-        return JobStatus(JobState.RUNNING, f"{ready}/{active_count} pod(s) of Job {name} running", raw_state="Running")
-    active = [p for p in pods if p["status"].get("phase") in ("Pending", "Running")]
-    running = [p for p in active if _running(p)]
-    if running:
-        return JobStatus(
-            JobState.RUNNING, f"{len(running)}/{len(active)} pod(s) of Job {name} running", raw_state="Running"
-        )
-    waiting = [w for w in (_waiting(p) for p in active) if w is not None]
-    if not waiting:
-        return JobStatus(JobState.PENDING, f"Job {name} is waiting for its pods", raw_state="Pending")
-    annotations = meta.get("annotations") or {}
-    for item in waiting:
-        fatal = item.reason == "Unschedulable" or item.reason in _WAITING_FATAL
-        key = ANNOTATION_UNSCHEDULABLE if item.reason == "Unschedulable" else ANNOTATION_START
-        default = DEFAULT_UNSCHEDULABLE_TIMEOUT if item.reason == "Unschedulable" else DEFAULT_START_TIMEOUT
-        bound = float(annotations.get(key) or default)
-        if fatal and now - item.since > bound:
-            return JobStatus(
-                JobState.ERROR,
-                f"Job {name}: {item.reason} for {now - item.since:.0f} s (more than {bound:.0f} s): {item.message}",
-                raw_state=item.reason,
-            )
-    first = waiting[0]
-    return JobStatus(
-        JobState.PENDING, f"Job {name}: {first.reason}: {first.message}".rstrip(": "), raw_state=first.reason
-    )
-
-
-def _failed_status(name: str, condition: dict[str, Any], pods: list[dict[str, Any]]) -> JobStatus:
-    reason = str(condition.get("reason") or "Failed")
-    culprit = _culprit(pods)
-    if reason == "DeadlineExceeded" or culprit is None:
-        return JobStatus(
-            JobState.ERROR, f"Job {name} failed: {reason}: {condition.get('message', '')}", raw_state=reason
-        )
-    pod = culprit["metadata"]["name"]
-    status = culprit["status"]
-    terminated = _terminated(culprit) or {}
-    code = terminated.get("exitCode")
-    disruption = next(
-        (c for c in status.get("conditions") or [] if c["type"] == "DisruptionTarget" and c.get("status") == "True"),
-        None,
-    )
-    if status.get("reason") == "Evicted" or disruption is not None:
-        why = status.get("message") or (disruption or {}).get("message") or "evicted"
-        return JobStatus(JobState.ERROR, f"Job {name}: pod {pod} was evicted: {why}", code, "Evicted")
-    raw = str(terminated.get("reason") or reason)
-    what = "was killed by the out-of-memory killer" if raw == "OOMKilled" else f"exited with code {code}"
-    return JobStatus(JobState.ERROR, f"Job {name}: pod {pod} container {CONTAINER} {what}", code, raw)
+# ----------------------------------------------------------------------------- small helpers
 
 
 def _labels(obj: dict[str, Any]) -> dict[str, str]:
     return dict(obj["metadata"].get("labels") or {})
-
-
-def _index(pod: dict[str, Any]) -> int:
-    return int((pod["metadata"].get("annotations") or {}).get(INDEX_ANNOTATION) or 0)
-
-
-def _rank0(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The pod whose log is the job's: completion index 0 (or the only pod), newest first."""
-    candidates = [p for p in pods if _index(p) == 0]
-    return max(candidates, key=lambda p: p["metadata"].get("creationTimestamp") or "", default=None)
-
-
-def _name_of(pod: dict[str, Any] | None) -> str:
-    return str(pod["metadata"]["name"]) if pod else ""
-
-
-def _container(pod: dict[str, Any]) -> dict[str, Any]:
-    statuses = pod["status"].get("containerStatuses") or []
-    return next((s for s in statuses if s.get("name") == CONTAINER), statuses[0] if statuses else {})
-
-
-def _running(pod: dict[str, Any]) -> bool:
-    return pod["status"].get("phase") == "Running" and "running" in ((_container(pod).get("state")) or {})
-
-
-def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
-    return ((_container(pod).get("state")) or {}).get("terminated")
-
-
-def _culprit(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The pod that failed the job: the first failed one (evicted before the rest), else rank 0."""
-    failed = [p for p in pods if p["status"].get("phase") == "Failed"]
-    return min(failed, key=lambda p: (_terminated(p) or {}).get("finishedAt") or "", default=None) or _rank0(pods)
-
-
-def _waiting(pod: dict[str, Any]) -> _Waiting | None:
-    """Why a pending pod does not run: the scheduler's verdict first, then its container's waiting reason."""
-    conditions = {c["type"]: c for c in pod["status"].get("conditions") or []}
-    scheduled = conditions.get("PodScheduled")
-    created = _epoch(pod["metadata"].get("creationTimestamp")) or time.time()
-    if scheduled is not None and scheduled.get("status") == "False":
-        since = _epoch(scheduled.get("lastTransitionTime")) or created
-        return _Waiting(str(scheduled.get("reason") or "Unschedulable"), str(scheduled.get("message") or ""), since)
-    waiting = ((_container(pod).get("state")) or {}).get("waiting")
-    if waiting is None:
-        return None
-    since = _epoch((scheduled or {}).get("lastTransitionTime")) or created
-    return _Waiting(str(waiting.get("reason") or "Waiting"), str(waiting.get("message") or ""), since)
-
-
-def _finished(job: dict[str, Any]) -> bool:
-    return any(
-        c["type"] in ("Complete", "Failed") and c.get("status") == "True"
-        for c in (job.get("status") or {}).get("conditions") or []
-    )
 
 
 def _marks(job: dict[str, Any] | None, handle: JobHandle) -> dict[str, Any]:
@@ -987,10 +835,6 @@ def _marks(job: dict[str, Any] | None, handle: JobHandle) -> dict[str, Any]:
             with contextlib.suppress(ValueError):
                 marks[key.removeprefix(prefix)] = json.loads(value)
     return marks
-
-
-def _epoch(stamp: str | None) -> float | None:
-    return float(ct.cursor_second(stamp)) if stamp else None
 
 
 def _secret_name(job_id: str) -> str:

@@ -22,6 +22,10 @@ from hypothesis import strategies as st
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks import lepton as lp
+from airflow_provider_tao.hooks import lepton_api as la
+from airflow_provider_tao.hooks import lepton_files as lf
+from airflow_provider_tao.hooks import lepton_placement as lpl
+from airflow_provider_tao.hooks import lepton_status as ls
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.jobs import ErrClass, JobSpec, JobState
 from airflow_provider_tao.runner.entrypoint import build_entrypoint
@@ -59,7 +63,7 @@ def _job(state: str, *, ready: int = 0, active: int = 0, parallelism: int = 1, a
     ],
 )
 def test_lepton_states_map_to_the_shared_vocabulary(state: str, expected: JobState) -> None:
-    status = lp.job_status(_job(state), NOW)
+    status = ls.job_status(_job(state), NOW)
     assert status.state is expected and status.raw_state == state
     assert status.exit_code == (0 if expected is JobState.COMPLETE else None)
 
@@ -67,34 +71,34 @@ def test_lepton_states_map_to_the_shared_vocabulary(state: str, expected: JobSta
 def test_an_archived_job_that_completed_is_complete() -> None:
     job = _job("Archived")
     job["status"]["succeeded"] = 1
-    assert lp.job_status(job, NOW).state is JobState.COMPLETE
+    assert ls.job_status(job, NOW).state is JobState.COMPLETE
 
 
 def test_running_with_fewer_ready_than_active_is_pending_starting_replicas() -> None:
-    status = lp.job_status(_job("Running", ready=1, active=2, parallelism=2), NOW)
+    status = ls.job_status(_job("Running", ready=1, active=2, parallelism=2), NOW)
     assert status.state is JobState.PENDING and "starting replicas (1/2 ready)" in status.message
-    assert lp.job_status(_job("Running", ready=2, active=2, parallelism=2), NOW).state is JobState.RUNNING
+    assert ls.job_status(_job("Running", ready=2, active=2, parallelism=2), NOW).state is JobState.RUNNING
 
 
 def test_replica_readiness_is_the_pending_reason() -> None:
-    pulling = lp.Readiness("InProgress", "Pulling image")
-    status = lp.job_status(_job("Starting"), NOW, pulling)
+    pulling = ls.Readiness("InProgress", "Pulling image")
+    status = ls.job_status(_job("Starting"), NOW, pulling)
     assert status.state is JobState.PENDING and status.message.endswith("InProgress: Pulling image")
 
 
 def test_queueing_past_the_capacity_bound_is_no_capacity_err_capacity() -> None:
-    assert lp.job_status(_job("Queueing", age=899), NOW).state is JobState.PENDING
-    status = lp.job_status(_job("Queueing", age=901), NOW)
+    assert ls.job_status(_job("Queueing", age=899), NOW).state is JobState.PENDING
+    status = ls.job_status(_job("Queueing", age=901), NOW)
     assert status.state is JobState.ERROR and status.raw_state == "NoCapacity"
     assert "no capacity for 901 s (more than 900 s)" in status.message
-    short = lp.job_status(_job("Queueing", age=31, **{lp.LABEL_CAPACITY: "30"}), NOW)  # the job's own bound
+    short = ls.job_status(_job("Queueing", age=31, **{ls.LABEL_CAPACITY: "30"}), NOW)  # the job's own bound
     assert short.state is JobState.ERROR
     assert classify(FailureFacts(raw_state=short.raw_state)).err_class is ErrClass.ERR_CAPACITY
 
 
 def test_a_failed_image_pull_is_err_image_pull_at_once() -> None:
-    failed = lp.Readiness("Failed", 'ImagePullBackOff: Failed to pull image "x": 401 Unauthorized')
-    status = lp.job_status(_job("Starting", age=2), NOW, failed)
+    failed = ls.Readiness("Failed", 'ImagePullBackOff: Failed to pull image "x": 401 Unauthorized')
+    status = ls.job_status(_job("Starting", age=2), NOW, failed)
     assert status.state is JobState.ERROR and status.raw_state == "ImagePullFailed"
     assert classify(FailureFacts(raw_state=status.raw_state)).err_class is ErrClass.ERR_IMAGE_PULL
 
@@ -102,17 +106,17 @@ def test_a_failed_image_pull_is_err_image_pull_at_once() -> None:
 @pytest.mark.parametrize(
     ("readiness", "raw", "err_class"),
     [
-        (lp.Readiness("ConfigError", "Mount point not found"), "ConfigError", ErrClass.ERR_INFRA),
-        (lp.Readiness("InProgress", "Pulling image"), "ImagePullFailed", ErrClass.ERR_IMAGE_PULL),
+        (ls.Readiness("ConfigError", "Mount point not found"), "ConfigError", ErrClass.ERR_INFRA),
+        (ls.Readiness("InProgress", "Pulling image"), "ImagePullFailed", ErrClass.ERR_IMAGE_PULL),
         (None, "StartTimeout", ErrClass.ERR_INFRA),
     ],
 )
 def test_replicas_not_ready_past_the_start_bound_are_errors_named_by_their_readiness(
-    readiness: lp.Readiness | None, raw: str, err_class: ErrClass
+    readiness: ls.Readiness | None, raw: str, err_class: ErrClass
 ) -> None:
-    job = _job("Starting", age=5000, **{lp.LABEL_START: "60"})
-    assert lp.job_status(job, NOW, readiness, starting_since=NOW - 59).state is JobState.PENDING
-    status = lp.job_status(job, NOW, readiness, starting_since=NOW - 61)
+    job = _job("Starting", age=5000, **{ls.LABEL_START: "60"})
+    assert ls.job_status(job, NOW, readiness, starting_since=NOW - 59).state is JobState.PENDING
+    status = ls.job_status(job, NOW, readiness, starting_since=NOW - 61)
     assert status.state is JobState.ERROR and status.raw_state == raw
     assert classify(FailureFacts(raw_state=raw)).err_class is err_class
     assert err_class.retriable is (err_class is ErrClass.ERR_INFRA)
@@ -124,8 +128,38 @@ def test_the_most_telling_readiness_issue_wins() -> None:
         {"status": {"readiness_issue": {"reason": "ConfigError", "message": "Mount point not found"}}},
         {"status": {}},
     ]
-    assert lp.readiness_of(replicas) == lp.Readiness("ConfigError", "Mount point not found")
-    assert lp.readiness_of([{"status": {"readiness_issue": {"reason": "Ready", "message": ""}}}]) is None
+    assert ls.readiness_of(replicas) == ls.Readiness("ConfigError", "Mount point not found")
+    assert ls.readiness_of([{"status": {"readiness_issue": {"reason": "Ready", "message": ""}}}]) is None
+
+
+def test_failure_facts_come_from_terminations_events_and_the_servers_analysis() -> None:
+    failed = ls.job_status(_job("Failed"), NOW)
+    analysis = {
+        "job_failure_by_node_event": [{"node_event_name": "OOMKilling", "message": "node ran out of memory"}],
+        "log_streams": [{"lines": ["CUDA error: out of memory"]}],
+        "err_class": "OOM",
+    }
+    replicas = [{"id": "j-0-abcde", "status": {"last_termination": {"reason": "Error", "exit_code": 137}}}]
+    events = [{"type": "Normal", "reason": "Pulled", "message": "ok"}, {"reason": "BackOff", "message": "restarting"}]
+    facts = ls.failure_facts_of(
+        failed, replicas=replicas, events=events, analysis=analysis, log_tail=["epoch 1"], job="j", workspace="ws1"
+    )
+    assert (facts.exit_code, facts.oom_killed, facts.raw_state) == (137, True, "Failed")
+    assert facts.events == ["node event OOMKilling: node ran out of memory", "event BackOff: restarting"]
+    assert facts.log_tail == ["epoch 1", "CUDA error: out of memory"]
+    assert facts.details["replicas"] == ["j-0-abcde"] and facts.details["lepton_err_class"] == "OOM"
+    assert classify(facts).err_class is ErrClass.ERR_OOM
+    preempted = ls.failure_facts_of(
+        failed,
+        replicas=[],
+        events=[{"reason": "Preempted", "message": "container exited with code 143"}],
+        analysis={},
+        log_tail=[],
+        job="j",
+        workspace="ws1",
+    )
+    assert (preempted.raw_state, preempted.exit_code, preempted.oom_killed) == ("Evicted", 143, False)
+    assert classify(preempted).err_class is ErrClass.ERR_PREEMPTED
 
 
 # ----------------------------------------------------------------------------- the 36-character name rule
@@ -175,12 +209,12 @@ SHAPES = [
     [(0, "cpu.small"), (1, "gpu.1xh100-80gb"), (2, "gpu.2xh100-80gb"), (4, "gpu.8xh100-80gb"), (-1, "gpu.8xh100-80gb")],
 )
 def test_shapes_are_resolved_from_gpu_count(gpus: int, shape: str) -> None:
-    picked = lp.pick_shape(SHAPES, gpus)
+    picked = lpl.pick_shape(SHAPES, gpus)
     assert picked is not None and picked["id"] == shape
 
 
 def test_no_shape_fits_is_none() -> None:
-    assert lp.pick_shape(SHAPES, 16) is None and lp.pick_shape(SHAPES[2:], 0) is None
+    assert lpl.pick_shape(SHAPES, 16) is None and lpl.pick_shape(SHAPES[2:], 0) is None
 
 
 @pytest.mark.parametrize(
@@ -193,16 +227,16 @@ def test_no_shape_fits_is_none() -> None:
     ],
 )
 def test_the_volume_preference_is_lustre_then_filestore_then_the_first(names: list[str], chosen: str | None) -> None:
-    picked = lp.pick_volume([{"name": n} for n in names])
+    picked = lpl.pick_volume([{"name": n} for n in names])
     assert (picked or {}).get("name") == chosen
 
 
 def test_only_a_lustre_mount_is_the_runners_input_cache() -> None:
-    lustre = lp.Placement("s", 0, volume_mount="/mnt/lustre-fs", volume_kind="lustre")
-    filestore = lp.Placement("s", 0, volume_mount="/mnt/fs", volume_kind="filestore")
+    lustre = lpl.Placement("s", 0, volume_mount="/mnt/lustre-fs", volume_kind="lustre")
+    filestore = lpl.Placement("s", 0, volume_mount="/mnt/fs", volume_kind="filestore")
     assert (lustre.cache_path, lustre.results_root) == ("/mnt/lustre-fs", "/mnt/lustre-fs/results")
     assert (filestore.cache_path, filestore.results_root) == (None, "/mnt/fs/results")
-    assert lp._mount_source({"name": "lustre-fs", "from": "nfs"}) == "node-nfs:lustre-fs"
+    assert lpl._mount_source({"name": "lustre-fs", "from": "nfs"}) == "node-nfs:lustre-fs"
 
 
 # ----------------------------------------------------------------------------- the files channel
@@ -215,7 +249,7 @@ def _unpack(text: str) -> dict[str, bytes]:
 
 def test_files_in_env_are_chunks_under_linuxs_limit_that_join_to_the_archive() -> None:
     files = {"script_runner.py": secrets.token_bytes(300 * 1024), "runner.json": b"{}"}
-    env = ct.files_in_env(files, lp.ENV_PART_SIZE, setup=b"export X=1\n")
+    env = ct.files_in_env(files, lf.ENV_PART_SIZE, setup=b"export X=1\n")
     count = int(env[ct.PARTS_ENV_COUNT])
     chunks = [env[f"{ct.PARTS_ENV_PREFIX}{i}"] for i in range(count)]
     assert count == 4 and all(len(f"{ct.PARTS_ENV_PREFIX}{i}={c}") < 128 * 1024 for i, c in enumerate(chunks))
@@ -227,14 +261,14 @@ def test_files_in_env_are_chunks_under_linuxs_limit_that_join_to_the_archive() -
 
 
 def test_one_staged_part_fits_one_staging_jobs_environment() -> None:
-    part = secrets.token_bytes(lp.ENV_FILES_BUDGET * 3 // 4 - 4096)  # incompressible, the largest part
-    env = ct.files_in_env({"part-000": part}, lp.ENV_PART_SIZE)
+    part = secrets.token_bytes(lf.ENV_FILES_BUDGET * 3 // 4 - 4096)  # incompressible, the largest part
+    env = ct.files_in_env({"part-000": part}, lf.ENV_PART_SIZE)
     carried = sum(len(v) for k, v in env.items() if k.startswith(ct.PARTS_ENV_PREFIX))
-    assert carried <= lp.ENV_FILES_BUDGET
-    assert lp.env_bytes(env) < lp.ENV_TOTAL_BUDGET
+    assert carried <= lf.ENV_FILES_BUDGET
+    assert lf.env_bytes(env) < lf.ENV_TOTAL_BUDGET
 
 
-def _hook_with(placement: lp.Placement) -> lp.LeptonHook:
+def _hook_with(placement: lpl.Placement) -> lp.LeptonHook:
     hook = lp.LeptonHook()
     hook._extras = {}
     hook.placement = lambda spec: placement  # type: ignore[method-assign]
@@ -249,13 +283,13 @@ def _runner_spec(blob: str, **kwargs: Any) -> JobSpec:
 
 
 def test_a_typical_spec_rides_in_the_environment() -> None:
-    channel = _hook_with(lp.Placement("cpu.small", 0))._channel(_runner_spec("x" * 1000))
+    channel = _hook_with(lpl.Placement("cpu.small", 0))._channel(_runner_spec("x" * 1000))
     assert channel.route == "env" and int(channel.env[ct.PARTS_ENV_COUNT]) == 1
     assert 20_000 < channel.packed_size < 40_000  # the runner itself, gzip'd
 
 
 def test_a_4_mib_spec_is_staged_through_the_shared_volume_in_parts() -> None:
-    placement = lp.Placement("cpu.small", 0, node_group_name="ng-lustre", volume_mount="/mnt/lustre-fs")
+    placement = lpl.Placement("cpu.small", 0, node_group_name="ng-lustre", volume_mount="/mnt/lustre-fs")
     channel = _hook_with(placement)._channel(_runner_spec(secrets.token_hex(2 * 1024 * 1024)))
     assert channel.route == "volume" and channel.parts_dir == "/mnt/lustre-fs/.tao-staging/abc123def456"
     assert channel.env == {ct.PARTS_DIR_ENV: channel.parts_dir}
@@ -265,13 +299,13 @@ def test_a_4_mib_spec_is_staged_through_the_shared_volume_in_parts() -> None:
 
 
 def test_a_4_mib_spec_without_a_shared_volume_is_refused_naming_the_parameter() -> None:
-    hook = _hook_with(lp.Placement("cpu.small", 0, node_group_name="ng-plain"))
+    hook = _hook_with(lpl.Placement("cpu.small", 0, node_group_name="ng-plain"))
     with pytest.raises(JobValidationError, match=r"^specs: .* are 2\.\d MiB packed.*node group ng-plain mounts no"):
         hook._channel(_runner_spec(secrets.token_hex(2 * 1024 * 1024)))
 
 
 def test_an_environment_over_linuxs_limits_is_refused_before_submission() -> None:
-    hook = _hook_with(lp.Placement("cpu.small", 0))
+    hook = _hook_with(lpl.Placement("cpu.small", 0))
     one = JobSpec(name="n-0123456789", job_id="j", command="x", image="i", env={"BIG": "x" * 130_000})
     with pytest.raises(JobValidationError, match=r"^env\['BIG'\]: .*128 KiB"):
         hook._channel(one)
@@ -284,7 +318,7 @@ def test_an_environment_over_linuxs_limits_is_refused_before_submission() -> Non
 
 def test_a_plain_single_node_command_ships_nothing() -> None:
     spec = JobSpec(name="n-0123456789", job_id="j", command="echo hi", image="i")
-    assert _hook_with(lp.Placement("cpu.small", 0))._channel(spec).route == "none"
+    assert _hook_with(lpl.Placement("cpu.small", 0))._channel(spec).route == "none"
 
 
 # ----------------------------------------------------------------------------- the setup shipped with the job
@@ -307,17 +341,17 @@ def test_the_multi_node_contract_comes_from_leptons_worker_variables(tmp_path: A
         "LEPTON_JOB_WORKER_PREFIX": "train-0123456789",
         "LEPTON_SUBDOMAIN": "train-0123456789-job-svc",
     }
-    env = _source(lp.setup_script(3, staged=False), lepton, tmp_path)
+    env = _source(lf.setup_script(3, staged=False), lepton, tmp_path)
     assert env["NODE_RANK"] == "1" and env["MASTER_ADDR"] == "train-0123456789-0.train-0123456789-job-svc"
     assert (
         env["WORKER_ADDRS"] == "train-0123456789-1.train-0123456789-job-svc,train-0123456789-2.train-0123456789-job-svc"
     )
-    assert b"wget" not in lp.setup_script(3, staged=True) and b"curl" not in lp.setup_script(3, staged=True)
+    assert b"wget" not in lf.setup_script(3, staged=True) and b"curl" not in lf.setup_script(3, staged=True)
 
 
 def test_a_missing_worker_variable_stops_the_replica_loudly(tmp_path: Any) -> None:
     path = tmp_path / "setup.sh"
-    path.write_bytes(lp.setup_script(2, staged=False))
+    path.write_bytes(lf.setup_script(2, staged=False))
     proc = subprocess.run(["/bin/sh", "-c", f". {path}; echo ran"], env={}, capture_output=True, text=True, check=False)
     assert proc.returncode != 0 and "ran" not in proc.stdout and "LEPTON_JOB_WORKER_INDEX" in proc.stderr
 
@@ -326,7 +360,7 @@ def test_the_last_replica_to_unpack_removes_the_staged_parts(tmp_path: Any) -> N
     parts = tmp_path / "parts"
     parts.mkdir()
     (parts / "part-000").write_bytes(b"x")
-    script = lp.setup_script(1, staged=True)
+    script = lf.setup_script(1, staged=True)
     base = {ct.PARTS_DIR_ENV: str(parts), "LEPTON_JOB_TOTAL_WORKERS": "2"}
     env = _source(script, {**base, "LEPTON_JOB_WORKER_INDEX": "0"}, tmp_path)
     assert parts.exists() and ct.PARTS_DIR_ENV not in env
@@ -349,7 +383,7 @@ def test_log_reads_by_cursor_repeat_nothing_and_skip_nothing() -> None:
     for upto in (3, 3, 7, 10):  # what the server holds at each read; a read asks from the cursor's timestamp on
         last, _ = ct.parse_log_cursor(cursor)
         window = [e for e in log[:upto] if not last or str(e[0]) >= last]
-        text, cursor = ct.read_after(sorted(lp._log_lines(_loki(*window))), cursor)
+        text, cursor = ct.read_after(sorted(ls.log_lines(_loki(*window))), cursor)
         shown += text.splitlines()
     assert shown == [f"line {i}" for i in range(10)]
 
@@ -362,10 +396,10 @@ def test_http_statuses_of_every_client_error_class() -> None:
         def __init__(self, code: int) -> None:
             self.status_code, self.text = code, "{}"
 
-    assert lp.status_of(ClientError(_Response(401))) == 401  # type: ignore[arg-type]
-    assert lp.status_of(ServerError(_Response(503))) == 503  # type: ignore[arg-type]
-    assert lp.status_of(LogAPIError("x", status_code=429)) == 429
-    assert lp.status_of(TimeoutError("slow")) is None
+    assert la.status_of(ClientError(_Response(401))) == 401  # type: ignore[arg-type]
+    assert la.status_of(ServerError(_Response(503))) == 503  # type: ignore[arg-type]
+    assert la.status_of(LogAPIError("x", status_code=429)) == 429
+    assert la.status_of(TimeoutError("slow")) is None
 
 
 def test_a_refused_token_is_err_auth_naming_the_setting() -> None:
@@ -380,7 +414,7 @@ def test_a_refused_token_is_err_auth_naming_the_setting() -> None:
 
 
 def test_unknown_backend_details_are_refused() -> None:
-    hook = _hook_with(lp.Placement("cpu.small", 0))
+    hook = _hook_with(lpl.Placement("cpu.small", 0))
     spec = JobSpec(name="n-0123456789", job_id="j", command="x", image="i", backend_details={"gpus": 2})
     with pytest.raises(JobValidationError, match=r"backend_details\['gpus'\]: is not a lepton platform setting"):
         hook.validate_spec(spec)
@@ -392,8 +426,8 @@ def test_unknown_backend_details_are_refused() -> None:
 
 
 def test_marks_and_secrets_of_a_job_share_one_prefix() -> None:
-    assert lp.secret_prefix("abc") == "tao.abc."
-    assert json.dumps(sorted(lp.MARK_LABELS.values())) == json.dumps(
+    assert la.secret_prefix("abc") == "tao.abc."
+    assert json.dumps(sorted(ls.MARK_LABELS.values())) == json.dumps(
         ["tao-cancel-by", "tao-consumed-by", "tao-owner-try"]
     )
 

@@ -26,7 +26,10 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
-from airflow_provider_tao.hooks import lepton as lp
+from airflow_provider_tao.hooks import lepton_api as la
+from airflow_provider_tao.hooks import lepton_files as lf
+from airflow_provider_tao.hooks import lepton_marks as lm
+from airflow_provider_tao.hooks import lepton_status as ls
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.lepton import LeptonHook
 from airflow_provider_tao.jobs import JobHandle, JobState
@@ -64,22 +67,22 @@ class Workspace:
 
     def jobs_named(self, name: str, *, alive: bool = True) -> list[dict[str, Any]]:
         """The server's records of the jobs of one deterministic name (the label, whatever id it got)."""
-        found = [j for j in self.fake.jobs() if j["labels"].get(lp.LABEL_NAME) == name]
+        found = [j for j in self.fake.jobs() if j["labels"].get(ls.LABEL_NAME) == name]
         return [j for j in found if not j["deleted"]] if alive else found
 
     def job(self, job_id: str) -> dict[str, Any]:
-        (record,) = [j for j in self.fake.jobs() if j["labels"].get(lp.LABEL_JOB_ID) == job_id]
+        (record,) = [j for j in self.fake.jobs() if j["labels"].get(ls.LABEL_JOB_ID) == job_id]
         return record
 
     def secrets_of(self, job_id: str) -> list[str]:
         stored = self.fake.secrets()
         names = [*stored["user"], *stored["image_pull"]]
-        return [n for n in names if n.startswith((lp.secret_prefix(job_id), f"tao-{job_id}"))]
+        return [n for n in names if n.startswith((la.secret_prefix(job_id), f"tao-{job_id}"))]
 
     def wait_running(self, job_id: str, timeout: float = 60) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = [j for j in self.fake.jobs() if j["labels"].get(lp.LABEL_JOB_ID) == job_id]
+            found = [j for j in self.fake.jobs() if j["labels"].get(ls.LABEL_JOB_ID) == job_id]
             if (
                 found
                 and found[-1]["state"] == "Running"
@@ -128,12 +131,12 @@ def ws(lepton_fake: LeptonFake, triggerer: Triggerer) -> Workspace:
 @contextlib.contextmanager
 def _patch_labels(ws: Workspace, mode: str) -> Iterator[str]:
     ws.fake.config(patch_labels=mode)
-    lp._LABELS_PATCHABLE.clear()  # the hook learns the workspace's behaviour afresh
+    lm._LABELS_PATCHABLE.clear()  # the hook learns the workspace's behaviour afresh
     try:
         yield mode
     finally:
         ws.fake.config(patch_labels="accept")
-        lp._LABELS_PATCHABLE.clear()
+        lm._LABELS_PATCHABLE.clear()
 
 
 @pytest.fixture(params=["accept", "ignore", "reject"])
@@ -209,7 +212,7 @@ def test_success_streams_the_log_and_commits_outputs_on_the_lustre_volume(
     assert spec["resource_shape"] == "cpu.small" and spec["max_failure_retry"] == 0
     assert spec["mounts"] == [{"path": "/lustre/fsw/portfolios/ci", "from": "node-nfs:lustre-fs", "mount_path": LUSTRE}]
     assert spec["affinity"]["allowed_dedicated_node_groups"] != ["ng-lustre"]  # the group's id, not its name
-    assert record["labels"][lp.LABEL_NAME] == _name(run) and len(_name(run)) <= 36
+    assert record["labels"][ls.LABEL_NAME] == _name(run) and len(_name(run)) <= 36
     assert workspace.secrets_of(run.job_id) == []  # the files' secrets went with the verdict
 
 
@@ -258,7 +261,7 @@ def test_no_capacity_is_pending_then_err_capacity_after_the_bound_and_the_job_is
         with pytest.raises(AirflowException, match="ERR_CAPACITY") as failed:
             finish(run, timeout=60)
         assert not isinstance(failed.value, AirflowFailException)  # capacity is retriable
-        assert ws.job(run.job_id)["labels"][lp.LABEL_CAPACITY] == "6"
+        assert ws.job(run.job_id)["labels"][ls.LABEL_CAPACITY] == "6"
         ws.wait_gone(run.job_id)  # nothing keeps waiting for a node
     finally:
         ws.fake.capacity(ng_lustre=None)
@@ -291,7 +294,7 @@ def test_an_eviction_is_retried_by_airflow_with_one_new_job(
     assert retry.job_id != first.job_id and _name(retry) == _name(first)
     result = finish(retry)
     (alive,) = workspace.jobs_named(_name(first))  # the evicted one was deleted before the new one was created
-    assert result["state"] == "Complete" and alive["labels"][lp.LABEL_JOB_ID] == retry.job_id
+    assert result["state"] == "Complete" and alive["labels"][ls.LABEL_JOB_ID] == retry.job_id
 
 
 def test_a_wrong_token_is_err_auth_before_anything_is_created(ws: Workspace, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -506,9 +509,9 @@ def test_clear_while_deferred_runs_exactly_one_job_to_completion(
     assert marks.get("owner_try") == 2 and "cancel_requested_by" not in marks and marks.get("consumed_by") == 2
     mark_secrets = [n for n in ws.secrets_of(first.job_id) if ".mark." in n]
     if label_mode == "accept":
-        assert job["labels"][lp.MARK_LABELS["owner_try"]] == "2" and not mark_secrets
+        assert job["labels"][ls.MARK_LABELS["owner_try"]] == "2" and not mark_secrets
     else:  # the workspace kept the labels as created: the marks live in secrets named after the job
-        assert job["labels"][lp.MARK_LABELS["owner_try"]] == "1"
+        assert job["labels"][ls.MARK_LABELS["owner_try"]] == "1"
         assert sorted(mark_secrets) == [
             f"tao.{first.job_id}.mark.consumed_by.2",
             f"tao.{first.job_id}.mark.owner_try.2",
@@ -637,13 +640,13 @@ def test_a_4_mib_spec_reaches_the_job_and_no_secret_value_is_in_any_job_spec_or_
         assert f"[job] secret {var} True" in logged
     assert "[job] env parts left []" in logged  # unpacked, then out of the command's environment
     assert result["state"] == "Complete"
-    stagers = [j for j in ws.fake.jobs() if j["labels"].get(lp.LABEL_STAGE_OF) == run.job_id]
+    stagers = [j for j in ws.fake.jobs() if j["labels"].get(ls.LABEL_STAGE_OF) == run.job_id]
     assert len(stagers) == 4 and all(j["deleted"] for j in stagers)
     assert all("Completed" in [h["state"] for h in j["history"]] for j in stagers)
-    assert not ws.on_volume(f"{LUSTRE}/{lp.STAGING_DIR}/{run.job_id}").exists()  # removed once unpacked
-    assert pulls == {lp.pull_secret_name(run.job_id): NGC_KEY}  # the NGC key became an image pull secret
+    assert not ws.on_volume(f"{LUSTRE}/{lf.STAGING_DIR}/{run.job_id}").exists()  # removed once unpacked
+    assert pulls == {la.pull_secret_name(run.job_id): NGC_KEY}  # the NGC key became an image pull secret
     record = ws.job(run.job_id)
-    assert record["body"]["spec"]["image_pull_secrets"] == [lp.pull_secret_name(run.job_id)]
+    assert record["body"]["spec"]["image_pull_secrets"] == [la.pull_secret_name(run.job_id)]
     stored = ws.fake.secrets()
     for value in (SECRET, NGC_KEY, HF_TOKEN):
         assert value not in logged and value not in json.dumps(result)

@@ -1,0 +1,254 @@
+"""What a DGX Cloud Lepton job says about itself, read from the API's JSON: the labels it carries, its state in the
+shared vocabulary, its replicas' readiness, its log lines and its failure facts. Pure functions, no I/O.
+
+The state map is the seed's: Queueing / Awaiting / PendingRetry / Starting are Pending, Running is Running once every
+replica is ready, Completed is Complete, Stopped Paused, Deleted Canceled, Failed or Archived without completing
+Error. A job queueing past its capacity bound or starting past its start bound (both carried as labels of the job,
+so any hook judges it alike) is an Error that the failure taxonomy turns into ``ERR_CAPACITY``, ``ERR_IMAGE_PULL`` or
+``ERR_INFRA``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_provider_tao.failures import FailureFacts
+from airflow_provider_tao.hooks.base import MARK_CANCEL, MARK_CONSUMED, MARK_OWNER
+from airflow_provider_tao.jobs import JobState, JobStatus
+
+# Label keys: the client refuses '/' in them (``^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$``, <= 63).
+LABEL_MANAGED = "tao-managed"
+LABEL_JOB_ID = "tao-job-id"
+LABEL_NAME = "tao-job-name"
+LABEL_TRY = "tao-try"
+LABEL_CAPACITY = "tao-capacity-timeout"
+LABEL_START = "tao-start-timeout"
+LABEL_STAGE_OF = "tao-stage-of"
+ORIGIN_LABELS = {"dag_id": "tao-dag-id", "task_id": "tao-task-id", "map_index": "tao-map-index"}
+MARK_LABELS = {MARK_OWNER: "tao-owner-try", MARK_CANCEL: "tao-cancel-by", MARK_CONSUMED: "tao-consumed-by"}
+
+#: The bounds of a job without its own (``capacity_timeout_seconds``, ``start_timeout_seconds``).
+DEFAULT_CAPACITY_TIMEOUT = 15 * 60
+DEFAULT_START_TIMEOUT = 10 * 60
+QUEUE_STATES = frozenset({"Queueing", "Awaiting", "PendingRetry"})
+START_STATES = frozenset({"Starting", "Restarting"})
+#: Lepton states after which the job runs nothing more (Stopped is a pause: it can be started again).
+FINISHED_STATES = frozenset({"Completed", "Failed", "Deleted", "Archived"})
+_READINESS_ORDER = ("Failed", "ConfigError", "SystemError", "NoCapacity", "Queueing", "InProgress")
+_PULLING = re.compile(r"pull|image", re.IGNORECASE)
+_EXIT_CODE = re.compile(r"exit(?:ed)?(?: with)? code[:= ]+(-?\d+)", re.IGNORECASE)
+_EVICTED = re.compile(r"evict|preempt", re.IGNORECASE)
+
+
+# ----------------------------------------------------------------------------- the job's JSON
+
+
+def labels_of(job: dict[str, Any]) -> dict[str, str]:
+    return dict((job.get("metadata") or {}).get("labels") or {})
+
+
+def id_of(job: dict[str, Any]) -> str:
+    """The job's id as the server gave it (what every per-job route takes)."""
+    return str((job.get("metadata") or {}).get("id") or "")
+
+
+def state_of(job: dict[str, Any]) -> str:
+    return str((job.get("status") or {}).get("state") or "")
+
+
+def created_at(job: dict[str, Any]) -> float | None:
+    """When the job was created (epoch seconds), if the API says."""
+    meta, status = job.get("metadata") or {}, job.get("status") or {}
+    stamp = meta.get("created_at") or status.get("creation_time")
+    return float(stamp) / 1000 if stamp else None
+
+
+def _replicas(job: dict[str, Any]) -> tuple[int, int, int]:
+    """``(wanted, ready, active)`` replicas of the job."""
+    status, spec = job.get("status") or {}, job.get("spec") or {}
+    wanted = int(spec.get("parallelism") or spec.get("completions") or 1)
+    return wanted, int(status.get("ready") or 0), int(status.get("active") or 0)
+
+
+def is_starting(job: dict[str, Any]) -> bool:
+    """Scheduled but not all replicas ready: Starting / Restarting, or Running with fewer ready than wanted."""
+    wanted, ready, active = _replicas(job)
+    state = state_of(job)
+    return state in START_STATES or (state == "Running" and ready < max(active, wanted))
+
+
+# ----------------------------------------------------------------------------- the status rule
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Why a job's replicas are not ready (the most telling of them), from ``readiness_issue``."""
+
+    reason: str
+    message: str
+
+
+def readiness_of(replicas: Iterable[dict[str, Any]]) -> Readiness | None:
+    """The most severe readiness issue of the replicas (Failed > ConfigError > ... > InProgress), or None."""
+    issues = []
+    for replica in replicas:
+        issue = (replica.get("status") or {}).get("readiness_issue") or {}
+        if issue.get("reason") and issue.get("reason") != "Ready":
+            issues.append(Readiness(str(issue["reason"]), str(issue.get("message") or "")))
+    rank = {reason: i for i, reason in enumerate(_READINESS_ORDER)}
+    return min(issues, key=lambda r: rank.get(r.reason, len(rank)), default=None)
+
+
+def job_status(
+    job: dict[str, Any], now: float, readiness: Readiness | None = None, starting_since: float | None = None
+) -> JobStatus:
+    """A Lepton job's state in the shared vocabulary (the seed's map), from the job's JSON.
+
+    Queueing / Awaiting / PendingRetry / Starting are Pending, and so is Running while fewer replicas are ready than
+    active ("starting replicas"); Completed is Complete, Stopped Paused, Deleted Canceled, Failed or Archived without
+    completing Error. Queueing past the job's capacity bound is an Error ``NoCapacity``; starting past its start
+    bound an Error named after the replicas' readiness (``ImagePullFailed``, ``ConfigError``, ``StartTimeout``), as
+    is a replica whose image pull failed.
+
+    :param readiness: the replicas' readiness issue, when known.
+    :param starting_since: when the job was first seen starting (else its creation).
+    """
+    meta, status, spec = job.get("metadata") or {}, job.get("status") or {}, job.get("spec") or {}
+    name = meta.get("name") or meta.get("id") or "?"
+    state = state_of(job)
+    labels = labels_of(job)
+    wanted, ready, _ = _replicas(job)
+    why = f": {readiness.reason}: {readiness.message}".rstrip(": ") if readiness else ""
+    if state == "Completed":
+        return JobStatus(JobState.COMPLETE, f"Lepton job {name} completed", 0, state)
+    if state == "Archived":
+        if int(status.get("succeeded") or 0) >= int(spec.get("completions") or 1):
+            return JobStatus(JobState.COMPLETE, f"Lepton job {name} completed (archived)", 0, state)
+        return JobStatus(JobState.ERROR, f"Lepton job {name} was archived without completing", raw_state=state)
+    if state == "Failed":
+        failed = int(status.get("failed") or 0)
+        return JobStatus(JobState.ERROR, f"Lepton job {name} failed ({failed} replica(s) failed)", raw_state=state)
+    if state == "Deleted":
+        return JobStatus(JobState.CANCELED, f"Lepton job {name} was deleted", raw_state=state)
+    if state in ("Deleting", "Terminating"):
+        return JobStatus(JobState.CANCELING, f"Lepton job {name} is being deleted", raw_state=state)
+    if state in ("Stopped", "Stopping"):
+        return JobStatus(JobState.PAUSED, f"Lepton job {name} is {state.lower()}", raw_state=state)
+    created = created_at(job) or now
+    if readiness is not None and readiness.reason == "Failed":
+        raw = "ImagePullFailed" if _PULLING.search(readiness.message) else "ReplicaFailed"
+        return JobStatus(JobState.ERROR, f"Lepton job {name}: a replica cannot start{why}", raw_state=raw)
+    if state in QUEUE_STATES or (readiness is not None and readiness.reason in ("NoCapacity", "Queueing")):
+        bound = float(labels.get(LABEL_CAPACITY) or DEFAULT_CAPACITY_TIMEOUT)
+        if now - created > bound:
+            return JobStatus(
+                JobState.ERROR,
+                f"Lepton job {name} found no capacity for {now - created:.0f} s (more than {bound:.0f} s){why}",
+                raw_state="NoCapacity",
+            )
+        return JobStatus(
+            JobState.PENDING, f"Lepton job {name} is {state or 'queueing'}: waiting for capacity{why}", raw_state=state
+        )
+    if is_starting(job):
+        since = starting_since if starting_since is not None else created
+        bound = float(labels.get(LABEL_START) or DEFAULT_START_TIMEOUT)
+        if now - since > bound:
+            raw = (
+                "ConfigError"
+                if readiness is not None and readiness.reason in ("ConfigError", "SystemError")
+                else "ImagePullFailed"
+                if readiness is not None and _PULLING.search(readiness.message)
+                else "StartTimeout"
+            )
+            return JobStatus(
+                JobState.ERROR,
+                f"Lepton job {name}: replicas not ready after {now - since:.0f} s (more than {bound:.0f} s){why}",
+                raw_state=raw,
+            )
+        return JobStatus(
+            JobState.PENDING, f"Lepton job {name}: starting replicas ({ready}/{wanted} ready){why}", raw_state=state
+        )
+    if state == "Running":
+        return JobStatus(JobState.RUNNING, f"Lepton job {name}: {ready}/{wanted} replica(s) running", raw_state=state)
+    return JobStatus(JobState.PENDING, f"Lepton job {name} is in state {state!r}", raw_state=state)
+
+
+# ----------------------------------------------------------------------------- logs and failure facts
+
+
+def log_lines(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(timestamp ns, text)`` of every entry of a Loki ``query_range`` answer (all streams)."""
+    result = (data.get("data") or {}).get("result") or []
+    return [(str(ts).zfill(19), str(text).rstrip("\n")) for stream in result for ts, text in stream.get("values") or []]
+
+
+def failure_facts_of(
+    status: JobStatus,
+    *,
+    replicas: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    analysis: dict[str, Any],
+    log_tail: list[str],
+    job: str | None,
+    workspace: Any,
+) -> FailureFacts:
+    """The facts of a failed job from what the API holds about it: its status, its replicas (terminations), its
+    events, the server's failure analysis (node events, terminations, log streams) and the failed replica's log tail.
+
+    :param job: the job's id on the server; :param workspace: the workspace id (both only reported).
+    """
+    evidence: list[str] = []
+    raw = status.raw_state
+    oom = False
+    exit_code = status.exit_code
+    for event in analysis.get("job_failure_by_node_event") or []:
+        name = str(event.get("node_event_name") or "")
+        evidence.append(f"node event {name}: {event.get('message', '')}")
+        oom = oom or name.upper() in ("OOM", "OOMKILLED", "OOMKILLING")
+        if _EVICTED.search(name):
+            raw = "Evicted"
+    for event in events:
+        reason, message = str(event.get("reason") or ""), str(event.get("message") or "")
+        if event.get("type", "Warning") != "Normal":
+            evidence.append(f"event {reason}: {message}".rstrip(": "))
+        oom = oom or "oom" in reason.lower()
+        if _EVICTED.search(reason):
+            raw = "Evicted"
+    terminations = list(analysis.get("replica_terminations") or [])
+    for replica in replicas:  # Lepton's ReplicaTermination shape, under either name
+        replica_status = replica.get("status") or {}
+        if term := replica_status.get("last_termination") or replica_status.get("termination"):
+            terminations.append(term)
+    for term in terminations:
+        reason = str(term.get("reason") or "")
+        oom = oom or reason == "OOMKilled"
+        if reason == "Evicted":
+            raw = "Evicted"
+        if exit_code is None and term.get("exit_code") not in (None, 0):
+            exit_code = int(term["exit_code"])
+    if exit_code is None:
+        for line in evidence:
+            if match := _EXIT_CODE.search(line):
+                exit_code = int(match.group(1))
+                break
+    tail = list(log_tail)
+    for stream in analysis.get("log_streams") or []:
+        tail += [str(line) for line in stream.get("lines") or []] if isinstance(stream, dict) else [str(stream)]
+    return FailureFacts(
+        exit_code=exit_code,
+        raw_state=raw,
+        oom_killed=oom,
+        log_tail=tail,
+        events=evidence,
+        message=status.message,
+        details={
+            "job": job,
+            "workspace": workspace,
+            "replicas": [r.get("id") for r in replicas],
+            "lepton_err_class": analysis.get("err_class"),
+            "lepton_suggestion": analysis.get("suggestion"),
+        },
+    )
