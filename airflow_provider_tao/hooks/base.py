@@ -85,7 +85,7 @@ class JobValidationError(ValueError):
     """Bad input found before anything was submitted. The message names the parameter and the fix."""
 
     def __init__(self, parameter: str, problem: str, fix: str) -> None:
-        self.parameter = parameter
+        self.parameter, self.problem, self.fix = parameter, problem, fix
         super().__init__(f"{parameter}: {problem}. {fix}")
 
 

@@ -72,6 +72,7 @@ from airflow_provider_tao.accounting import (
     emit_metrics,
     total_gpu_hours,
 )
+from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobHandle, JobSpec, JobState, JobStatus
 
@@ -226,7 +227,7 @@ class CapacityFailoverMixin:
             except JobValidationError as exc:
                 where = self._where(position, current) if current else f"connection {self.chain[position]!r}"
                 raise JobValidationError(
-                    exc.parameter, f"on {where}: {exc}", "Fix it, or leave it out of the chain"
+                    f"{exc.parameter} on {where}", exc.problem, f"{exc.fix}, or leave this connection out of the chain"
                 ) from exc
             head = head or prepared
         assert head is not None
@@ -341,7 +342,11 @@ class CapacityFailoverMixin:
 
     def _fail_over(self, context: Context, hook: TAOPlatformHook, handle: JobHandle, reason: str) -> dict[str, Any]:
         """Close the attempt, cancel the job (rule 2), then adopt or submit the job on the next connection (rules 3
-        and 1) and watch it -- in this try."""
+        and 1) and watch it -- in this try. A job that got its resources after all (between the trigger's verdict
+        and now) is kept and watched again."""
+        if hook.get_job_status(handle).state in (JobState.RUNNING, JobState.COMPLETE):
+            self.log.info("Job %s got its resources after all: keeping it", handle.job_id)
+            return self._watch(context, hook, handle, self._outputs_of(context, handle))
         self._close_attempt(context, hook, handle, outcome="capacity", reason=reason)
         if not hook.cancel_job(handle):
             raise AirflowException(
@@ -429,6 +434,27 @@ class CapacityFailoverMixin:
         context["ti"].xcom_push(key=XCOM_ATTEMPTS, value=attempts)
         self.log.info(describe(len(attempts), attempt))
         self._emit(lambda tags: emit_metrics(attempt, tags), context)
+
+    def _close_left_behind(self, context: Context, stored: Any) -> None:
+        """The attempt of the task instance's last job when it ended while no try watched it (its try was killed,
+        cleared or marked failed while the job ran): the next try closes it, so its GPU time counts too. Best
+        effort: a platform that cannot be asked now leaves it open."""
+        if not isinstance(stored, dict) or stored.get("consumed") or not isinstance(stored.get("handle"), dict):
+            return
+        handle = JobHandle.from_json(stored["handle"])
+        if any(a.get("job_id") == handle.job_id for a in self._chain_record(context).get("attempts") or []):
+            return
+        try:
+            hook = get_platform_hook(handle.platform, handle.conn_id)
+            hook.load_connection()
+            status = hook.get_job_status(handle)
+        except Exception as exc:
+            self.log.info("Cannot tell how job %s ended (%s); its attempt stays open", handle.job_id, exc)
+            return
+        if status.state.is_terminal:
+            outcome = {JobState.COMPLETE: "complete", JobState.ERROR: "error"}.get(status.state, "canceled")
+            reason = f"{status.message} (it ended while no try watched it)".lstrip()
+            self._close_attempt(context, hook, handle, outcome=outcome, reason=reason)
 
     def _emit(self, send: Any, context: Context) -> None:
         """Metrics are never worth failing the task."""

@@ -308,6 +308,9 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         except JobValidationError as exc:
             raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
         try_number = context["ti"].try_number
+        stored: Any = context["task_state_store"].get(STATE_KEY)
+        if reattach:
+            self._close_left_behind(context, stored)  # a job that ended unwatched still counts in GPU-hours
         # Reattach first: an earlier try's job that still runs is this task's job, whatever a new validation of
         # today's inputs would say (the job itself may have moved them), and its outputs are the ones that count.
         # With a chain of connections it may be on any of them (see operators/failover.py).
@@ -330,7 +333,6 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
                 "Reattached to job %s (%s), submitted by try %s", handle.job_id, handle.name, previous.try_number
             )
         else:
-            stored: Any = context["task_state_store"].get(STATE_KEY)
             self._start_attempts(context, previous_run_used=isinstance(stored, dict) and bool(stored.get("consumed")))
             try:
                 prepared = self._validated_chain(context, hook, name)  # every connection of the chain, up front

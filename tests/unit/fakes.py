@@ -32,6 +32,8 @@ class FakeHook(TAOPlatformHook):
     resubmit_budget: int = 0
     no_capacity: set[str | None] = set()
     queueing: set[str | None] = set()
+    #: paths each connection can see (``check_path``); a connection without an entry sees every path
+    visible: dict[str | None, set[str]] = {}
 
     @classmethod
     def reset(cls) -> None:
@@ -41,6 +43,7 @@ class FakeHook(TAOPlatformHook):
         cls.resubmit_budget = 0
         cls.no_capacity = set()
         cls.queueing = set()
+        cls.visible = {}
 
     def resubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
         if type(self).resubmit_budget <= 0:
@@ -129,6 +132,9 @@ class FakeHook(TAOPlatformHook):
             oom_killed=job.get("raw") == "OOMKilled",
             log_tail=self.logs.get(handle.job_id, "").splitlines(),
         )
+
+    def check_path(self, uri: str) -> bool:
+        return self.conn_id not in self.visible or uri in self.visible[self.conn_id]
 
     def read_marks(self, handle: JobHandle) -> dict[str, Any]:
         return dict(self.jobs[handle.job_id]["marks"]) if handle.job_id in self.jobs else {}

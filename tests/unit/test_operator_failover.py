@@ -118,6 +118,16 @@ def test_a_fallback_platform_that_cannot_run_the_job_fails_it_at_once_naming_the
     assert chain.jobs == {}
 
 
+def test_an_input_one_platform_of_the_chain_cannot_see_fails_the_task_at_once(chain: type[FakeHook]) -> None:
+    chain.visible = {"fake_conn": {"/datasets/coco"}, "fake_b": set()}
+    op = _op(inputs={"/data": "/datasets/coco"})
+    with pytest.raises(AirflowFailException) as exc:
+        op.execute(make_context(Store()))
+    assert "connection 'fake_b' (fallback_conn_ids[0], fake)" in str(exc.value)
+    assert "/datasets/coco does not exist" in str(exc.value)
+    assert chain.jobs == {}
+
+
 def test_backend_details_are_shared_or_keyed_by_connection(chain: type[FakeHook]) -> None:
     chain.no_capacity = {"fake_conn"}
     op = _op(backend_details={"fake_conn": {"size": "big"}, "fake_b": {"size": "small"}})
@@ -180,6 +190,16 @@ def test_waiting_for_resources_past_capacity_timeout_cancels_and_moves_on(chain:
     assert second.conn_id == "fake_b"
 
 
+def test_a_job_that_got_its_resources_after_the_verdict_is_kept(chain: type[FakeHook]) -> None:
+    chain.queueing = {"fake_conn"}
+    context = make_context(Store())
+    first = _handle(_defer(_op(capacity_timeout=30).execute, context))
+    event = _event(chain, first, "capacity", "waited 31 s for resources")
+    chain.jobs[first.job_id].update(state=JobState.RUNNING)  # scheduled just after the trigger's verdict
+    again = _handle(_defer(_op(capacity_timeout=30).execute_complete, context, event=event))
+    assert again.job_id == first.job_id and len(chain.jobs) == 1
+
+
 def test_the_last_connection_gets_no_capacity_timeout_and_a_capacity_failure_there_is_retriable(
     chain: type[FakeHook],
 ) -> None:
@@ -219,15 +239,17 @@ def test_a_refusal_for_capacity_at_submission_goes_straight_to_the_next_connecti
 
 
 def test_a_job_another_try_owns_is_not_failed_over_from_this_try(chain: type[FakeHook]) -> None:
+    chain.queueing = {"fake_conn"}
     context = make_context(Store())
     first = _handle(_defer(_op().execute, context))
     chain.jobs[first.job_id]["marks"]["owner_try"] = 2  # a newer try took it over (a clear)
     with pytest.raises(AirflowException, match="another try owns it"):
         _op().execute_complete(context, event=_event(chain, first, "capacity", "waited"))
-    assert _jobs_on(chain, "fake_b") == [] and chain.jobs[first.job_id]["state"] is JobState.RUNNING
+    assert _jobs_on(chain, "fake_b") == [] and chain.jobs[first.job_id]["state"] is JobState.PENDING
 
 
 def test_failing_over_adopts_a_live_job_already_on_the_next_connection(chain: type[FakeHook]) -> None:
+    chain.queueing = {"fake_conn"}
     context = make_context(Store())
     first = _handle(_defer(_op().execute, context))
     late = FakeHook(conn_id="fake_b").create_job(JobSpec(name=first.name, job_id="late0000", command="x"))
@@ -333,3 +355,14 @@ def test_a_clear_after_success_starts_a_new_list_of_attempts(chain: type[FakeHoo
     assert len(_op().execute_complete(context, event=_event(chain, first, "complete"))["attempts"]) == 1
     second = _handle(_defer(_op().execute, make_context(store, 2)))
     assert second.job_id != first.job_id and store.data[CHAIN_KEY]["attempts"] == []
+
+
+def test_a_job_that_ended_while_no_try_watched_it_is_accounted_by_the_next_try(chain: type[FakeHook]) -> None:
+    store = Store()
+    first = _handle(_defer(_op().execute, make_context(store, 1)))
+    chain.jobs[first.job_id].update(state=JobState.CANCELED, started=1000.0, ended=1030.0, gpus=1)  # killed
+    second = _handle(_defer(_op().execute, make_context(store, 2)))
+    (closed,) = store.data[CHAIN_KEY]["attempts"]
+    assert (closed["job_id"], closed["outcome"], closed["try_number"]) == (first.job_id, "canceled", 2)
+    assert "ended while no try watched it" in closed["reason"] and closed["run_seconds"] == 30.0
+    assert second.job_id != first.job_id
