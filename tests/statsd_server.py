@@ -1,17 +1,20 @@
 """A StatsD server for tests: a UDP socket on loopback that records every metric line it receives.
 
-:class:`StatsdServer` configures Airflow's metrics the way a deployment does (``[metrics] statsd_on``, host, port,
-through ``AIRFLOW__METRICS__*``) and initialises the task SDK's ``Stats`` exactly as Airflow's task runner does
-(``stats.initialize(factory=stats_utils.get_stats_factory(), ...)``): what arrives here went through Airflow's own
-StatsD client over the wire, with nothing of ours in between.
+Airflow sends its metrics -- and a task's, through the task SDK's ``Stats`` -- to it when configured the way a
+deployment is (:attr:`StatsdServer.env`: ``[metrics] statsd_on``, host, port). :meth:`StatsdServer.configure` does
+for this process what Airflow's task runner does for a task (``stats.initialize(factory=get_stats_factory())``), for
+tests that run the operator in-process; an ``airflow standalone`` gets :attr:`StatsdServer.env` in its environment.
+What arrives here went through Airflow's own StatsD client over the wire, with nothing of ours in between.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 PREFIX = "airflow"
@@ -28,42 +31,41 @@ class StatsdServer:
         self.received: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._receive, name="statsd", daemon=True)
-        self._env = {
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Airflow's ``[metrics]`` settings that send to this server."""
+        return {
             "AIRFLOW__METRICS__STATSD_ON": "True",
             "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
             "AIRFLOW__METRICS__STATSD_PORT": str(self.port),
             "AIRFLOW__METRICS__STATSD_PREFIX": PREFIX,
         }
-        self._saved: dict[str, str | None] = {}
 
     def __enter__(self) -> StatsdServer:
         self._thread.start()
-        self._saved = {key: os.environ.get(key) for key in self._env}
-        os.environ.update(self._env)
-        self._initialize()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for key, value in self._saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        self._initialize()
         self._stop.set()
         self._thread.join(timeout=5)
         self.sock.close()
 
-    @staticmethod
-    def _initialize() -> None:
-        from airflow.sdk import conf
-        from airflow.sdk.observability import stats
-        from airflow.sdk.observability.metrics import stats_utils
-
-        stats.initialize(
-            factory=stats_utils.get_stats_factory(),
-            export_legacy_names=conf.getboolean("metrics", "legacy_names_on"),
-        )
+    @contextlib.contextmanager
+    def configure(self) -> Iterator[None]:
+        """This process's ``Stats`` sends here while the block runs, initialised as Airflow's task runner does."""
+        saved = {key: os.environ.get(key) for key in self.env}
+        os.environ.update(self.env)
+        _initialize_stats()
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            _initialize_stats()
 
     def _receive(self) -> None:
         while not self._stop.is_set():
@@ -88,6 +90,18 @@ class StatsdServer:
     def wait_for(self, name: str, kind: str, timeout: float = 10) -> list[float]:
         deadline = time.monotonic() + timeout
         while not (found := self.values(name, kind)):
-            assert time.monotonic() < deadline, f"no {name}|{kind} among {self.received}"
+            assert time.monotonic() < deadline, f"no {name}|{kind} among {self.received[-50:]}"
             time.sleep(0.05)
         return found
+
+
+def _initialize_stats() -> None:
+    """What Airflow's task runner does at start (``task_runner.main``)."""
+    from airflow.sdk import conf
+    from airflow.sdk.observability import stats
+    from airflow.sdk.observability.metrics import stats_utils
+
+    stats.initialize(
+        factory=stats_utils.get_stats_factory(),
+        export_legacy_names=conf.getboolean("metrics", "legacy_names_on"),
+    )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -31,6 +30,7 @@ from tests.integration.lepton.conftest import (  # noqa: F401
 )
 from tests.integration.slurm.conftest import SlurmCluster, slurm_cluster, slurm_conn  # noqa: F401
 from tests.integration.taskrun import Triggerer
+from tests.statsd_server import StatsdServer
 
 DOCKER = "tao_fo_docker"
 KUBERNETES = "tao_fo_k8s"
@@ -65,9 +65,7 @@ def triggerer(chain_connections: dict[str, str], triggerer: Triggerer) -> Trigge
 
 
 @pytest.fixture
-def statsd() -> Iterator[Any]:
-    """A StatsD server (a UDP socket) that Airflow's own ``Stats`` sends to, configured as ``[metrics]`` would be."""
-    from tests.integration.failover.metrics import StatsdServer
-
-    with StatsdServer() as server:
+def statsd() -> Iterator[StatsdServer]:
+    """A StatsD server (a UDP socket) that this process's ``Stats`` sends to, configured as ``[metrics]`` would be."""
+    with StatsdServer() as server, server.configure():
         yield server

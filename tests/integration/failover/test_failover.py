@@ -27,7 +27,6 @@ from tests.brevfake.control import BrevWorld
 from tests.integration.brev.conftest import CONN_ID as BREV
 from tests.integration.docker.conftest import DockerEngine
 from tests.integration.failover.conftest import DOCKER, KUBERNETES, LEPTON, LEPTON_CAPACITY_SECONDS
-from tests.integration.failover.metrics import StatsdServer
 from tests.integration.kubernetes.conftest import KubeFake
 from tests.integration.lepton.conftest import LeptonFake
 from tests.integration.slurm.conftest import SlurmCluster
@@ -40,6 +39,7 @@ from tests.integration.taskrun import (
     wait_submitted,
     worker_process,
 )
+from tests.statsd_server import StatsdServer
 
 pytestmark = pytest.mark.integration
 
@@ -208,6 +208,37 @@ def test_a_program_error_or_oom_on_the_first_platform_does_not_fail_over(
     assert kubefake.jobs_named(run.trigger.handle.name) == []  # nothing ever went to the next connection
     (attempt,) = run.store.data[CHAIN_KEY]["attempts"]
     assert (attempt["platform"], attempt["outcome"]) == ("docker", "error") and err_class in attempt["reason"]
+
+
+# --------------------------------------------------------------------------- validation of the whole chain
+
+
+def test_an_input_a_fallback_platform_cannot_reach_fails_the_task_before_anything_runs(
+    chain_connections: dict[str, str],
+    slurm_cluster: SlurmCluster,
+    docker_engine: DockerEngine,
+    triggerer: Triggerer,
+    tmp_path: Path,
+) -> None:
+    """The data is on the worker: the local Docker daemon can mount it, the SLURM cluster cannot see it. The chain
+    could never run everywhere, so nothing runs anywhere, and the error names the connection."""
+    data = tmp_path / "train.csv"
+    data.write_text("1,2\n")
+    slurm, prefix = chain_connections["slurm"], _prefix("val")
+    op = make_operator(
+        DOCKER,
+        job_name=prefix,
+        image=docker_engine.python,
+        command="cat /data/train.csv",
+        inputs={"/data/train.csv": f"file://{data}"},
+        fallback_conn_ids=[slurm],
+        backend_details={slurm: {"oci_bundle": str(slurm_cluster.oci_bundle_py)}},
+    )
+    with pytest.raises(AirflowFailException, match="Bad input, nothing was submitted") as refused:
+        start(triggerer, op)
+    assert f"connection {slurm!r} (fallback_conn_ids[0], slurm)" in str(refused.value)
+    assert "which SLURM jobs cannot see" in str(refused.value)
+    assert not [c for c in docker_engine.containers() if c["Labels"][ct.LABEL_NAME].startswith(prefix)]
 
 
 # --------------------------------------------------------------------------- durable identity across the chain
