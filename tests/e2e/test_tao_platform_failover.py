@@ -3,15 +3,18 @@
 The task's first connection is a Slurm partition that is down (its job waits for resources), the fallback the local
 platform (``dags`` in ``failover_dags/``). A clear while the task watches the job it moved to, and a clear while it
 still waits for capacity, each end with one job that ran to completion and nothing left queued or running, counted
-on the backends (``sacct`` / ``squeue`` on the cluster, the local jobs' marks and processes). The task process sends
-its GPU-hours through the ``Stats`` Airflow's task runner configured (StatsD here).
+on the backends (``sacct`` / ``squeue`` on the cluster, the local jobs' marks and processes). The wait for capacity
+is judged by Slurm's clock, so a triggerer restart does not start it over. The task process sends its GPU-hours
+through the ``Stats`` Airflow's task runner configured (StatsD here).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +33,7 @@ pytestmark = pytest.mark.usefixtures("tao_connection")
 # (The module's name sorts after the modules on the shared default instance: one standalone switch, not two.)
 
 DAG_ID = "tao_e2e_failover"
+SLOW_DAG_ID = "tao_e2e_failover_slow"  # capacity_timeout=20
 DAGS = Path(__file__).resolve().parent / "failover_dags"
 SLURM_DOWN = "tao_e2e_slurm_down"
 
@@ -59,15 +63,16 @@ def airflow_standalone_config(slurm_cluster: SlurmCluster, statsd: StatsdServer)
 @pytest.fixture(scope="module")
 def client(airflow_standalone: AirflowStandalone) -> AirflowClient:
     client = airflow_standalone.client
-    client.wait_for_dag(DAG_ID, timeout=90)
-    client.unpause_dag(DAG_ID)
+    for dag_id in (DAG_ID, SLOW_DAG_ID):
+        client.wait_for_dag(dag_id, timeout=90)
+        client.unpause_dag(dag_id)
     return client
 
 
-def _slurm_name(run_id: str) -> str:
+def _slurm_name(run_id: str, dag_id: str = DAG_ID) -> str:
     """The deterministic name of the task instance's Slurm job (as the operator derives it)."""
-    digest = hashlib.sha256(f"{DAG_ID}\n{TASK}\n{run_id}\n-1".encode()).hexdigest()[:10]
-    return SlurmHook(SLURM_DOWN).job_name_for("tao-e2e-failover-train", digest)
+    digest = hashlib.sha256(f"{dag_id}\n{TASK}\n{run_id}\n-1".encode()).hexdigest()[:10]
+    return SlurmHook(SLURM_DOWN).job_name_for(f"{dag_id.replace('_', '-')}-train", digest)
 
 
 def _slurm_jobs(cluster: SlurmCluster, name: str) -> tuple[list[str], list[str]]:
@@ -77,9 +82,9 @@ def _slurm_jobs(cluster: SlurmCluster, name: str) -> tuple[list[str], list[str]]
     return [s.split()[0] for s in acct.splitlines() if s], [q for q in queue.splitlines() if q]
 
 
-def _watching(client: AirflowClient, run_id: str, platform: str, try_number: int) -> None:
+def _watching(client: AirflowClient, run_id: str, platform: str, try_number: int, dag_id: str = DAG_ID) -> None:
     wait_until(
-        lambda: f"Watching {platform} job" in client.get_task_log_safe(DAG_ID, run_id, TASK, try_number),
+        lambda: f"Watching {platform} job" in client.get_task_log_safe(dag_id, run_id, TASK, try_number),
         timeout=120,
         interval=0.5,
         message=lambda: f"try {try_number} of {run_id} does not watch a {platform} job",
@@ -133,3 +138,27 @@ def test_a_clear_while_the_job_waits_for_capacity_ends_with_one_job(
     client.clear_task_instances(DAG_ID, run_id, [TASK])
     result = _ends_with_one_job(client, slurm_cluster, marks, run_id)
     assert result["attempts"][-1]["try_number"] == 2
+
+
+def test_the_wait_for_capacity_survives_a_triggerer_restart(
+    client: AirflowClient,
+    airflow_standalone: AirflowStandalone,
+    slurm_cluster: SlurmCluster,  # noqa: F811
+    marks: Path,
+) -> None:
+    """The triggerer is restarted 8 s into a 20 s wait. Had the new trigger started the wait over, it would move
+    the job after waiting 28 s or more; it moves it once Slurm's own clock says 20 s."""
+    run_id = start_run(client, SLOW_DAG_ID, marks, seconds=2)
+    _watching(client, run_id, "slurm", 1, dag_id=SLOW_DAG_ID)
+    time.sleep(8)
+    _, new_triggerer = airflow_standalone.restart_triggerer(signal.SIGTERM)
+    client.wait_for_trigger_owner(SLOW_DAG_ID, run_id, TASK, new_triggerer, timeout=90)
+    client.wait_for_dag_run(SLOW_DAG_ID, run_id, ["success"], timeout=300)
+
+    log = client.get_task_log(SLOW_DAG_ID, run_id, TASK, 1)
+    waited = re.search(r"Failing over from slurm job .* waited (\d+) s for resources \(capacity_timeout 20 s\)", log)
+    assert waited is not None, log[-3000:]
+    assert 20 <= int(waited.group(1)) < 28  # Slurm's clock (its submit time), not the new trigger's
+    assert len(job_ids(marks, "done")) == 1
+    states, queued = _slurm_jobs(slurm_cluster, _slurm_name(run_id, SLOW_DAG_ID))
+    assert states == ["CANCELLED"] and queued == []

@@ -20,21 +20,23 @@ JOB = (
 )
 ENV = {"MARK_DIR": "{{ dag_run.conf['mark_dir'] }}", "RUN_SECONDS": "{{ dag_run.conf.get('seconds', 8) }}"}
 
-with DAG(
-    dag_id="tao_e2e_failover",
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=2)},
-):
-    TAOSubmitOperator(
-        task_id="train",
-        conn_id="tao_e2e_slurm_down",
-        fallback_conn_ids=["tao_e2e"],
-        capacity_timeout=5,
-        command=JOB,
-        env=ENV,
-        gpu_count=0,
-        deferrable=True,
-        poll_interval=1,
-    )
+# tao_e2e_failover moves after 5 s of waiting; tao_e2e_failover_slow after 20 s (room for a triggerer restart)
+for dag_id, capacity_timeout in (("tao_e2e_failover", 5), ("tao_e2e_failover_slow", 20)):
+    with DAG(
+        dag_id=dag_id,
+        schedule=None,
+        start_date=datetime(2026, 1, 1),
+        catchup=False,
+        default_args={"retries": 1, "retry_delay": timedelta(seconds=2)},
+    ):
+        TAOSubmitOperator(
+            task_id="train",
+            conn_id="tao_e2e_slurm_down",
+            fallback_conn_ids=["tao_e2e"],
+            capacity_timeout=capacity_timeout,
+            command=JOB,
+            env=ENV,
+            gpu_count=0,
+            deferrable=True,
+            poll_interval=1,
+        )
