@@ -361,16 +361,11 @@ class CapacityFailoverMixin:
                 f"{ErrClass.ERR_CAPACITY.value} (retriable): {reason}. It was canceled; the chain has no next "
                 "connection"
             )
+        target = self._move_to(context, position, handle, f"{hook.platform} job {handle.job_id}", reason)
         try:
-            target = self._hook(position)
             name = self._job_name(context, target)
         except JobValidationError as exc:
             raise AirflowFailException(f"Bad input, nothing more was submitted: {exc}") from exc
-        self.log.warning(
-            "Failing over from %s job %s (connection %r) to %s: %s",
-            hook.platform, handle.job_id, handle.conn_id, self._where(position, target), reason,
-        )  # fmt: skip
-        self._emit(lambda tags: emit_failover(tags, handle, target.platform, target.conn_id or ""), context)
         adopted = self._reusable_at(target, name)
         if adopted is not None:
             found = adopted[0]
@@ -383,17 +378,34 @@ class CapacityFailoverMixin:
             return self._watch(context, target, taken, self._outputs_of(context, found))
         return self._watch(context, *self._submit(context, target, name))
 
-    def _refused_for_capacity(self, context: Context, hook: TAOPlatformHook, spec: JobSpec, reason: str) -> int | None:
-        """A submission the platform refused for capacity: closed as an attempt; the next position of the chain to
-        submit to, or None when there is none (the refusal then fails the try as on a single platform)."""
+    def _refused_for_capacity(
+        self, context: Context, hook: TAOPlatformHook, spec: JobSpec, reason: str
+    ) -> TAOPlatformHook | None:
+        """A submission the platform refused for capacity: closed as an attempt; the hook of the next connection of
+        the chain to submit to, or None when there is none (the refusal then fails the try as on one platform)."""
         position = self._next_position(hook.conn_id)
         if position is None:
             return None
         refused = hook.new_handle(spec, context["ti"].try_number)
         usage = JobUsage(queued_at=refused.submitted_at, ended_at=time.time(), source="refused at submission")
         self._close_attempt(context, hook, refused, outcome="capacity", reason=reason, usage=usage)
-        self.log.warning("Failing over from %s (refused at submission): %s", self._where(position - 1, hook), reason)
-        return position
+        return self._move_to(context, position, refused, f"{hook.platform} (refused at submission)", reason)
+
+    def _move_to(self, context: Context, position: int, source: JobHandle, what: str, reason: str) -> TAOPlatformHook:
+        """The hook of the chain's ``position``, with the move in the task log and in the metrics."""
+        try:
+            target = self._hook(position)
+        except JobValidationError as exc:
+            raise AirflowFailException(f"Bad input, nothing more was submitted: {exc}") from exc
+        self.log.warning(
+            "Failing over from %s (connection %r) to %s: %s",
+            what,
+            source.conn_id,
+            self._where(position, target),
+            reason,
+        )
+        self._emit(lambda tags: emit_failover(tags, source, target.platform, target.conn_id or ""), context)
+        return target
 
     # ----------------------------------------------------------------- GPU-hours
 

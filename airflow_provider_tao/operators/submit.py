@@ -367,23 +367,24 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
             handle = hook.create_job(spec, try_number=context["ti"].try_number)
         except JobSubmitError as exc:
             message = f"The {hook.platform} platform refused job {spec.job_id}: {exc.err_class.value}: {exc}"
-            position = (
+            target = (
                 self._refused_for_capacity(context, hook, spec, message)
                 if exc.err_class is ErrClass.ERR_CAPACITY
                 else None
             )
-            if position is not None:
-                try:
-                    target = self._hook(position)
-                    return self._submit(context, target, self._job_name(context, target))
-                except JobValidationError as bad:
-                    raise AirflowFailException(f"Bad input, nothing more was submitted: {bad}") from bad
-            if exc.err_class.retriable:
-                raise AirflowException(message) from exc
-            raise AirflowFailException(message) from exc
-        self._handle = handle
-        self.log.info("Submitted %s job %s (%s)", hook.platform, handle.job_id, handle.name)
-        return hook, handle, outputs
+            if target is None:
+                if exc.err_class.retriable:
+                    raise AirflowException(message) from exc
+                raise AirflowFailException(message) from exc
+        else:
+            self._handle = handle
+            self.log.info("Submitted %s job %s (%s)", hook.platform, handle.job_id, handle.name)
+            return hook, handle, outputs
+        try:  # refused there for capacity: the next connection of the chain
+            name = self._job_name(context, target)
+        except JobValidationError as bad:
+            raise AirflowFailException(f"Bad input, nothing more was submitted: {bad}") from bad
+        return self._submit(context, target, name)
 
     def _watch(
         self, context: Context, hook: TAOPlatformHook, handle: JobHandle, outputs: dict[str, str]
