@@ -1,27 +1,40 @@
 """1,000 deferred jobs on ONE triggerer process: the provider's triggers (one batched status call per connection per
 interval) vs one trigger per job polling its own job (what the TAO SDK and most providers' triggers do), same run,
-same simulated platforms. Not a test: it prints both sides.
+same simulated platforms. Not a test: it prints both sides, at each job count, and whether the goals are met.
 
-The platforms are simulated hooks (a real ``TAOPlatformHook`` subclass each, registered in ``PLATFORMS``) with the
-latency and concurrency of the real backends as measured on this machine (``benchmarks/slurm_polling.py``,
-``docker_polling.py``, ``k8s_polling.py`` and ``../shared/notes/anchor-bench.md``):
+The platforms are simulated hooks (a real ``TAOPlatformHook`` subclass each, registered in ``PLATFORMS``) whose status
+call costs what the real hook's costs: its backend calls (with the real hook's batching), their latency and the
+concurrency the backend takes, and -- where the real hook runs a sync client in ``asyncio.to_thread`` -- a worker
+thread of the event loop's default executor for the call's whole duration. Latencies as measured on this machine
+(``benchmarks/slurm_polling.py``, ``docker_polling.py``, ``k8s_polling.py``, ``../shared/notes/anchor-bench.md``) or,
+for the cloud platforms, measured against the fakes (``tests/leptonfake``: 2 ms a list; ``tests/brevfake``: 56 ms a
+``brev ls``, 111 ms a ``brev exec``) plus the network's round trips:
 
-========== ============================================= ==================================================
-platform   one status call                               concurrency the backend takes
-========== ============================================= ==================================================
-slurm      ``squeue`` on a kept SSH connection: 45 ms     10 (sshd's MaxSessions on one connection)
-           + 0.02 ms per job asked about
-docker     ``GET /containers/json``: 8 ms + 0.03 ms/job   16
-kubernetes Job list: 25 ms + 0.05 ms per job              20 (the API server's fair-queuing seats of one user)
-local      job folders read: 0.2 ms per job               unlimited
-========== ============================================= ==================================================
+========== ================================================== ========== ========================================
+platform   one status poll                                    at once    thread
+========== ================================================== ========== ========================================
+slurm      ``squeue`` on a kept SSH connection: 45 ms          10 (sshd   no (asyncssh)
+           + 0.02 ms per job asked about                       sessions)
+docker     ``GET /containers/json``: 8 ms + 0.03 ms/job        16         yes (docker-py)
+kubernetes Job list: 25 ms + 0.05 ms per job                   20 (API    no (kubernetes_asyncio)
+                                                               seats)
+local      job folders read: 0.2 ms per job                    unlimited  yes
+lepton     job list over HTTPS: 40 ms + 0.05 ms per job, one   10 (HTTP   yes (requests)
+           request per page of 500                             pool)
+brev       ``brev ls --json``: 100 ms, then one ``brev exec``  64         yes, plus the hook's pool of 8 for
+           per instance with watched jobs (ssh): 150 ms +                 the execs
+           0.1 ms per job; the jobs share ``--instances``
+========== ================================================== ========== ========================================
 
-Every job ends at a random moment within ``--duration`` seconds; both sides run the real ``TAOJobTrigger`` code path
-for what they share (the trigger of the naive side replaces only the poller). Measured: backend calls and their
-rate, seconds calls waited for a backend slot (queueing = the platform being overloaded), the event loop's worst
-lag (a 50 ms ticker), this process's CPU and RSS per watched job, and how late each job's end was noticed.
+Every job ends at a random moment between 20 % and 100 % of ``--duration``; both sides run the real
+``TAOJobTrigger`` code path for what they share (the trigger of the naive side replaces only the poller). Each side
+at each job count runs in a fresh interpreter (memory freed by one side would otherwise hide the other's growth).
+Measured: backend calls per interval per connection while every job runs (from the first interval to the first
+job's end), seconds calls waited for a backend slot (queueing = the platform being overloaded), the event loop's
+worst lag (a 50 ms ticker), this process's CPU per job per poll (start-up included) and RSS growth per watched job,
+and how late each job's end was noticed (the trigger's event; the task's success follows on a worker).
 
-    python benchmarks/triggerer_load.py --jobs 1000 --interval 5 --duration 60
+    python benchmarks/triggerer_load.py --jobs 250 1000 --interval 5 --duration 120
 """
 
 from __future__ import annotations
@@ -34,52 +47,94 @@ import logging
 import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import structlog
-from measure import cpu, print_side_by_side, rss_mib
+from measure import cpu, first_event, print_side_by_side, rss_mib
 
 from airflow_provider_tao import hooks
 from airflow_provider_tao.hooks.base import TAOPlatformHook
+from airflow_provider_tao.hooks.brev import PROBE_WORKERS
 from airflow_provider_tao.jobs import JobHandle, JobState, JobStatus
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
+
+KIB_PER_JOB_GOAL = 64.0
+CPU_MS_PER_JOB_POLL_GOAL = 1.0
+DETECTION_SLACK_S = 2.0  # p95 goal: one poll interval + this
 
 
 @dataclass
 class Backend:
-    """One platform's server: latency per call, a limited number of calls at once, and the jobs' end times."""
+    """One platform's server as one status poll of the real hook meets it: a list call (pages of ``page_size``
+    jobs), then, with ``group_ms``, one more call per group of jobs (Brev: an exec per instance), each costing its
+    latency, at most ``slots`` polls at once; ``threaded`` polls hold an event-loop worker thread meanwhile."""
 
     base_ms: float
     per_job_ms: float
     slots: int
+    threaded: bool = False
+    page_size: int = 0  # 0: one list call whatever the number of jobs
+    group_ms: float = 0.0
     ends: dict[str, float] = field(default_factory=dict)
-    calls: int = 0
+    call_times: list[float] = field(default_factory=list)
+    answered: int = 0  # job statuses returned: the jobs' polls
     queued_seconds: float = 0.0
     semaphore: asyncio.Semaphore | None = None
 
-    async def call(self, job_ids: Sequence[str]) -> dict[str, JobStatus]:
+    def costs(self, handles: Sequence[JobHandle]) -> tuple[list[float], list[float]]:
+        """Seconds of each backend call one poll of ``handles`` makes: the list's pages (one after the other), and
+        the groups' calls (side by side)."""
+        pages = len(handles) // self.page_size + 1 if self.page_size else 1
+        listing = [(self.base_ms + self.per_job_ms * len(handles) / pages) / 1000] * pages
+        groups: dict[str, int] = {}
+        if self.group_ms:
+            for handle in handles:
+                groups[handle.backend_job_id] = groups.get(handle.backend_job_id, 0) + 1
+        return listing, [(self.group_ms + self.per_job_ms * jobs) / 1000 for jobs in groups.values()]
+
+    async def poll(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
         if self.semaphore is None:
             self.semaphore = asyncio.Semaphore(self.slots)
+        listing, groups = self.costs(handles)
         asked = time.monotonic()
         async with self.semaphore:
             self.queued_seconds += time.monotonic() - asked
-            self.calls += 1
-            await asyncio.sleep((self.base_ms + self.per_job_ms * len(job_ids)) / 1000)
+            self.call_times += [time.time()] * (len(listing) + len(groups))
+            if self.threaded:
+                await asyncio.to_thread(_blocking_poll, listing, groups)
+            else:
+                await asyncio.sleep(sum(listing))
+                await asyncio.gather(*(asyncio.sleep(seconds) for seconds in groups))
+        self.answered += len(handles)
         now = time.time()
         return {
-            job_id: JobStatus(JobState.COMPLETE if now >= self.ends[job_id] else JobState.RUNNING) for job_id in job_ids
+            h.job_id: JobStatus(JobState.COMPLETE if now >= self.ends[h.job_id] else JobState.RUNNING) for h in handles
         }
 
 
+def _blocking_poll(listing: list[float], groups: list[float]) -> None:
+    """A sync client's poll in its worker thread: the list's pages, then the group calls side by side (Brev's hook
+    runs its execs in a pool of ``PROBE_WORKERS``)."""
+    time.sleep(sum(listing))
+    if groups:
+        with ThreadPoolExecutor(min(PROBE_WORKERS, len(groups))) as pool:
+            list(pool.map(time.sleep, groups))
+
+
 BACKENDS: dict[str, Backend] = {}
-MODELS = {
-    "sim_slurm": (45.0, 0.02, 10),
-    "sim_docker": (8.0, 0.03, 16),
-    "sim_kubernetes": (25.0, 0.05, 20),
-    "sim_local": (0.0, 0.2, 1_000_000),
+MODELS: dict[str, dict[str, Any]] = {
+    "sim_slurm": {"base_ms": 45.0, "per_job_ms": 0.02, "slots": 10},
+    "sim_docker": {"base_ms": 8.0, "per_job_ms": 0.03, "slots": 16, "threaded": True},
+    "sim_kubernetes": {"base_ms": 25.0, "per_job_ms": 0.05, "slots": 20},
+    "sim_local": {"base_ms": 0.0, "per_job_ms": 0.2, "slots": 1_000_000, "threaded": True},
+    "sim_lepton": {"base_ms": 40.0, "per_job_ms": 0.05, "slots": 10, "threaded": True, "page_size": 500},
+    "sim_brev": {"base_ms": 100.0, "per_job_ms": 0.1, "slots": 64, "threaded": True, "group_ms": 150.0},
 }
 
 
@@ -96,7 +151,7 @@ class SimHook(TAOPlatformHook):
         return BACKENDS[self.platform]
 
     async def aget_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
-        return await self._backend().call([h.job_id for h in handles])
+        return await self._backend().poll(handles)
 
     def read_marks(self, handle: JobHandle) -> dict[str, Any]:
         return {}
@@ -113,13 +168,17 @@ def _register() -> None:
         os.environ[f"AIRFLOW_CONN_{name.upper()}_CONN"] = json.dumps({"conn_type": f"tao_{name}"})
 
 
-def _handles(jobs: int, duration: float) -> list[JobHandle]:
+def _handles(jobs: int, duration: float, instances: int) -> list[JobHandle]:
+    """The jobs, spread over the platforms in turn, each ending between 20 % and 100 % of ``duration`` from now; a
+    Brev job runs on one of ``instances`` instances (its ``backend_job_id``, by which its hook groups the execs)."""
     rng = random.Random(7)
     now = time.time()
     handles = []
     for index in range(jobs):
         platform = list(MODELS)[index % len(MODELS)]
-        handle = JobHandle(platform, f"{platform}_conn", f"{index:012x}", f"job-{index}", submitted_at=now)
+        ordinal = index // len(MODELS)  # the job's number on its platform
+        backend_id = f"box-{ordinal % instances}" if BACKENDS[platform].group_ms else f"{index}"
+        handle = JobHandle(platform, f"{platform}_conn", f"{index:012x}", f"job-{index}", backend_id, submitted_at=now)
         BACKENDS[platform].ends[handle.job_id] = now + rng.uniform(duration * 0.2, duration)
         handles.append(handle)
     return handles
@@ -133,12 +192,7 @@ async def _lag_monitor(stop: asyncio.Event, worst: list[float]) -> None:
 
 
 async def _provider(handle: JobHandle, interval: float) -> float:
-    trigger = TAOJobTrigger(handle=handle.to_json(), poll_interval=interval, stream_logs=False)
-    events = trigger.run()
-    try:
-        await events.__anext__()
-    finally:
-        await events.aclose()
+    await first_event(TAOJobTrigger(handle=handle.to_json(), poll_interval=interval, stream_logs=False))
     return time.time()
 
 
@@ -156,11 +210,12 @@ async def _naive(handle: JobHandle, interval: float) -> float:
         await asyncio.sleep(interval)
 
 
-async def _run(kind: str, jobs: int, interval: float, duration: float) -> dict[str, Any]:
+async def _run(kind: str, jobs: int, interval: float, duration: float, instances: int) -> dict[str, Any]:
     BACKENDS.clear()
-    BACKENDS.update({name: Backend(*model) for name, model in MODELS.items()})
+    BACKENDS.update({name: Backend(**model) for name, model in MODELS.items()})
     StatusPoller._instances.clear()
-    handles = _handles(jobs, duration)
+    handles = _handles(jobs, duration, instances)
+    created = min(h.submitted_at for h in handles)
     gc.collect()
     rss0, cpu0, start = rss_mib(), cpu(), time.monotonic()
     stop, worst = asyncio.Event(), [0.0]
@@ -174,15 +229,21 @@ async def _run(kind: str, jobs: int, interval: float, duration: float) -> dict[s
     stop.set()
     await monitor
     late = [seen - BACKENDS[h.platform].ends[h.job_id] for h, seen in zip(handles, noticed, strict=True)]
-    calls = sum(b.calls for b in BACKENDS.values())
+    # Steady state: whole intervals from the first one (the triggers have started) to the first job's end.
+    rounds = int((duration * 0.2 - interval) // interval)
+    window = (created + interval, created + interval * (1 + rounds))
+    calls = sum(len(b.call_times) for b in BACKENDS.values())
     return {
         "kind": kind,
         "seconds": elapsed,
         "calls": calls,
         "calls_per_s": calls / elapsed,
-        "by_platform": {name: b.calls for name, b in BACKENDS.items()},
+        "per_interval": {
+            name: sum(window[0] <= t < window[1] for t in b.call_times) / max(1, rounds) for name, b in BACKENDS.items()
+        },
         "queued_s": sum(b.queued_seconds for b in BACKENDS.values()),
         "cpu_s": cpu() - cpu0,
+        "cpu_ms_per_job_poll": 1000 * (cpu() - cpu0) / sum(b.answered for b in BACKENDS.values()),
         "rss_per_job_kib": (rss_peak - rss0) * 1024 / jobs,
         "loop_lag_ms": worst[0] * 1000,
         "late_p50": statistics.median(late),
@@ -191,23 +252,74 @@ async def _run(kind: str, jobs: int, interval: float, duration: float) -> dict[s
     }
 
 
+def _measure(kind: str, jobs: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One side at one job count, in a fresh interpreter (``--side``): its memory starts clean."""
+    command = [sys.executable, __file__, "--side", kind, "--jobs", str(jobs)]
+    for option in ("interval", "duration", "instances"):
+        command += [f"--{option}", str(getattr(args, option))]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def _goals(provider: dict[str, Any], by_jobs: dict[int, dict[str, dict[str, Any]]], interval: float) -> list[str]:
+    """One line per goal of the provider's side: the goal, the measured value, met or not."""
+
+    def line(goal: str, measured: str, met: bool | None) -> str:
+        verdict = "UNKNOWN" if met is None else "MET    " if met else "NOT MET"
+        return f"  {verdict}  {goal:52} measured: {measured}"
+
+    counts = sorted(by_jobs)
+    per_interval = [by_jobs[n]["provider"]["per_interval"] for n in counts]
+    # Independent of the number of jobs: the same calls at every job count (+-1 for a poll on a window's edge).
+    independent = all(abs(p[name] - per_interval[0][name]) <= 1 for p in per_interval for name in MODELS)
+    shown = independent if len(counts) > 1 else None  # one job count proves nothing about independence
+    return [
+        line(
+            f"RSS per watched job <= {KIB_PER_JOB_GOAL:.0f} KiB",
+            f"{provider['rss_per_job_kib']:.1f} KiB",
+            provider["rss_per_job_kib"] <= KIB_PER_JOB_GOAL,
+        ),
+        line(
+            f"CPU per job per poll <= {CPU_MS_PER_JOB_POLL_GOAL:g} ms",
+            f"{provider['cpu_ms_per_job_poll']:.3f} ms",
+            provider["cpu_ms_per_job_poll"] <= CPU_MS_PER_JOB_POLL_GOAL,
+        ),
+        line(
+            "calls per interval independent of the number of jobs",
+            " vs ".join(f"{sum(p.values()):.1f} ({n} jobs)" for n, p in zip(counts, per_interval, strict=True)),
+            shown,
+        ),
+        line(
+            f"p95 detection <= one interval + {DETECTION_SLACK_S:g} s = {interval + DETECTION_SLACK_S:g} s",
+            f"{provider['late_p95']:.2f} s",
+            provider["late_p95"] <= interval + DETECTION_SLACK_S,
+        ),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--jobs", type=int, nargs="+", default=[250, 1000], help="job counts (the last is the main)")
     parser.add_argument("--interval", type=float, default=5.0)
-    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--duration", type=float, default=120.0)
+    parser.add_argument("--instances", type=int, default=10, help="Brev instances the Brev jobs share")
+    parser.add_argument("--side", choices=("provider", "naive"), help=argparse.SUPPRESS)  # one measurement
     args = parser.parse_args()
-    # 1,000 triggers' "Watching job ..." lines are not the point here
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    _register()
-    results = [asyncio.run(_run(kind, args.jobs, args.interval, args.duration)) for kind in ("provider", "naive")]
-    print(f"{args.jobs} jobs ({len(MODELS)} platforms, one connection each), poll interval {args.interval} s, "
-          f"jobs end within {args.duration} s")  # fmt: skip
+    if args.duration * 0.2 < 2 * args.interval:
+        parser.error("--duration must be at least 10 intervals (the steady state is its first 20 %)")
+    if args.side:
+        # 1,000 triggers' "Watching job ..." lines are not the point here
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+        _register()
+        print(json.dumps(asyncio.run(_run(args.side, args.jobs[-1], args.interval, args.duration, args.instances))))
+        return
+    by_jobs = {n: {kind: _measure(kind, n, args) for kind in ("provider", "naive")} for n in args.jobs}
     rows = [
         ("backend calls", "calls", "{:.0f}"),
         ("backend calls / s", "calls_per_s", "{:.1f}"),
         ("s waited for a backend slot", "queued_s", "{:.1f}"),
         ("CPU s (this process)", "cpu_s", "{:.2f}"),
+        ("CPU ms per job per poll", "cpu_ms_per_job_poll", "{:.3f}"),
         ("RSS per watched job, KiB", "rss_per_job_kib", "{:.1f}"),
         ("worst event-loop lag, ms", "loop_lag_ms", "{:.0f}"),
         ("end noticed late, p50 s", "late_p50", "{:.2f}"),
@@ -215,9 +327,20 @@ def main() -> None:
         ("end noticed late, max s", "late_max", "{:.2f}"),
         ("run, s", "seconds", "{:.1f}"),
     ]
-    provider, naive = results
-    print_side_by_side(rows, provider, naive, ("provider", "per-job"))
-    print("calls by platform:", {"provider": provider["by_platform"], "per-job": naive["by_platform"]})
+    for jobs, sides in by_jobs.items():
+        print(f"\n== {jobs} jobs ({len(MODELS)} platforms, one connection each; Brev jobs on {args.instances} "
+              f"instances), poll interval {args.interval:g} s, jobs end within {args.duration:g} s")  # fmt: skip
+        print_side_by_side(rows, sides["provider"], sides["naive"], ("provider", "per-job"))
+    print("\n== backend calls per interval per connection, while every job runs")
+    print(f"  {'':16}" + "".join(f"{f'provider {n}':>15}{f'per-job {n}':>15}" for n in by_jobs))
+    for name in MODELS:
+        values = "".join(
+            f"{sides['provider']['per_interval'][name]:>15.1f}{sides['naive']['per_interval'][name]:>15.1f}"
+            for sides in by_jobs.values()
+        )
+        print(f"  {name.removeprefix('sim_'):16}{values}")
+    print("\n== goals (the provider, at the largest job count)")
+    print("\n".join(_goals(by_jobs[max(by_jobs)]["provider"], by_jobs, args.interval)))
 
 
 if __name__ == "__main__":
