@@ -546,8 +546,10 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
                 hook.cancel_job(handle)
             hook.cleanup_job(handle)
             self._keep_end(context, handle, JobState.CANCELED.value, ErrClass.ERR_TIMEOUT.value)
+            fate = "it was canceled" if self.cancel_on_kill else "it runs on (cancel_on_kill=False)"
             raise AirflowTaskTimeout(
-                f"Job {handle.job_id} passed the task's execution_timeout (or [tao] lease_hours); it was canceled"
+                f"Job {handle.job_id} passed the task's execution_timeout (or [tao] lease_hours): "
+                f"{ErrClass.ERR_TIMEOUT.value}, {fate}"
             )
         if outcome == "canceled":
             if who := hook.canceled_by(handle):

@@ -1,4 +1,5 @@
-"""A loopback TCP proxy a test can kill mid-transfer (the S3 endpoint "dies" under the runner)."""
+"""A loopback TCP proxy a test can kill mid-transfer (the S3 endpoint "dies" under the runner) and bring back on the
+same port (a daemon that was down for a while)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import threading
 
 
 class TcpProxy:
-    """Forwards loopback TCP to a target; ``kill()`` resets every connection and stops listening."""
+    """Forwards loopback TCP to a target; ``kill()`` resets every connection and stops listening (new connections
+    are refused, as by a stopped daemon); ``revive()`` listens again on the same port."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
@@ -17,6 +19,15 @@ class TcpProxy:
         self.port = self.listener.getsockname()[1]
         self.sockets: list[socket.socket] = []
         self.lock = threading.Lock()
+        self.alive = True
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def revive(self) -> None:
+        """Listen again on the same port after :meth:`kill`."""
+        assert not self.alive, "the proxy is running"
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        with self.lock:
+            self.sockets = []
         self.alive = True
         threading.Thread(target=self._accept, daemon=True).start()
 
