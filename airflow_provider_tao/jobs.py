@@ -180,6 +180,11 @@ class JobStatus(_JsonValue):
     :param updated_at: epoch seconds; the backend's time where it reports one.
     :param not_found: the platform answered and does not know the job (state is ``Unknown``): it never ran,
         was deleted, or aged out of the platform's history.
+    :param capacity_wait_since: set while the job is Pending *for lack of resources*, as its backend says so
+        (Kubernetes: a pod the scheduler finds Unschedulable; Lepton: Queueing / NoCapacity; SLURM: a pending reason
+        such as Resources, Priority or PartitionDown): epoch seconds since when, from the backend's own record
+        (the pod condition's transition, the job's creation, the submit time), so any process judges it alike.
+        None while the job waits for anything else (an image pull, a dependency) or does not wait.
     """
 
     state: JobState
@@ -188,12 +193,28 @@ class JobStatus(_JsonValue):
     raw_state: str = ""
     updated_at: float = field(default_factory=time.time)
     not_found: bool = False
+    capacity_wait_since: float | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobStatus:
         known = cls._known(data)
         known["state"] = JobState(known["state"])
         return cls(**known)
+
+    def capacity_waited(self, now: float) -> float | None:
+        """Seconds the job has been waiting for resources at ``now``; None when it is not waiting for them."""
+        if self.state is not JobState.PENDING or self.capacity_wait_since is None:
+            return None
+        return max(0.0, now - self.capacity_wait_since)
+
+    def capacity_wait_over(self, timeout: float | None, now: float) -> str | None:
+        """Why the job has waited for resources longer than ``timeout`` seconds (a capacity failover's reason), or
+        None while it has not (or is not waiting for resources, or there is no bound). The trigger and the worker's
+        wait both ask this of each status, so the clock is the backend's and survives a triggerer restart."""
+        waited = self.capacity_waited(now)
+        if timeout is None or waited is None or waited < timeout:
+            return None
+        return f"waited {waited:.0f} s for resources (capacity_timeout {timeout:g} s): {self.message}"
 
     @classmethod
     def unknown(cls, message: str) -> JobStatus:

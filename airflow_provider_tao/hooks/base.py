@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 from airflow.sdk import BaseHook
 
+from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobHandle, JobSpec, JobState, JobStatus
 
@@ -126,7 +127,7 @@ class JobValidationError(ValueError):
     """Bad input found before anything was submitted. The message names the parameter and the fix."""
 
     def __init__(self, parameter: str, problem: str, fix: str) -> None:
-        self.parameter = parameter
+        self.parameter, self.problem, self.fix = parameter, problem, fix
         super().__init__(f"{parameter}: {problem}. {fix}")
 
 
@@ -416,6 +417,13 @@ class TAOPlatformHook(BaseHook):
 
     def get_job_results_dir(self, handle: JobHandle) -> str:
         return handle.results_dir
+
+    def get_job_usage(self, handle: JobHandle) -> JobUsage:
+        """What the job used, from the backend's own records: when it was queued, started and ended, on how many
+        GPUs per node (of which type) and nodes -- for the task's GPU-hours (``accounting.py``). Called once per
+        attempt, when it ends (never on the polling path); platforms fill it from what they read anyway where they
+        can. Default: only the submission time is known (the job counts as never started)."""
+        return JobUsage(queued_at=handle.submitted_at, source="the submission time only")
 
     def default_results_root(self) -> str | None:
         """The platform's persistent results root, exported into jobs as ``TAO_RESULTS_ROOT``; None if none."""

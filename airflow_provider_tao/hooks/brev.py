@@ -41,12 +41,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from airflow_provider_tao import settings
+from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
 from airflow_provider_tao.hooks import brev_remote as remote
 from airflow_provider_tao.hooks import container as ct
@@ -851,6 +852,23 @@ class BrevHook(TAOPlatformHook):
             message=status.message,
             details={"instance": handle.backend_job_id, "container": ct.container_name(handle.job_id)},
         )
+
+    def get_job_usage(self, handle: JobHandle) -> JobUsage:
+        """From the job's container on its instance (one probe: ``Created``, ``State.StartedAt`` / ``FinishedAt``)
+        and the instance's GPU model (``brev ls``). The GPU count is the task's: the probe reads the container's
+        state, not its device requests."""
+        instance = handle.backend_job_id
+        entry = self.session.instances().get(instance) or {}
+        gpu = str(entry.get("gpu") or "")
+        probe = self._probe(instance, [handle]) if entry.get("status") in _EXEC_STATES else None
+        found = probe.containers.get(handle.job_id) if isinstance(probe, remote.InstanceProbe) else None
+        if found is None:
+            usage = super().get_job_usage(handle)
+        else:
+            created, state = found
+            where = f"the container's Created / State.StartedAt / State.FinishedAt on instance {instance}"
+            usage = ct.container_usage(created or None, state, None, where)
+        return replace(usage, gpu_type=gpu if gpu not in ("", "-") else None)
 
     def cleanup_job(self, handle: JobHandle) -> None:
         """Once the job has ended: delete the task's own instance (a reused one is kept, and so is the container

@@ -27,7 +27,6 @@ import tarfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from airflow_provider_tao.hooks import container as ct
@@ -327,7 +326,7 @@ def parse_probe(data: bytes) -> InstanceProbe:
             name, created, state = _split(rest, 3)
             parsed = _json_object(state)
             if parsed is not None and name.lstrip("/").startswith("tao-job-"):
-                found.containers[name.lstrip("/").removeprefix("tao-job-")] = (docker_time(created), parsed)
+                found.containers[name.lstrip("/").removeprefix("tao-job-")] = (ct.docker_time(created) or 0.0, parsed)
         elif kind == "K":
             found.known.add(rest.strip())
         elif kind == "X":
@@ -366,7 +365,7 @@ def parse_find(data: bytes) -> tuple[list[FoundContainer], list[str]]:
         job, state, created, try_number, name, results = _split(line[2:], 6)
         if job and job != "<no value>":
             try_text = try_number if try_number.isdigit() else "1"
-            found.append(FoundContainer(job, state, docker_time(created), int(try_text), name, results))
+            found.append(FoundContainer(job, state, ct.docker_time(created) or 0.0, int(try_text), name, results))
     return found, launching
 
 
@@ -384,14 +383,6 @@ def parse_launch(data: bytes) -> tuple[str, str] | tuple[None, str]:
             return container, state.strip()
     start = text.find("FAIL ")
     return None, text[start + 5 :].strip() if start >= 0 else text.strip()
-
-
-def docker_time(stamp: str) -> float:
-    """Epoch seconds of a docker timestamp (RFC 3339 with nanoseconds); 0 when unreadable."""
-    try:
-        return datetime.fromisoformat(stamp[:26].rstrip("Z") + "+00:00" if stamp.endswith("Z") else stamp).timestamp()
-    except ValueError:
-        return 0.0
 
 
 def _split(text: str, parts: int) -> list[str]:

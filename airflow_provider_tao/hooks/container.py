@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.hooks.base import LOG_READ_LIMIT, JobValidationError, render_env_file
 from airflow_provider_tao.jobs import JobSpec, JobState, JobStatus
 
@@ -239,6 +240,60 @@ def ended_status(name: str, state: Mapping[str, Any], cancel_marked: Callable[[]
     why = "killed by the out-of-memory killer" if state.get("OOMKilled") else f"exited with code {code}"
     error = f" ({state['Error']})" if state.get("Error") else ""
     return JobStatus(JobState.ERROR, f"container {name} {why}{error}", code, raw)
+
+
+def docker_time(stamp: str) -> float | None:
+    """Epoch seconds of a Docker timestamp (RFC 3339, nanoseconds, UTC or an offset); None for Docker's zero time
+    (``0001-01-01T00:00:00Z``: it never happened) or one that cannot be read."""
+    if not stamp or stamp.startswith("0001-"):
+        return None
+    text = stamp[:-1] + "+00:00" if stamp.endswith("Z") else stamp
+    head, dot, rest = text.partition(".")
+    if dot:  # Python reads at most microseconds: keep six digits of the fraction, then the offset
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        text = f"{head}.{rest[: min(digits, 6)]}{rest[digits:]}"
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def container_usage(created: float | None, state: Mapping[str, Any], gpus: int | None, source: str) -> JobUsage:
+    """A container job's usage from its creation time and ``State`` (``StartedAt`` / ``FinishedAt``, as ``docker
+    inspect`` shows them): one node, ``gpus`` GPUs when known.
+
+    :param source: where the times were read, for the task log.
+    """
+    started = docker_time(str(state.get("StartedAt") or ""))
+    finished = docker_time(str(state.get("FinishedAt") or ""))
+    running = str(state.get("Status") or "") in ("running", "paused", "restarting")
+    return JobUsage(
+        queued_at=created,
+        started_at=started,
+        # a container restarted after it ended keeps its last FinishedAt while it runs again: not its end
+        ended_at=None if running or (finished is not None and started is not None and finished < started) else finished,
+        gpus_per_node=gpus,
+        nodes=1,
+        source=source,
+    )
+
+
+def requested_gpus(host_config: Mapping[str, Any]) -> int | None:
+    """GPUs a container asked for in its ``HostConfig.DeviceRequests`` (0 without any); None when its
+    ``HostConfig`` does not say how many (``--gpus all``, or GPUs from the ``nvidia`` runtime on Jetson)."""
+    if host_config.get("Runtime") == "nvidia":
+        return None
+    count = 0
+    for request in host_config.get("DeviceRequests") or []:
+        if ["gpu"] not in (request.get("Capabilities") or []):
+            continue
+        if request.get("DeviceIDs"):
+            count += len(request["DeviceIDs"])
+        elif int(request.get("Count") or 0) < 0:
+            return None
+        else:
+            count += int(request.get("Count") or 0)
+    return count
 
 
 # ----------------------------------------------------------------------------- what goes into the container

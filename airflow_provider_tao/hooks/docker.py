@@ -25,6 +25,7 @@ from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
@@ -403,6 +404,21 @@ class TAODockerHook(TAOPlatformHook):
         except NotFound:
             return JobStatus.missing(f"container {name} was removed as it ended")
         return ct.ended_status(name, state, lambda: self.read_marks_of(name).get(MARK_CANCEL) is not None)
+
+    def get_job_usage(self, handle: JobHandle) -> JobUsage:
+        """From ``docker inspect``: the container's Created, State.StartedAt / FinishedAt and its GPU requests."""
+        from docker.errors import NotFound
+
+        try:
+            info = self.client.inspect_container(container_name(handle.job_id))
+        except NotFound:
+            return super().get_job_usage(handle)
+        return ct.container_usage(
+            ct.docker_time(str(info.get("Created") or "")),
+            info.get("State") or {},
+            ct.requested_gpus(info.get("HostConfig") or {}),
+            "the container's Created / State.StartedAt / State.FinishedAt (docker inspect)",
+        )
 
     # ----------------------------------------------------------------- logs
 

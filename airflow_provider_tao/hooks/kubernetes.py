@@ -34,6 +34,7 @@ from dataclasses import replace
 from functools import cached_property
 from typing import Any
 
+from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
@@ -57,6 +58,7 @@ from airflow_provider_tao.hooks.kubernetes_status import (
     INDEX_ANNOTATION,
     job_status,
     pods_needed,
+    usage_of,
 )
 from airflow_provider_tao.hooks.kubernetes_status import culprit_of as _culprit
 from airflow_provider_tao.hooks.kubernetes_status import epoch as _epoch
@@ -788,6 +790,23 @@ class TAOKubernetesHook(TAOPlatformHook):
             message=status.message,
             details={"job": handle.name, "namespace": self.namespace, "pods": [_name_of(p) for p in pods]},
         )
+
+    def get_job_usage(self, handle: JobHandle) -> JobUsage:
+        """From the Job and its pods (see :func:`~airflow_provider_tao.hooks.kubernetes_status.usage_of`); the GPU
+        model from the pod template's node selector, else from the labels of rank 0's node (when this connection
+        may read nodes)."""
+        job = self._read_job(handle.name)
+        if job is None or (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) != handle.job_id:
+            return super().get_job_usage(handle)
+        pods = [p for p in self._pods_of(handle.name) if _labels(p).get(ct.LABEL_JOB_ID) == handle.job_id]
+        node = ((_rank0(pods) or {}).get("spec") or {}).get("nodeName")
+        labels: dict[str, str] = {}
+        if node:
+            try:
+                labels = dict(self._call("core", "read_node", node)["metadata"].get("labels") or {})
+            except Exception as exc:  # RBAC may not allow nodes: the GPU model is a detail
+                self.log.debug("Cannot read node %s: %s", node, exc)
+        return usage_of(job, pods, labels)
 
     def cleanup_job(self, handle: JobHandle) -> None:
         """A job given up on while Kubernetes still holds it (unschedulable, an image it cannot pull) is deleted

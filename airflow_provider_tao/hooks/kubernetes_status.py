@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.jobs import JobState, JobStatus
 
@@ -108,8 +109,13 @@ def job_status(job: dict[str, Any], pods: list[dict[str, Any]], now: float) -> J
                 raw_state=item.reason,
             )
     first = waiting[0]
+    unschedulable = [item.since for item in waiting if item.reason == "Unschedulable"]
     return JobStatus(
-        JobState.PENDING, f"Job {name}: {first.reason}: {first.message}".rstrip(": "), raw_state=first.reason
+        JobState.PENDING,
+        f"Job {name}: {first.reason}: {first.message}".rstrip(": "),
+        raw_state=first.reason,
+        # a pod the scheduler cannot place waits for resources, since the scheduler said so
+        capacity_wait_since=min(unschedulable, default=None),
     )
 
 
@@ -187,6 +193,47 @@ def _waiting(pod: dict[str, Any]) -> _Waiting | None:
         return None
     since = epoch((scheduled or {}).get("lastTransitionTime")) or created
     return _Waiting(str(waiting.get("reason") or "Waiting"), str(waiting.get("message") or ""), since)
+
+
+# ----------------------------------------------------------------------------- usage (GPU-hours)
+
+#: The node label NVIDIA's GPU feature discovery sets to the GPU model (also what a node selector picks GPUs by).
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+def usage_of(job: dict[str, Any], pods: list[dict[str, Any]], node_labels: dict[str, str] | None = None) -> JobUsage:
+    """A Job's usage from the API's own records: its creation (queued from then on), its pods' container
+    ``startedAt`` / ``finishedAt`` (the first start, the last end once every started pod has ended), the GPUs its pod
+    template asks for per pod (``nvidia.com/gpu`` limits) and one node per pod that ran.
+
+    :param node_labels: the labels of the node rank 0 ran on (its GPU model), when they could be read.
+    """
+    template = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    containers = template.get("containers") or [{}]
+    limits = next((c for c in containers if c.get("name") == CONTAINER), containers[0]).get("resources") or {}
+    gpus = int((limits.get("limits") or {}).get("nvidia.com/gpu") or 0)
+    starts, ends, running = [], [], False
+    for pod in pods:
+        state = (_container(pod).get("state")) or {}
+        if "running" in state:
+            running = True
+            starts.append(epoch(state["running"].get("startedAt")))
+        elif "terminated" in state:
+            starts.append(epoch(state["terminated"].get("startedAt")))
+            ends.append(epoch(state["terminated"].get("finishedAt")))
+    started = min((s for s in starts if s is not None), default=None)
+    ended = max((e for e in ends if e is not None), default=None)
+    selector = (template.get("nodeSelector") or {}).get(GPU_PRODUCT_LABEL)
+    completions = int((job.get("spec") or {}).get("completions") or 1)
+    return JobUsage(
+        queued_at=epoch(job["metadata"].get("creationTimestamp")),
+        started_at=started,
+        ended_at=None if running else ended,
+        gpus_per_node=gpus,
+        nodes=len(starts) or completions,
+        gpu_type=(selector or (node_labels or {}).get(GPU_PRODUCT_LABEL)) if gpus else None,
+        source="the Job's creationTimestamp and its pods' container startedAt / finishedAt",
+    )
 
 
 def is_finished(job: dict[str, Any]) -> bool:

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
@@ -69,6 +70,7 @@ from airflow_provider_tao.hooks.lepton_status import (
     id_of,
     labels_of,
     state_of,
+    usage_of,
 )
 from airflow_provider_tao.hooks.lepton_watch import LeptonWatchHook
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobStatus
@@ -429,6 +431,19 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
             job=handle.backend_job_id,
             workspace=self.setting("workspace_id"),
         )
+
+    def get_job_usage(self, handle: JobHandle) -> JobUsage:
+        """From the job (creation, completion), its replicas (terminations) and its resource shape (GPUs, model)."""
+        self._ready()
+        job = self._own_job(handle)
+        if job is None:
+            return super().get_job_usage(handle)
+        spec = job.get("spec") or {}
+        groups = (spec.get("affinity") or {}).get("allowed_dedicated_node_groups") or []
+        wanted = spec.get("resource_shape")
+        shapes: list[dict[str, Any]] = self._optional(lambda: self._shapes(groups[0] if groups else None), [])
+        shape = next((s for s in shapes if wanted in (s["id"], s["name"])), None)
+        return usage_of(job, self._optional(lambda: self.get_job_replicas(handle), []), shape)
 
     def _optional(self, read: Callable[[], T], default: T) -> T:
         """A fact that may be missing (a route this workspace lacks, a job already gone): the default then."""

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import MARK_CANCEL, MARK_CANCELED_BY, MARK_CONSUMED, MARK_OWNER
@@ -182,7 +183,10 @@ def job_status(
                 raw_state="NoCapacity",
             )
         return JobStatus(
-            JobState.PENDING, f"Lepton job {name} is {state or 'queueing'}: waiting for capacity{why}", raw_state=state
+            JobState.PENDING,
+            f"Lepton job {name} is {state or 'queueing'}: waiting for capacity{why}",
+            raw_state=state,
+            capacity_wait_since=created,  # the bound above counts from the same moment
         )
     if is_starting(job):
         since = starting_since if starting_since is not None else created
@@ -206,6 +210,44 @@ def job_status(
     if state == "Running":
         return JobStatus(JobState.RUNNING, f"Lepton job {name}: {ready}/{wanted} replica(s) running", raw_state=state)
     return JobStatus(JobState.PENDING, f"Lepton job {name} is in state {state!r}", raw_state=state)
+
+
+# ----------------------------------------------------------------------------- usage (GPU-hours)
+
+
+def usage_of(job: dict[str, Any], replicas: list[dict[str, Any]], shape: dict[str, Any] | None) -> JobUsage:
+    """A job's usage from what the API reports: its ``creation_time`` (queued from then on), its replicas'
+    terminations (``started_at`` / ``finished_at``, Lepton's ReplicaTermination), its ``completion_time``, and its
+    resource shape's accelerators per replica.
+
+    A replica that still runs has no termination record, and Lepton reports no start time for it: its creation
+    (when it was placed on a node) stands in for its start.
+
+    :param shape: the job's shape as :meth:`list_resource_shapes` gives it (``gpus``, ``gpu_type``), if known.
+    """
+    status, spec = job.get("status") or {}, job.get("spec") or {}
+    starts, ends, live = [], [], False
+    for replica in replicas:
+        term = (replica.get("status") or {}).get("last_termination") or (replica.get("status") or {}).get("termination")
+        if term and term.get("started_at"):
+            starts.append(float(term["started_at"]) / 1000)
+            if term.get("finished_at"):
+                ends.append(float(term["finished_at"]) / 1000)
+        elif (replica.get("status") or {}).get("node") and (replica.get("metadata") or {}).get("created_at"):
+            live = True
+            starts.append(float(replica["metadata"]["created_at"]) / 1000)
+    completion = status.get("completion_time")
+    ended = max(ends) if ends and not live else float(completion) / 1000 if completion and not live else None
+    nodes = int(spec.get("completions") or spec.get("parallelism") or 1)
+    return JobUsage(
+        queued_at=created_at(job),
+        started_at=min(starts) if starts else None,
+        ended_at=ended,
+        gpus_per_node=int(shape["gpus"]) if shape else None,
+        nodes=nodes,
+        gpu_type=(str(shape.get("gpu_type") or "") or None) if shape and shape.get("gpus") else None,
+        source="the Lepton job's creation_time and its replicas' termination times",
+    )
 
 
 # ----------------------------------------------------------------------------- logs and failure facts

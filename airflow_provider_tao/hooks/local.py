@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_tao import settings
+from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
 from airflow_provider_tao.hooks import local_supervisor as supervisor
 from airflow_provider_tao.hooks.base import ConnectionProblem, JobValidationError, TAOPlatformHook
@@ -70,6 +71,16 @@ def visible_gpus() -> list[str]:
         return [str(i) for i in range(len(os.listdir("/proc/driver/nvidia/gpus")))]
     except OSError:
         return []
+
+
+def gpu_model() -> str | None:
+    """The model of this host's first GPU, from the NVIDIA driver's ``information`` file (no nvidia-smi needed)."""
+    try:
+        first = sorted(os.listdir("/proc/driver/nvidia/gpus"))[0]
+        text = Path("/proc/driver/nvidia/gpus", first, "information").read_text()
+    except (OSError, IndexError):
+        return None
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Model:")), None)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -215,9 +226,15 @@ class LocalHook(TAOPlatformHook):
         # The log's file URI names the host: only a process on that host can watch or cancel the job.
         handle = self.new_handle(spec, try_number, console_url=f"file://{_HOST}{job_dir / 'job.log'}")
         # Findable by name before the process exists: a worker killed mid-submit must not cause a duplicate.
+        gpus = self._gpu_env(spec.gpu_count)
         supervisor.write_json_atomic(
             job_dir / "meta.json",
-            {**handle.to_json(), "submitter_pid": os.getpid(), "submitter_host": _HOST},
+            {
+                **handle.to_json(),
+                "submitter_pid": os.getpid(),
+                "submitter_host": _HOST,
+                "gpus": len([g for g in gpus.split(",") if g]),
+            },
         )
         self._index_name(spec.name, spec.job_id)
         self.write_mark(handle, "owner_try", try_number)
@@ -337,6 +354,24 @@ class LocalHook(TAOPlatformHook):
             return JobStatus(JobState.COMPLETE, "exit code 0", exit_code=0, raw_state="EXITED", updated_at=at)
         how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         return JobStatus(JobState.ERROR, how, exit_code=code, raw_state="EXITED", updated_at=at)
+
+    def get_job_usage(self, handle: JobHandle) -> JobUsage:
+        """From the job folder: ``meta.json`` (submission, GPUs given), the supervisor's ``pid`` record (start) and
+        its ``exit_code`` record (end)."""
+        job_dir = self._job_dir(handle)
+        meta = _read_json(job_dir / "meta.json") or {}
+        started = (_read_json(job_dir / "pid") or {}).get("started_at")
+        ended = (_read_json(job_dir / "exit_code") or {}).get("finished_at")
+        gpus = meta.get("gpus")
+        return JobUsage(
+            queued_at=float(meta.get("submitted_at") or handle.submitted_at),
+            started_at=float(started) if started is not None else None,
+            ended_at=float(ended) if ended is not None else None,
+            gpus_per_node=int(gpus) if gpus is not None else None,
+            nodes=1,
+            gpu_type=gpu_model() if gpus else None,
+            source="the local supervisor's timestamps",
+        )
 
     # ----------------------------------------------------------------- logs
 

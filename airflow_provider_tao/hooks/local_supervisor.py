@@ -114,7 +114,13 @@ def main(job_dir: str) -> int:
         signal.signal(sig, on_signal)
     # Record ourselves first, then look for a cancel: a cancel that came before this point finds no pid file
     # and waits for it, so either it sees the mark here or it kills our group afterwards.
-    identity = {"pid": pid, "pgid": os.getpgid(0), "start_ticks": start_ticks(pid), "boot_id": boot_id()}
+    identity = {
+        "pid": pid,
+        "pgid": os.getpgid(0),
+        "start_ticks": start_ticks(pid),
+        "boot_id": boot_id(),
+        "started_at": time.time(),  # the job's start for its GPU-hours (exit_code holds its end)
+    }
     write_json_atomic(job / "pid", identity)
     launch = json.loads((job / "launch.json").read_text())
     with open(job / "job.log", "ab", buffering=0) as log:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks import slurm_script as ss
 from airflow_provider_tao.hooks.base import (
@@ -769,6 +770,14 @@ class SlurmHook(TAOPlatformHook):
                 "log": layout_logs(self.layout(handle.job_id, handle.name)),
             },
         )
+
+    def get_job_usage(self, handle: JobHandle) -> JobUsage:
+        """From Slurm's accounting (``sacct``): Submit, Start, End, ElapsedRaw, NNodes and the GPUs in AllocTRES."""
+        if not handle.backend_job_id:
+            return super().get_job_usage(handle)
+        result = self.run(ss.usage_command(handle.backend_job_id), timeout=60)
+        usage = ss.parse_usage(result.text, handle.backend_job_id) if result.rc == 0 else None
+        return usage or super().get_job_usage(handle)
 
     def resubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
         if status.state is not JobState.ERROR or not handle.backend_job_id:

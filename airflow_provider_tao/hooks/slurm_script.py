@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.jobs import JobState, JobStatus
 
 # ----------------------------------------------------------------------------- state map
@@ -441,8 +442,9 @@ SQUEUE_MARK = b"@@SQ "
 
 
 def squeue_command(ids: list[str]) -> str:
-    """All given jobs, finished ones too (``-t all``; plain ``squeue -j`` prints nothing for finished jobs)."""
-    return f"squeue -h -t all -j {','.join(ids)} -o '%i|%T|%r|%N'"
+    """All given jobs, finished ones too (``-t all``; plain ``squeue -j`` prints nothing for finished jobs), with
+    their submit time in epoch seconds (``SLURM_TIME_FORMAT=%s``: the cluster's local time needs no time zone)."""
+    return f"SLURM_TIME_FORMAT=%s squeue -h -t all -j {','.join(ids)} -o '%i|%T|%r|%N|%V'"
 
 
 def sacct_command(ids: list[str]) -> str:
@@ -457,6 +459,7 @@ class SlurmRecord:
     reason: str = ""
     nodes: str = ""
     exit_code: str = ""  # sacct "N:S"
+    submitted: float | None = None  # squeue %V, epoch seconds
 
 
 def parse_squeue(text: str) -> dict[str, SlurmRecord]:
@@ -465,8 +468,33 @@ def parse_squeue(text: str) -> dict[str, SlurmRecord]:
         parts = line.strip().split("|")
         if len(parts) >= 3 and parts[0]:
             state = parts[1].split()[0].rstrip("+").upper() if parts[1].strip() else ""
-            records[parts[0]] = SlurmRecord(parts[0], state, parts[1], parts[2], parts[3] if len(parts) > 3 else "")
+            nodes = parts[3] if len(parts) > 3 else ""
+            submitted = _epoch(parts[4]) if len(parts) > 4 else None
+            records[parts[0]] = SlurmRecord(parts[0], state, parts[1], parts[2], nodes, submitted=submitted)
     return records
+
+
+def _epoch(text: str) -> float | None:
+    """A time field printed with ``SLURM_TIME_FORMAT=%s``; None for ``Unknown`` / ``None`` / empty."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+#: Pending reasons that mean "no resources for the job now" (the shared capacity-wait notion): the cluster is
+#: full or the job waits behind others, the nodes it needs are down or reserved, its partition is down, or an
+#: association / QOS limit on resources (GPUs, CPUs, nodes, memory, jobs) holds it. Not capacity: dependencies,
+#: begin times, holds, and limits no capacity would lift (wall time above a partition's or QOS's maximum).
+CAPACITY_REASONS = frozenset({"Resources", "Priority", "PartitionDown", "PartitionInactive", "ReqNodeNotAvail"})
+_CAPACITY_REASON = re.compile(
+    r"^(?:ReqNodeNotAvail|Nodes_required_for_job_are_DOWN|(?:QOS|Assoc)(?:Grp|Max)(?!\w*(?:Wall|Time))\w+)"
+)
+
+
+def waits_for_resources(reason: str) -> bool:
+    """Whether a pending job's reason (squeue ``%r``) says it waits for resources rather than for anything else."""
+    return reason in CAPACITY_REASONS or bool(_CAPACITY_REASON.match(reason))
 
 
 def parse_sacct(text: str) -> dict[str, SlurmRecord]:
@@ -512,8 +540,11 @@ def status_of(queue: SlurmRecord | None, acct: SlurmRecord | None) -> JobStatus:
     raw = acct.raw if acct is not None and acct.state == record.state else record.raw
     if state is None:
         return JobStatus(JobState.UNKNOWN, f"unexpected Slurm state {record.raw!r}", raw_state=record.raw)
+    capacity_wait_since = None
     if state is JobState.PENDING:
         message = f"{record.state} ({record.reason})" if record.reason and record.reason != "None" else record.state
+        if waits_for_resources(record.reason):
+            capacity_wait_since = record.submitted
     elif state in (JobState.RUNNING, JobState.PAUSED):
         message = f"{record.state} on {record.nodes}" if record.nodes else record.state
     elif state is JobState.COMPLETE:
@@ -529,7 +560,41 @@ def status_of(queue: SlurmRecord | None, acct: SlurmRecord | None) -> JobStatus:
             else record.reason or ""
         )
         message = f"{record.state} ({why})" if why else record.state
-    return JobStatus(state, message, exit_code=exit_code, raw_state=raw)
+    return JobStatus(state, message, exit_code=exit_code, raw_state=raw, capacity_wait_since=capacity_wait_since)
+
+
+# ----------------------------------------------------------------------------- usage (GPU-hours)
+
+
+def usage_command(slurm_id: str) -> str:
+    """The accounting record of one job's allocation: its times in epoch seconds, its elapsed seconds and nodes,
+    and the resources it was given (``AllocTRES``: ``gres/gpu=N`` and, where the cluster tracks types,
+    ``gres/gpu:<type>=N``)."""
+    return f"SLURM_TIME_FORMAT=%s sacct -X -n -P -j {slurm_id} -o JobID,Submit,Start,End,ElapsedRaw,NNodes,AllocTRES"
+
+
+def parse_usage(text: str, slurm_id: str) -> JobUsage | None:
+    """:func:`usage_command`'s answer as a :class:`JobUsage`; None when sacct has no record of the job (yet)."""
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < 7 or parts[0] != slurm_id:
+            continue
+        submitted, started, ended = (_epoch(parts[i]) for i in (1, 2, 3))
+        nodes = int(parts[5]) if parts[5].isdigit() else None
+        tres = dict(item.split("=", 1) for item in parts[6].split(",") if "=" in item)
+        gpus = int(tres.get("gres/gpu", "0") or 0)
+        typed = sorted(key.partition(":")[2] for key in tres if key.startswith("gres/gpu:"))
+        return JobUsage(
+            queued_at=submitted,
+            started_at=started,
+            ended_at=ended,
+            run_seconds=float(parts[4]) if started is not None and parts[4].isdigit() else None,
+            gpus_per_node=gpus // nodes if nodes else None,
+            nodes=nodes,
+            gpu_type=",".join(typed) or None,
+            source="sacct Submit/Start/End/ElapsedRaw/AllocTRES",
+        )
+    return None
 
 
 # ----------------------------------------------------------------------------- logs

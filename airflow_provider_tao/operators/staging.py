@@ -83,7 +83,8 @@ class S3StagingMixin:
             )
         if not self.uses_runner:
             return spec, {}
-        entrypoint = self.build_job_entrypoint(hook.runner_mount_path(spec))
+        # the job's own details first: with a chain of connections, a mount path may be given per connection
+        entrypoint = self.build_job_entrypoint(spec.backend_details.get("mount_path") or hook.runner_mount_path(spec))
         self._check_inputs(entrypoint, hook)
         env = {**spec.env, **entrypoint.env}
         secret_env = dict(spec.secret_env)

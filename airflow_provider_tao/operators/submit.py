@@ -8,7 +8,9 @@ Lifecycle of one task instance (see DESIGN.md):
    it is active, return its result if it completed, submit anew otherwise;
 3. store the handle and push job id, results folder and console URL to XCom *before* waiting;
 4. wait in the triggerer (``TAOJobTrigger``) or on the worker, with an absolute deadline from ``execution_timeout``;
-5. on failure classify it and fail fast when a retry cannot help.
+5. on failure classify it and fail fast when a retry cannot help; when it found no capacity, move it to the next
+   connection of the task's chain (``fallback_conn_ids``, see :mod:`~airflow_provider_tao.operators.failover`);
+6. account for every attempt: GPUs x nodes x the run time the platform reports (``attempts``, ``gpu_hours``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook, BaseOperator, conf
@@ -33,8 +36,17 @@ from airflow_provider_tao import settings
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook, platform_for_conn_type
 from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError, register_secrets
-from airflow_provider_tao.jobs import NOT_FOUND_POLLS, ErrClass, JobHandle, JobSpec, JobState, JobStatus
+from airflow_provider_tao.jobs import (
+    NOT_FOUND_POLLS,
+    ErrClass,
+    FailureAnalysis,
+    JobHandle,
+    JobSpec,
+    JobState,
+    JobStatus,
+)
 from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESULTS_DIR, TAOJobLink, TAOResultsLink
+from airflow_provider_tao.operators.failover import CapacityFailoverMixin, seconds_of
 from airflow_provider_tao.operators.staging import S3StagingMixin
 from airflow_provider_tao.outage import OutageLog
 from airflow_provider_tao.records import STATE_KEY, XCOM_RECORD, JobRecord
@@ -49,7 +61,7 @@ def _readable(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-class TAOSubmitOperator(S3StagingMixin, BaseOperator):
+class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
     """Run a (TAO or any) GPU training job on a TAO platform and wait until it ends.
 
     With ``specs``, ``args``, ``inputs``, ``outputs`` or ``storage_conn_id`` the job runs through the in-job runner,
@@ -59,13 +71,20 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
     :param command: what the job runs: a string (run by exactly one ``/bin/bash -c``) or an argv list. Only the
         placeholders ``{config_path}``, ``{results_dir}`` and ``{job_id}`` are replaced (runner jobs only).
     :param conn_id: a ``tao_*`` Airflow connection; its type decides the platform. Optional for ``local``.
+    :param fallback_conn_ids: more ``tao_*`` connections, tried in order when the job finds no capacity on the one
+        before (``ERR_CAPACITY``, or waiting for resources past ``capacity_timeout``): the job is canceled there and
+        submitted on the next one, in the same try. Program errors and OOM never move. Every connection of the chain
+        is validated before anything runs.
+    :param capacity_timeout: seconds (or a ``timedelta``) the job may wait for resources on a connection that has a
+        next one in the chain before it moves on; unset = only the platforms' own capacity bounds move it.
     :param platform: the platform name (``local``, ...); optional when ``conn_id`` is given, checked against it.
     :param image: container image: a ``versions.yaml`` key such as ``tao_toolkit.pyt`` or an image URI.
         Optional on ``local`` (the job runs on the worker host).
     :param gpu_count: GPUs per node: 0 = none, N = N GPUs, -1 = all visible GPUs.
     :param num_nodes: nodes for a multi-node job (platforms that support it).
     :param env: environment variables of the job (values must be strings).
-    :param backend_details: platform-specific settings (partition, instance type, ``mem_limit``, ...).
+    :param backend_details: platform-specific settings (partition, instance type, ``mem_limit``, ...); with
+        ``fallback_conn_ids``, either the same settings for every connection or a mapping keyed by connection id.
     :param specs: config mode: the nested spec written at ``{config_path}`` (dicts, not flat dotted keys).
     :param args: args mode: ``{name: value}`` appended to the command as ``--name value``.
     :param inputs: config/args mode: dotted spec paths / arg names whose URIs are downloaded into the job;
@@ -140,6 +159,8 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         stream_logs: bool | None = None,
         cancel_on_kill: bool = True,
         metrics_file: str | None = "metrics.json",
+        fallback_conn_ids: Sequence[str] | None = None,
+        capacity_timeout: float | timedelta | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -166,6 +187,12 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         self.stream_logs = stream_logs
         self.cancel_on_kill = cancel_on_kill
         self.metrics_file = metrics_file
+        if isinstance(fallback_conn_ids, str):
+            raise JobValidationError(
+                "fallback_conn_ids", f"{fallback_conn_ids!r} is a string", f"Pass a list: [{fallback_conn_ids!r}]"
+            )
+        self.fallback_conn_ids = list(fallback_conn_ids or [])
+        self.capacity_timeout = seconds_of(capacity_timeout)
         self._handle: JobHandle | None = None
         self._check_static_arguments()
 
@@ -190,6 +217,7 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             raise JobValidationError(
                 "metrics_file", f"{self.metrics_file!r} is not inside the results folder", "Give a relative path"
             )
+        self._check_chain_arguments()
 
     @property
     def interval(self) -> float:
@@ -213,16 +241,19 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
 
     # ----------------------------------------------------------------- building blocks
 
-    def _hook(self) -> TAOPlatformHook:
-        """The platform hook, from the connection's type (a missing or foreign connection is bad input)."""
-        platform = self.platform
-        if self.conn_id:
+    def _hook(self, position: int = 0) -> TAOPlatformHook:
+        """The platform hook of the chain's ``position`` (0 = ``conn_id``), from the connection's type (a missing or
+        foreign connection is bad input)."""
+        conn_id = self.chain[position]
+        parameter = "conn_id" if position == 0 else f"fallback_conn_ids[{position - 1}]"
+        platform = self.platform if position == 0 else None
+        if conn_id:
             try:
-                conn = BaseHook.get_connection(self.conn_id)
+                conn = BaseHook.get_connection(conn_id)
             except AirflowNotFoundException as exc:
                 raise JobValidationError(
-                    "conn_id",
-                    f"there is no Airflow connection {self.conn_id!r}",
+                    parameter,
+                    f"there is no Airflow connection {conn_id!r}",
                     "Create it (Admin > Connections, `airflow connections add`, or an AIRFLOW_CONN_* variable) "
                     "or fix the id"
                     + ("; the local platform also runs with conn_id=None" if platform == "local" else ""),
@@ -231,14 +262,14 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             if conn_platform is None:
                 types = ", ".join(ctype for ctype, _ in PLATFORMS.values())
                 raise JobValidationError(
-                    "conn_id",
-                    f"connection {self.conn_id!r} has type {conn.conn_type!r}, which is not a TAO platform",
+                    parameter,
+                    f"connection {conn_id!r} has type {conn.conn_type!r}, which is not a TAO platform",
                     f"Use a connection of type {types}",
                 )
             if platform and platform != conn_platform:
                 raise JobValidationError(
                     "platform",
-                    f"{platform!r} does not match connection {self.conn_id!r} of type {conn.conn_type!r}",
+                    f"{platform!r} does not match connection {conn_id!r} of type {conn.conn_type!r}",
                     f"Use platform={conn_platform!r} or leave platform unset",
                 )
             platform = conn_platform
@@ -248,7 +279,7 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
                 "neither conn_id nor platform is given",
                 "Pass conn_id=<a tao_* connection> or platform='local'",
             )
-        hook = get_platform_hook(platform, self.conn_id)
+        hook = get_platform_hook(platform, conn_id)
         hook.load_connection()
         return hook
 
@@ -280,7 +311,7 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             gpu_count=self.gpu_count,
             num_nodes=self.num_nodes,
             env=dict(self.env),
-            backend_details=dict(self.backend_details),
+            backend_details=self._details_for(hook.conn_id),
             results_uri=self.results_uri,
             deadline=self._deadline(context),
             origin=_origin(context),
@@ -317,40 +348,90 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         except JobValidationError as exc:
             raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
         try_number = context["ti"].try_number
+        stored: Any = context["task_state_store"].get(STATE_KEY)
+        if reattach:
+            self._close_left_behind(context, stored)  # a job that ended unwatched still counts in GPU-hours
         # Reattach first: an earlier try's job that still runs is this task's job, whatever a new validation of
         # today's inputs would say (the job itself may have moved them), and its outputs are the ones that count.
+        # With a chain of connections it may be on any of them (see operators/failover.py).
         try:
-            found = self._find_previous(context, hook, name) if reattach else None
+            found = self._find_in_chain(context, hook, name) if reattach else None
         except JobValidationError as exc:  # e.g. the platform refused the connection's credentials
             raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
-        if found is not None and found[1].state is JobState.COMPLETE:
-            self._handle = found[0]
-            self._keep(context, self._record_for(context, found[0], self._outputs_of(context, found[0])))
-            self._publish(context, hook, found[0])
-            return self._succeed(context, found[0], found[1], self._outputs_of(context, found[0]))
+        if found is not None and found[2].state is JobState.COMPLETE:
+            hook, handle, status = found
+            self._handle = handle
+            self._keep(context, self._record_for(context, handle, self._outputs_of(context, handle)))
+            self._publish(context, hook, handle)
+            self._close_attempt(context, hook, handle, outcome="complete", reason=status.message)
+            return self._succeed(context, handle, status, self._outputs_of(context, handle))
         if found is not None:
-            handle = found[0].owned_by(try_number)
+            hook, previous, _ = found
+            handle = previous.owned_by(try_number)
             hook.claim_job(handle)
-            outputs = self._outputs_of(context, found[0])
+            outputs = self._outputs_of(context, previous)
             self.log.info(
-                "Reattached to job %s (%s), submitted by try %s", handle.job_id, handle.name, found[0].try_number
+                "Reattached to job %s (%s), submitted by try %s", handle.job_id, handle.name, previous.try_number
             )
         else:
+            self._start_attempts(context, previous_run_used=isinstance(stored, dict) and bool(stored.get("consumed")))
             try:
-                spec, outputs = self.stage(self._job_spec(context, hook, name), hook)
-                hook.validate_spec(spec)
+                prepared = self._validated_chain(context, hook, name)  # every connection of the chain, up front
             except JobValidationError as exc:
                 raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
-            register_secrets(list(spec.secret_env.values()))
-            self._warn_expiring_credentials(spec)
-            try:
-                handle = hook.create_job(spec, try_number=try_number)
-            except JobSubmitError as exc:
-                message = f"The {hook.platform} platform refused job {spec.job_id}: {exc.err_class.value}: {exc}"
+            hook, handle, outputs = self._submit(context, hook, name, prepared)
+        return self._watch(context, hook, handle, outputs)
+
+    def _prepared_spec(self, context: Context, hook: TAOPlatformHook, name: str) -> tuple[JobSpec, dict[str, str]]:
+        """The job this task submits on ``hook``'s connection, staged and validated; and its output URIs."""
+        spec, outputs = self.stage(self._job_spec(context, hook, name), hook)
+        hook.validate_spec(spec)
+        return spec, outputs
+
+    def _submit(
+        self,
+        context: Context,
+        hook: TAOPlatformHook,
+        name: str,
+        prepared: tuple[JobSpec, dict[str, str]] | None = None,
+    ) -> tuple[TAOPlatformHook, JobHandle, dict[str, str]]:
+        """Submit the job on ``hook``'s connection -- or, refused there for capacity, on the next one of the chain.
+        Its connection is recorded before the submission (the write-ahead of operators/failover.py)."""
+        try:
+            spec, outputs = prepared or self._prepared_spec(context, hook, name)
+        except JobValidationError as exc:
+            raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
+        register_secrets(list(spec.secret_env.values()))
+        self._warn_expiring_credentials(spec)
+        self._write_ahead(context, hook, spec.name, spec.job_id)
+        try:
+            handle = hook.create_job(spec, try_number=context["ti"].try_number)
+        except JobSubmitError as exc:
+            message = f"The {hook.platform} platform refused job {spec.job_id}: {exc.err_class.value}: {exc}"
+            target = (
+                self._refused_for_capacity(context, hook, spec, message)
+                if exc.err_class is ErrClass.ERR_CAPACITY
+                else None
+            )
+            if target is None:
                 if exc.err_class.retriable:
                     raise AirflowException(message) from exc
                 raise AirflowFailException(message) from exc
+        else:
+            self._handle = handle
             self.log.info("Submitted %s job %s (%s)", hook.platform, handle.job_id, handle.name)
+            return hook, handle, outputs
+        try:  # refused there for capacity: the next connection of the chain
+            name = self._job_name(context, target)
+        except JobValidationError as bad:
+            raise AirflowFailException(f"Bad input, nothing more was submitted: {bad}") from bad
+        return self._submit(context, target, name)
+
+    def _watch(
+        self, context: Context, hook: TAOPlatformHook, handle: JobHandle, outputs: dict[str, str]
+    ) -> dict[str, Any]:
+        """Keep the job's handle where every try finds it, publish its links, then wait for it: deferred in the
+        triggerer, or on the worker."""
         self._handle = handle
         self._keep(context, self._record_for(context, handle, outputs))
         self._publish(context, hook, handle)
@@ -366,7 +447,8 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
                     stream_logs=self.streaming,
                     cancel_on_kill=self.cancel_on_kill,
                     # the platform connection too: its extras may hold keys the job receives (NGC, HF tokens)
-                    secret_conn_ids=[c for c in (self.storage_conn_id, self.conn_id) if c],
+                    secret_conn_ids=[c for c in (self.storage_conn_id, handle.conn_id) if c],
+                    capacity_timeout=self._capacity_timeout_for(handle),
                 ),
                 method_name="execute_complete",
                 # The trigger enforces the deadline itself and the operator cancels the job; a framework timeout
@@ -448,6 +530,8 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         candidate = None
         if record is not None and not record.consumed:
             candidate = record.job
+        if candidate is not None and (candidate.platform, candidate.conn_id) != (hook.platform, hook.conn_id):
+            candidate = None  # the stored job is on another connection of the chain: look on this one by name
         if candidate is None:
             # Nothing usable stored: a worker may have died between submission and the store write.
             candidate = hook.find_job(name)
@@ -494,6 +578,7 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         cursor = ""
         outage = OutageLog(self.log, hook.platform, settings.outage_report_seconds())
         not_found = 0
+        capacity_timeout = self._capacity_timeout_for(handle)
         while True:
             try:
                 status = hook.get_job_status(handle)
@@ -504,6 +589,8 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             if not_found >= NOT_FOUND_POLLS:
                 message = f"job {handle.job_id} no longer exists on the {hook.platform} platform ({status.message})"
                 return self._payload("error", handle, status, cursor) | {"message": message}
+            if reason := status.capacity_wait_over(capacity_timeout, time.time()):
+                return self._payload("capacity", handle, status, cursor) | {"message": reason}
             if status.state is not JobState.UNKNOWN and self.streaming:
                 cursor = self._copy_logs(hook, handle, cursor)
             if status.state.is_terminal:
@@ -541,6 +628,11 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         hook.load_connection()
         if outcome == "misplaced":
             raise AirflowFailException(event.get("message") or status.message)
+        message = event.get("message") or status.message
+        analysis = hook.get_failure_analysis(handle) if outcome == "error" else None
+        if self._fails_over(handle, outcome, analysis):  # no capacity here: the next connection of the chain
+            return self._fail_over(context, hook, handle, analysis.summary() if analysis else message)
+        self._close_attempt(context, hook, handle, outcome=outcome, reason=analysis.summary() if analysis else message)
         if outcome == "timeout":
             if self.cancel_on_kill:
                 hook.cancel_job(handle)
@@ -574,7 +666,7 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
         try:
             if outcome == "complete":
                 return self._succeed(context, handle, status, self._outputs_of(context, handle))
-            return self._fail(context, hook, handle, status, event.get("message") or status.message)
+            return self._fail(context, handle, status, analysis, message)
         finally:
             hook.cleanup_job(handle)
 
@@ -614,6 +706,8 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
             "ended_at": record.ended_at,
             "gpu_hours": record.gpu_hours(),
             "metrics": self._read_metrics(hook, handle),
+            # attempts and GPU-hours from the times the platforms report (wins over the record's Airflow times)
+            **self._attempts_report(context),
         }
         self._publish_assets(context, result)
         return result
@@ -654,9 +748,13 @@ class TAOSubmitOperator(S3StagingMixin, BaseOperator):
                 self.log.warning("Cannot add the job's metadata to outlet %r: %s", outlet, exc)
 
     def _fail(
-        self, context: Context, hook: TAOPlatformHook, handle: JobHandle, status: JobStatus, message: str
+        self,
+        context: Context,
+        handle: JobHandle,
+        status: JobStatus,
+        analysis: FailureAnalysis | None,
+        message: str,
     ) -> dict[str, Any]:
-        analysis = hook.get_failure_analysis(handle)
         self._keep_end(
             context, handle, status.state.value, analysis.err_class.value if analysis else ErrClass.ERR_UNKNOWN.value
         )

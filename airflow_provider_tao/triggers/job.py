@@ -7,7 +7,8 @@ the same hook. While waiting, a trigger copies the job's new log lines into the 
 that it keeps as an XCom of its task instance, so a restarted triggerer resumes where the last one stopped.
 
 The event contract (a plain dict, see :class:`TriggerOutcome`): ``status`` is one of ``complete``, ``error``,
-``canceled``, ``timeout`` (the task's deadline passed) or ``misplaced`` (this triggerer cannot see the job), plus
+``canceled``, ``timeout`` (the task's deadline passed), ``capacity`` (the job waited for resources past the task's
+``capacity_timeout``: the operator fails over) or ``misplaced`` (this triggerer cannot see the job), plus
 ``handle``, ``job_status``, ``log_cursor`` and ``message``. An unanswerable platform is never an outcome: the
 trigger keeps waiting (and says so in the task log) until the job ends or the task's deadline passes.
 """
@@ -43,6 +44,7 @@ class TriggerOutcome:
     ERROR = "error"
     CANCELED = "canceled"
     TIMEOUT = "timeout"
+    CAPACITY = "capacity"
     MISPLACED = "misplaced"
 
     BY_STATE: ClassVar[dict[JobState, str]] = {
@@ -178,6 +180,8 @@ class TAOJobTrigger(BaseTrigger):
     :param cancel_on_kill: cancel the job when the task is marked failed/success or cleared while deferred.
     :param secret_conn_ids: connections whose secrets the job receives; registered with the triggerer's secrets
         masker so a job that prints them never puts them into the task log.
+    :param capacity_timeout: seconds the job may wait for resources (``JobStatus.capacity_wait_since``, the
+        backend's clock) before the trigger ends with ``capacity``; None = no bound (the last of a chain).
     """
 
     def __init__(
@@ -190,6 +194,7 @@ class TAOJobTrigger(BaseTrigger):
         stream_logs: bool = True,
         cancel_on_kill: bool = True,
         secret_conn_ids: list[str] | None = None,
+        capacity_timeout: float | None = None,
     ) -> None:
         super().__init__()
         self.handle = JobHandle.from_json(handle)
@@ -199,6 +204,7 @@ class TAOJobTrigger(BaseTrigger):
         self.stream_logs = bool(stream_logs)
         self.cancel_on_kill = bool(cancel_on_kill)
         self.secret_conn_ids = list(secret_conn_ids or [])
+        self.capacity_timeout = None if capacity_timeout is None else float(capacity_timeout)
         self._partial_line = ""
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -212,6 +218,7 @@ class TAOJobTrigger(BaseTrigger):
                 "stream_logs": self.stream_logs,
                 "cancel_on_kill": self.cancel_on_kill,
                 "secret_conn_ids": self.secret_conn_ids,
+                "capacity_timeout": self.capacity_timeout,
             },
         )
 
@@ -251,6 +258,9 @@ class TAOJobTrigger(BaseTrigger):
                 if not_found >= NOT_FOUND_POLLS:
                     message = f"job {self.handle.job_id} no longer exists on the {hook.platform} platform"
                     yield self._event(TriggerOutcome.ERROR, status, f"{message} ({status.message})")
+                    return
+                if reason := status.capacity_wait_over(self.capacity_timeout, time.time()):
+                    yield self._event(TriggerOutcome.CAPACITY, status, reason)
                     return
                 if status.state is JobState.ERROR and (note := await self._resubmitted(hook, status)):
                     self.log.warning("Job %s: %s", self.handle.job_id, note)

@@ -66,6 +66,10 @@ FIXES: dict[str, str] = {
     # operator
     "Bad input, nothing was submitted": "Fix the parameter the message names (see the table below); the task fails "
     "without retries because a retry would meet the same input.",
+    "Bad input, nothing more was submitted": "A fallback connection of the chain rejected the job (the message names "
+    "it and the parameter); fix that connection or its backend_details. The job that found no capacity was canceled.",
+    "found no capacity, but another try owns it now": "A newer try of the task (a clear or a retry) took the job over "
+    "while this one decided to move it; nothing to do: the newer try carries on with it.",
     "not submitting another one, to avoid a duplicate": "The platform did not answer whether the earlier try's job "
     "still runs; the next try asks again. Restore the platform connection, or cancel the old job by hand.",
     "execution_timeout (or [tao] lease_hours)": "Raise the task's execution_timeout (or [tao] lease_hours), or resume "

@@ -7,13 +7,17 @@ from datetime import UTC, datetime
 from typing import Any
 from unittest import mock
 
+from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
-from airflow_provider_tao.hooks.base import TAOPlatformHook
-from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
+from airflow_provider_tao.hooks.base import JobSubmitError, TAOPlatformHook
+from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
 
 class FakeHook(TAOPlatformHook):
-    """Shared state lives on the class so every hook instance (operator, trigger) sees the same jobs."""
+    """Shared state lives on the class so every hook instance (operator, trigger) sees the same jobs. Each job
+    belongs to the connection it was submitted on (``find_job`` looks on its own connection only, as a platform does).
+    ``no_capacity`` connections refuse every submission with ``ERR_CAPACITY``; on ``queueing`` connections a job waits
+    for resources (Pending, ``capacity_wait_since`` = its submission) until the test moves it on."""
 
     platform = "fake"
     conn_type = "tao_fake"
@@ -26,6 +30,10 @@ class FakeHook(TAOPlatformHook):
     status_calls: list[list[str]] = []
     logs: dict[str, str] = {}
     resubmit_budget: int = 0
+    no_capacity: set[str | None] = set()
+    queueing: set[str | None] = set()
+    #: paths each connection can see (``check_path``); a connection without an entry sees every path
+    visible: dict[str | None, set[str]] = {}
 
     @classmethod
     def reset(cls) -> None:
@@ -33,6 +41,9 @@ class FakeHook(TAOPlatformHook):
         cls.status_calls = []
         cls.logs = {}
         cls.resubmit_budget = 0
+        cls.no_capacity = set()
+        cls.queueing = set()
+        cls.visible = {}
 
     def resubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
         if type(self).resubmit_budget <= 0:
@@ -42,6 +53,8 @@ class FakeHook(TAOPlatformHook):
         return "infrastructure failure: resubmitted"
 
     def create_job(self, spec: JobSpec, try_number: int = 1) -> JobHandle:
+        if self.conn_id in self.no_capacity:
+            raise JobSubmitError(ErrClass.ERR_CAPACITY, f"no capacity on {self.conn_id}")
         handle = JobHandle(
             platform="fake",
             conn_id=self.conn_id,
@@ -52,19 +65,50 @@ class FakeHook(TAOPlatformHook):
             try_number=try_number,
             console_url=f"https://fake/{spec.job_id}",
         )
-        self.jobs[spec.job_id] = {"handle": handle, "spec": spec, "state": JobState.RUNNING, "marks": {}, "exit": None}
+        queued = self.conn_id in self.queueing
+        self.jobs[spec.job_id] = {
+            "handle": handle,
+            "spec": spec,
+            "state": JobState.PENDING if queued else JobState.RUNNING,
+            "marks": {},
+            "exit": None,
+            "raw": "Queueing" if queued else "",
+            "capacity_wait_since": handle.submitted_at if queued else None,
+            "started": None if queued else handle.submitted_at,
+            "ended": None,
+        }
         self.write_mark(handle, "owner_try", try_number)
         return handle
 
     def find_job(self, name: str) -> JobHandle | None:
-        found = [j["handle"] for j in self.jobs.values() if j["handle"].name == name]
+        found = [
+            j["handle"] for j in self.jobs.values() if j["handle"].name == name and j["handle"].conn_id == self.conn_id
+        ]
         return max(found, key=lambda h: h.submitted_at) if found else None
 
     def get_job_status(self, handle: JobHandle) -> JobStatus:
         job = self.jobs.get(handle.job_id)
         if job is None:
             return JobStatus.missing("not found")
-        return JobStatus(job["state"], f"fake {job['state'].value}", exit_code=job["exit"])
+        return JobStatus(
+            job["state"],
+            f"fake {job['state'].value}",
+            exit_code=job["exit"],
+            raw_state=job.get("raw", ""),
+            capacity_wait_since=job.get("capacity_wait_since") if job["state"] is JobState.PENDING else None,
+        )
+
+    def get_job_usage(self, handle: JobHandle) -> JobUsage:
+        job = self.jobs[handle.job_id]
+        return JobUsage(
+            queued_at=handle.submitted_at,
+            started_at=job.get("started"),
+            ended_at=job.get("ended"),
+            gpus_per_node=job.get("gpus"),
+            nodes=job["spec"].num_nodes,
+            gpu_type=job.get("gpu_type"),
+            source="the fake's record",
+        )
 
     def get_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
         self.status_calls.append([h.job_id for h in handles])
@@ -82,7 +126,15 @@ class FakeHook(TAOPlatformHook):
 
     def failure_facts(self, handle: JobHandle) -> FailureFacts:
         job = self.jobs[handle.job_id]
-        return FailureFacts(exit_code=job["exit"], log_tail=self.logs.get(handle.job_id, "").splitlines())
+        return FailureFacts(
+            exit_code=job["exit"],
+            raw_state=job.get("raw", ""),
+            oom_killed=job.get("raw") == "OOMKilled",
+            log_tail=self.logs.get(handle.job_id, "").splitlines(),
+        )
+
+    def check_path(self, uri: str) -> bool:
+        return self.conn_id not in self.visible or uri in self.visible[self.conn_id]
 
     def read_marks(self, handle: JobHandle) -> dict[str, Any]:
         return dict(self.jobs[handle.job_id]["marks"]) if handle.job_id in self.jobs else {}

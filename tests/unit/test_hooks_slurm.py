@@ -724,7 +724,8 @@ class _LocalEntry:
         async def run(command: str, stdin: bytes | None = None, timeout: float = 60.0) -> Any:
             from airflow_provider_tao.hooks.slurm_ssh import Result
 
-            self.commands.append(command.split(maxsplit=1)[0])
+            # the program each command starts with (past environment assignments such as SLURM_TIME_FORMAT=%s)
+            self.commands.append(next(word for word in command.split() if "=" not in word))
             proc = await asyncio.create_subprocess_exec(
                 "sh", "-c", command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env={**os.environ, "PATH": f"{self.path}:{os.environ['PATH']}"},

@@ -39,6 +39,12 @@ def test_every_platform_keeps_marks_and_says_where(cls: type[TAOPlatformHook]) -
 
 
 @pytest.mark.parametrize("cls", _hook_classes(), ids=lambda c: c.platform)
+def test_every_platform_reports_usage_from_its_backend(cls: type[TAOPlatformHook]) -> None:
+    """GPU-hours come from the backend's own times: no platform lives on the default (the submission time only)."""
+    assert cls.get_job_usage is not TAOPlatformHook.get_job_usage
+
+
+@pytest.mark.parametrize("cls", _hook_classes(), ids=lambda c: c.platform)
 def test_every_platform_reads_logs_by_an_opaque_cursor(cls: type[TAOPlatformHook]) -> None:
     import inspect
 
