@@ -173,7 +173,8 @@ def test_the_maintenance_task_logs_every_decision_and_fails_on_a_connection_it_c
     rows = [
         {"platform": "docker", "conn_id": "d", "job_id": "a" * 12, "name": "n", "dag_id": "x", "task_id": "t",
          "task_state": "failed", "action": "canceled", "why": "orphan: its task is failed"},
-        {"platform": "brev", "conn_id": "b", "job_id": None, "name": "i-1", "action": "deleted", "why": "lease expired"},
+        {"platform": "brev", "conn_id": "b", "job_id": None, "name": "i-1", "action": "deleted",
+         "why": "lease expired"},
     ]  # fmt: skip
     ran: list[list[str]] = []
 
@@ -195,5 +196,5 @@ def test_the_maintenance_task_logs_every_decision_and_fails_on_a_connection_it_c
     with pytest.raises(RuntimeError, match="slurm connection s: ssh: refused"):
         sweeper.sweep_from_a_task()
     monkeypatch.setattr(subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", "no database"))
-    with pytest.raises(RuntimeError, match="exit 1.*no database"):
+    with pytest.raises(RuntimeError, match=r"exit 1.*no database"):
         sweeper.sweep_from_a_task()
