@@ -1,11 +1,12 @@
 """The supervisor of one ``local`` job: ``python local_supervisor.py <job_dir>``.
 
-Started by :class:`~airflow_provider_tao.hooks.local.LocalHook` as the leader of a new session, so the job outlives
-the Airflow worker and can be killed as one process group. It records its pid (= its process group), runs the command
-with stdin from /dev/null and output into ``job.log``, and writes ``exit_code`` atomically when the command ends: the
-file the hook reads the job's fate from (waiting for the jobs folder to come back if it has gone away). It survives
-the group-wide SIGTERM of a cancel long enough to record the command's exit; a SIGKILL leaves no exit file, which
-the hook reports as canceled (if a cancel was asked for) or as an error (if not). Standard library only: it is executed as a file, never imported by Airflow.
+Started by :class:`~airflow_provider_tao.hooks.local.LocalHook` as the leader of a new session, so the job outlives the
+Airflow worker and can be killed as one process group. It records its pid (= its process group), runs the command with
+stdin from /dev/null and output into ``job.log``, and writes ``exit_code`` atomically when the command ends: the file
+the hook reads the job's fate from (waiting for the jobs folder to come back if it has gone away). It survives the
+group-wide SIGTERM of a cancel long enough to record the command's exit; a SIGKILL leaves no exit file, which the hook
+reports as canceled (if a cancel was asked for) or as an error (if not). Standard library only: it is executed as a
+file, never imported by Airflow.
 """
 
 from __future__ import annotations
