@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -163,25 +164,39 @@ def describe(row: Mapping[str, Any]) -> str:
     return f"{row['action']}: {row['platform']} {what} on {row.get('conn_id')}{task} -- {row['why']}"
 
 
-def sweep_from_a_task(*, dry_run: bool = False, min_age_minutes: float = 0.0, timeout: float = 900) -> list[dict]:
+#: The connection the ``tao_orphan_sweeper`` DAG reads Airflow's metadata database through.
+METADATA_CONN_ID = "tao_metadata_db"
+
+
+def sweep_from_a_task(
+    *,
+    dry_run: bool = False,
+    min_age_minutes: float = 0.0,
+    timeout: float = 900,
+    metadata_conn_id: str = METADATA_CONN_ID,
+) -> list[dict]:
     """Run ``airflow tao reap`` from a task (the ``tao_orphan_sweeper`` DAG) and log each decision with its reason.
 
-    Airflow 3 keeps task code away from the metadata database, which the sweeper reads (task records, task instance
-    states, the ``tao_*`` connections), so it runs as the CLI in a child process -- as ``airflow db clean``
-    maintenance DAGs do. The worker must therefore be able to reach the metadata database (a standalone, the
-    LocalExecutor, a Celery worker with the deployment's config); elsewhere run ``airflow tao reap`` from cron on a
-    scheduler host.
+    The sweeper reads the metadata database (task records, task instance states, the ``tao_*`` connections), which
+    Airflow 3 keeps away from task code: it replaces the database URL in a task's environment. So the sweep runs as
+    the CLI in a child process given the database's URL from an Airflow connection made for it -- the way Airflow's
+    upgrade guide tells maintenance tasks to reach the database. Where workers cannot reach the database, run
+    ``airflow tao reap`` from cron on a scheduler host instead.
 
     :param dry_run: decide and report, cancel nothing.
     :param min_age_minutes: keep jobs younger than this.
     :param timeout: seconds the sweep may take.
+    :param metadata_conn_id: the connection holding the metadata database's SQLAlchemy URL (extra
+        ``sql_alchemy_conn``, or the connection's own URI).
     :returns: every decision (rows of ``airflow tao reap -o json``).
     :raises RuntimeError: the sweep could not run, or a connection could not be swept (after logging the rest).
     """
+    env = {k: v for k, v in os.environ.items() if k != "AIRFLOW__CORE__SQL_ALCHEMY_CONN"}
+    env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = metadata_db_url(metadata_conn_id)
     argv = [sys.executable, "-m", "airflow", "tao", "reap", "-o", "json", "--min-age-minutes", str(min_age_minutes)]
     if dry_run:
         argv.append("--dry-run")
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     rows = _rows(done.stdout) if done.returncode == 0 else None
     if rows is None:
         raise RuntimeError(f"airflow tao reap failed (exit {done.returncode}): {(done.stderr or done.stdout)[-3000:]}")
@@ -193,6 +208,31 @@ def sweep_from_a_task(*, dry_run: bool = False, min_age_minutes: float = 0.0, ti
             "Could not sweep: " + "; ".join(f"{r['platform']} connection {r['conn_id']}: {r['why']}" for r in failed)
         )
     return rows
+
+
+def metadata_db_url(conn_id: str) -> str:
+    """The metadata database's SQLAlchemy URL from the Airflow connection ``conn_id`` (masked in logs).
+
+    :raises RuntimeError: no such connection -- saying how to make one.
+    """
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+    from airflow.sdk.log import mask_secret
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        raise RuntimeError(
+            f"The orphan sweeper reads Airflow's metadata database through the connection {conn_id!r}, which does not "
+            f"exist. Create it with the database's URL (the value of [database] sql_alchemy_conn) in its extra, e.g. "
+            f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "generic", "extra": {{"sql_alchemy_conn": '
+            f'"postgresql://..."}}}}\', or run `airflow tao reap` from cron on a scheduler host instead.'
+        ) from None
+    url = str(conn.extra_dejson.get("sql_alchemy_conn") or conn.get_uri())
+    if url.startswith("postgres://"):  # Airflow's URI scheme for Postgres connections; SQLAlchemy's is postgresql
+        url = "postgresql://" + url.removeprefix("postgres://")
+    mask_secret(url)
+    return url
 
 
 def _rows(stdout: str) -> list[dict[str, Any]] | None:

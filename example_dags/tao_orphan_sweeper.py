@@ -9,10 +9,11 @@ that still run -- ONE list call per connection -- and cancels, through the same 
 a job whose task set ``cancel_on_kill=False``, or a job this Airflow has no record of. The task log has one line per
 job (and per Brev instance, whose leases it reaps too): what was done and why; the task's XCom lists them all.
 
-It is ``airflow tao reap`` run by the worker, which must reach the metadata database (as ``airflow db clean``
-maintenance DAGs do): a standalone, the LocalExecutor, Celery workers with the deployment's config. Where workers
-cannot, run ``airflow tao reap`` from cron on a scheduler host instead. Trigger it with ``{"dry_run": true}`` to see
-what it would cancel.
+It is ``airflow tao reap`` run by the worker. Airflow 3 keeps task code away from the metadata database, so the sweep
+is given the database's URL through a connection made for it, ``tao_metadata_db`` (extra ``sql_alchemy_conn``: the
+value of ``[database] sql_alchemy_conn``), and the worker must be able to reach the database. Where workers cannot,
+run ``airflow tao reap`` from cron on a scheduler host instead. Trigger it with ``{"dry_run": true}`` to see what it
+would cancel.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from airflow.sdk import Param, dag, task
     params={
         "dry_run": Param(False, type="boolean", description="Decide and report; cancel nothing"),
         "min_age_minutes": Param(0, type="number", minimum=0, description="Keep jobs younger than this"),
+        "metadata_conn_id": Param(
+            "tao_metadata_db", type="string", description="The connection holding the metadata database's URL"
+        ),
     },
     default_args={"retries": 1, "retry_delay": timedelta(minutes=1)},
     tags=["tao", "maintenance"],
@@ -43,7 +47,9 @@ def tao_orphan_sweeper():
 
         params = params or {}
         return sweep_from_a_task(
-            dry_run=bool(params.get("dry_run")), min_age_minutes=float(params.get("min_age_minutes") or 0)
+            dry_run=bool(params.get("dry_run")),
+            min_age_minutes=float(params.get("min_age_minutes") or 0),
+            metadata_conn_id=str(params.get("metadata_conn_id") or "tao_metadata_db"),
         )
 
     sweep()

@@ -4,6 +4,7 @@ its reason -- and never a job of a live task, of a task that set ``cancel_on_kil
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import time
@@ -170,6 +171,10 @@ def test_a_cancel_the_platform_refuses_does_not_stop_the_sweep(hook: ListingHook
 def test_the_maintenance_task_logs_every_decision_and_fails_on_a_connection_it_could_not_sweep(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    url = "postgresql://airflow:db-pass-123@db/airflow"
+    monkeypatch.setenv("AIRFLOW_CONN_TAO_METADATA_DB", json.dumps({"conn_type": "generic",
+                       "extra": {"sql_alchemy_conn": url}}))  # fmt: skip
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "airflow-db-not-allowed:///")  # as in a task
     rows = [
         {"platform": "docker", "conn_id": "d", "job_id": "a" * 12, "name": "n", "dag_id": "x", "task_id": "t",
          "task_state": "failed", "action": "canceled", "why": "orphan: its task is failed"},
@@ -177,15 +182,19 @@ def test_the_maintenance_task_logs_every_decision_and_fails_on_a_connection_it_c
          "why": "lease expired"},
     ]  # fmt: skip
     ran: list[list[str]] = []
+    envs: list[dict[str, str]] = []
 
     def fake_cli(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         ran.append(argv)
-        return subprocess.CompletedProcess(argv, 0, "a log line\n" + __import__("json").dumps(rows) + "\n", "")
+        envs.append(kwargs["env"])
+        return subprocess.CompletedProcess(argv, 0, "a log line\n" + json.dumps(rows) + "\n", "")
 
     monkeypatch.setattr(subprocess, "run", fake_cli)
     with caplog.at_level(logging.INFO, logger="airflow_provider_tao.sweeper"):
         assert sweeper.sweep_from_a_task(dry_run=True, min_age_minutes=2) == rows
     assert ran[0][-6:] == ["reap", "-o", "json", "--min-age-minutes", "2", "--dry-run"]
+    assert envs[0]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == url  # the database, never on the command line
+    assert not any(url in arg for arg in ran[0])
     logged = [r.getMessage() for r in caplog.records]
     assert logged == [
         "canceled: docker job aaaaaaaaaaaa on d of x.t -- orphan: its task is failed",
@@ -198,3 +207,12 @@ def test_the_maintenance_task_logs_every_decision_and_fails_on_a_connection_it_c
     monkeypatch.setattr(subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 1, "", "no database"))
     with pytest.raises(RuntimeError, match=r"exit 1.*no database"):
         sweeper.sweep_from_a_task()
+
+
+def test_the_maintenance_task_says_how_to_give_it_the_database(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AIRFLOW_CONN_TAO_METADATA_DB", raising=False)
+    with pytest.raises(RuntimeError, match=r"connection 'tao_metadata_db', which does not exist.*sql_alchemy_conn"):
+        sweeper.sweep_from_a_task()
+    monkeypatch.setenv("AIRFLOW_CONN_PG", json.dumps({"conn_type": "postgres", "host": "db", "login": "a",
+                       "password": "b", "schema": "airflow"}))  # fmt: skip
+    assert sweeper.metadata_db_url("pg").startswith("postgresql://a:b@db")

@@ -524,6 +524,10 @@ def matrix(
     client = airflow_standalone.client
     from tests.e2e.matrix.dags.tao_matrix import MATRIX_DAG_IDS
 
+    # the sweeper DAG reaches the metadata database through this connection (Airflow 3 blocks it in task code)
+    database = {"sql_alchemy_conn": airflow_standalone.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]}
+    client.http.post("/connections", json={"connection_id": "tao_metadata_db", "conn_type": "generic",
+                     "extra": json.dumps(database)}).raise_for_status()  # fmt: skip
     for dag_id in (*MATRIX_DAG_IDS, "tao_orphan_sweeper"):
         client.wait_for_dag(dag_id, timeout=180)
         client.unpause_dag(dag_id)
