@@ -56,6 +56,10 @@ def verdict(
         # another deployment's job, a job whose try died before recording it (its retry adopts it by name), or
         # one whose records were cleaned up: not ours to judge
         return False, "not in this Airflow's task records"
+    if (job.platform, job.conn_id) != (hook.platform, hook.conn_id):
+        # the same container seen through another connection (a Docker daemon that also runs a Brev instance's
+        # jobs): judged, and canceled, only through the connection that started it
+        return False, f"started through the {job.platform} connection {job.conn_id}"
     if job.current and job.ti_state in WANTED_TI_STATES:
         deadline = job.record.deadline
         if deadline and now > deadline + min_age:

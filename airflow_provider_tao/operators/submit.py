@@ -683,7 +683,9 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         # again instead of reusing it -- even once the store is emptied.
         hook = get_platform_hook(handle.platform, handle.conn_id)
         hook.load_connection()
-        hook.mark_consumed(handle.owned_by(context["ti"].try_number))
+        owned = handle.owned_by(context["ti"].try_number)
+        outage = OutageLog(self.log, hook.platform, settings.outage_report_seconds())
+        outage.through(lambda: hook.mark_consumed(owned), "marking the job's result used", self.interval)
         record = self._stored(context)
         if record is None or record.job_id != handle.job_id:
             record = self._record_for(context, handle, outputs)

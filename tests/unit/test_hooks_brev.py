@@ -652,18 +652,22 @@ def test_reaper_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
         "expired": lease("expired", now - 1, "r1"),
         "finished": lease("finished", now + 3600, "r2"),
         "running": lease("running", now + 3600, "r3"),
+        # its task failed, but its job runs on (cancel_on_kill=False): the orphan sweep's to judge, not the reaper's
+        "kept-job": lease("kept-job", now + 3600, "r5")
+        + b"F a1b2c3 running 2026-01-01T00:00:00.5Z 1 d-t-0123456789 /results/a1b2c3\n",
         "foreign": b"LEASE -\n",
         "copied": lease("somewhere-else", now - 1, "r4"),
     }
     instances = {name: {"status": "RUNNING"} for name in leases} | {"stopped": {"status": "STOPPED"}}
     session = ScriptedSession(instances, lambda i, c: leases[i])
     hook = _hook(monkeypatch, session)
-    states = {"r2": "failed", "r3": "deferred"}
+    states = {"r2": "failed", "r3": "deferred", "r5": "failed"}
     decisions = {d.instance: d for d in hook.reap(task_state=lambda lease: states.get(lease["run_id"]), now=now)}
     assert {name: d.action for name, d in decisions.items()} == {
         "expired": "deleted", "finished": "deleted", "running": "kept", "foreign": "kept", "copied": "kept",
-        "stopped": "skipped",
+        "stopped": "skipped", "kept-job": "kept",
     }  # fmt: skip
+    assert "is failed but job(s) a1b2c3 still run on it" in decisions["kept-job"].reason
     assert "lease expired" in decisions["expired"].reason and "d.t run r1" in decisions["expired"].reason
     assert "is failed" in decisions["finished"].reason and "is deferred" in decisions["running"].reason
     assert "not created by this provider" in decisions["foreign"].reason

@@ -58,6 +58,10 @@ def _job(
         (_job(ti_state="deferred", deadline=NOW - 2 * MIN_AGE), (True, "past its task's deadline")),
         (_job(ti_state="deferred", deadline=NOW - MIN_AGE / 2), (False, "its task is deferred")),
         (None, (False, "not in this Airflow's task records")),
+        (  # a Brev instance's job container, seen on a Docker daemon that runs the instance too
+            _job(JobHandle("brev", "tao_brev", "a1b2c3d4e5f6", "n", submitted_at=OLD), ti_state="failed"),
+            (False, "started through the brev connection tao_brev"),
+        ),
     ],
 )
 def test_the_rule(job: IndexedJob | None, verdict: tuple[bool, str]) -> None:

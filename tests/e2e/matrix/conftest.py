@@ -32,13 +32,17 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shlex
+import sqlite3
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from airflow_provider_tao.hooks import container as ct
@@ -47,7 +51,7 @@ from tests.brevfake.world import World as _BrevState
 from tests.e2e.airflow_harness import AirflowClient, AirflowStandalone, StandaloneConfig, wait_until
 from tests.e2e.tao_jobs import job_processes
 from tests.integration.brev.conftest import brev_connection
-from tests.integration.docker.conftest import DOCKER_CI_ROOT, DockerEngine, _read_env, _run_docker_up
+from tests.integration.docker.conftest import DockerEngine, docker_engine, remove_containers_under  # noqa: F401
 from tests.integration.kubernetes.conftest import KubeFake, kubefake, kubernetes_connection  # noqa: F401
 from tests.integration.lepton.conftest import lepton_connection, lepton_fake, lepton_fake_factory  # noqa: F401
 from tests.integration.runner.tcp_proxy import TcpProxy
@@ -173,8 +177,10 @@ class SlurmBackend(Backend):
 class DockerBackend(Backend):
     def __init__(self, engine: DockerEngine, proxy: TcpProxy, results_root: Path) -> None:
         self.engine, self.proxy = engine, proxy
-        conn = {"conn_type": "tao_docker", "host": f"tcp://127.0.0.1:{proxy.port}",
-                "extra": {"results_root": str(results_root), "network": "host", "cancel_grace_seconds": 2}}  # fmt: skip
+        # an NGC key that must never show (pulls of nvcr.io images would carry it; the matrix's images are local)
+        conn = {"conn_type": "tao_docker", "host": f"tcp://127.0.0.1:{proxy.port}", "password": f"ngc-{uuid.uuid4()}",
+                "extra": {"results_root": str(results_root), "network": "host", "cancel_grace_seconds": 2,
+                          "registry": "nvcr.io"}}  # fmt: skip
         super().__init__("docker", conn, engine.busybox, engine.python)
 
     def observe(self) -> dict[str, bool]:
@@ -345,6 +351,84 @@ class Census:
             thread.join(timeout=30)
 
 
+# ---------------------------------------------------------------------------------------------- the secrets
+
+#: Connection fields that hold a secret (the rest -- paths, host keys, URLs -- are not).
+_SECRET_FIELDS = re.compile(r"password|token|secret|passphrase|api_key|ngc_key|private_key", re.I)
+
+
+def secrets_of(env: dict[str, str]) -> dict[str, str]:
+    """Every secret of the ``AIRFLOW_CONN_*`` connections in ``env`` -> where it comes from."""
+    found = {}
+    for name, value in env.items():
+        if not name.startswith("AIRFLOW_CONN_"):
+            continue
+        conn = json.loads(value)
+        extra = conn.get("extra") or {}
+        fields = {"password": conn.get("password"), **(json.loads(extra) if isinstance(extra, str) else extra)}
+        for field_name, secret in fields.items():
+            if isinstance(secret, str) and len(secret) >= 8 and _SECRET_FIELDS.search(field_name):
+                found[secret] = f"{name[len('AIRFLOW_CONN_') :].lower()}.{field_name}"
+    return found
+
+
+class SecretWatch:
+    """Looks for the connections' secrets where they must never be, while the matrix runs: every process's command
+    line and the trigger rows of the metadata database (their kwargs decrypted), once a second; at the end, every
+    task and trigger log file and every XCom value.
+
+    :param standalone: the running standalone (its database, Fernet key and logs).
+    :param secrets: secret -> where it comes from.
+    """
+
+    def __init__(self, standalone: AirflowStandalone, secrets: dict[str, str]) -> None:
+        self.standalone = standalone
+        self.secrets = secrets
+        self.leaks: dict[str, str] = {}  # where it was seen -> which secret
+        self.samples = {"processes": 0, "trigger rows": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _seen(self, where: str, text: str) -> None:
+        for secret, name in self.secrets.items():
+            if secret in text:
+                self.leaks.setdefault(where, name)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            for proc in psutil.process_iter(["pid", "cmdline"]):
+                self._seen(f"command line of pid {proc.info['pid']}", " ".join(proc.info["cmdline"] or []))
+                self.samples["processes"] += 1
+            with contextlib.suppress(sqlite3.Error):
+                for trigger_id, kwargs in self._query("SELECT id, kwargs FROM trigger"):
+                    self._seen(f"trigger row {trigger_id}", kwargs + self._decrypt(kwargs))
+                    self.samples["trigger rows"] += 1
+
+    def _query(self, sql: str) -> list[tuple[Any, ...]]:
+        path = self.standalone.home / "airflow.db"
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+            return db.execute(sql).fetchall()
+
+    def _decrypt(self, kwargs: str) -> str:
+        from cryptography.fernet import Fernet
+
+        if kwargs.startswith("{"):
+            return kwargs
+        return Fernet(self.standalone.env["AIRFLOW__CORE__FERNET_KEY"].encode()).decrypt(kwargs.encode()).decode()
+
+    def finish(self) -> dict[str, str]:
+        """Stop sampling, read every log and XCom; every place a secret was seen -> which secret."""
+        self._stop.set()
+        self._thread.join(timeout=30)
+        for path in (self.standalone.home / "logs").rglob("*"):
+            if path.is_file():
+                self._seen(f"log {path.relative_to(self.standalone.home)}", path.read_text(errors="replace"))
+        for dag_id, run_id, task_id, key, value in self._query("SELECT dag_id, run_id, task_id, key, value FROM xcom"):
+            self._seen(f"XCom {key} of {dag_id}/{run_id}/{task_id}", str(value))
+        return self.leaks
+
+
 # ---------------------------------------------------------------------------------------------- the world
 
 
@@ -356,12 +440,14 @@ class Matrix:
     :param backends: platform -> backend.
     :param census: the job counter.
     :param marks: a folder the matrix's DAGs write marks into (the worker host is this machine).
+    :param secrets: the watch for the connections' secrets.
     """
 
     standalone: AirflowStandalone
     backends: dict[str, Backend]
     census: Census
     marks: Path
+    secrets: SecretWatch
     started: list[tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -432,20 +518,6 @@ class Matrix:
         return self.census.wait(platform, digest_of(dag_id, run_id, task_id), until, what, timeout)
 
 
-def _own_docker_engine() -> DockerEngine:
-    """The shared test engine, without the integration fixture's teardown (which removes every container of this
-    provider on the engine, other test sessions' too): the matrix removes only its own (see ``matrix``)."""
-    _run_docker_up()
-    env = _read_env(DOCKER_CI_ROOT / "env.sh")
-    return DockerEngine(env["DOCKER_CI_HOST"], env["DOCKER_CI_TCP"], env["DOCKER_CI_BUSYBOX"], env["DOCKER_CI_PYTHON"])
-
-
-@pytest.fixture(scope="session")
-def docker_engine() -> DockerEngine:
-    """(Overrides the integration fixture for the fakes started here.)"""
-    return _own_docker_engine()
-
-
 @pytest.fixture(scope="session")
 def matrix_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("matrix")
@@ -454,7 +526,7 @@ def matrix_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def matrix_backends(
     matrix_root: Path,
-    docker_engine: DockerEngine,
+    docker_engine: DockerEngine,  # noqa: F811
     slurm_cluster: SlurmCluster,  # noqa: F811
     kubefake: KubeFake,  # noqa: F811
     lepton_fake: LeptonFake,  # noqa: F811
@@ -478,18 +550,10 @@ def matrix_backends(
         yield backends
     finally:
         world.teardown()
-        _remove_containers_of(docker_engine, matrix_root)
+        remove_containers_under(docker_engine, matrix_root)
         for proxy in (ssh_proxy, docker_proxy):
             if proxy.alive:
                 proxy.kill()
-
-
-def _remove_containers_of(engine: DockerEngine, root: Path) -> None:
-    """This session's docker-platform job containers (their results folders are under ``root``), nothing else."""
-    for container in engine.containers():
-        if str((container.get("Labels") or {}).get(ct.LABEL_RESULTS_DIR, "")).startswith(str(root)):
-            with contextlib.suppress(Exception):
-                engine.client.remove_container(container["Id"], force=True)
 
 
 @pytest.fixture(scope="module")
@@ -532,11 +596,13 @@ def matrix(
         client.wait_for_dag(dag_id, timeout=180)
         client.unpause_dag(dag_id)
     census = Census(matrix_backends)
-    world = Matrix(airflow_standalone, matrix_backends, census, matrix_root / "marks")
+    watch = SecretWatch(airflow_standalone, secrets_of(airflow_standalone.env))
+    world = Matrix(airflow_standalone, matrix_backends, census, matrix_root / "marks", watch)
     try:
         yield world
     finally:
         census.close()
+        watch.finish()
         for backend in matrix_backends.values():  # a case that failed half-way must not leave a backend cut
             with contextlib.suppress(Exception):
                 backend.restore()

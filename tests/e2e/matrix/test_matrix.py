@@ -284,3 +284,22 @@ def test_every_backend_unreachable_for_60_s_fails_no_task_and_duplicates_no_job(
     for platform in PLATFORMS:
         log = matrix.log(dag_id, run_id, platform)
         assert "has not answered for" in log and "answers again after" in log, (platform, log[-3000:])
+
+
+# ---------------------------------------------------------------------------------------------- secrets (last)
+
+
+def test_no_secret_in_command_lines_trigger_rows_task_logs_or_xcom(matrix: Matrix) -> None:
+    """Everything the cases above ran, watched the whole time: the connections' secrets (the Lepton and Brev tokens,
+    the NGC key, the storage keys) never show in a process's command line, a trigger row of the metadata database
+    (decrypted), a task or trigger log, or an XCom."""
+    watch = matrix.secrets
+    names = set(watch.secrets.values())
+    assert {"tao_mx_lepton.password", "tao_mx_brev.password", "tao_mx_docker.password"} <= names, names
+    leaks = watch.finish()
+    detail = f"{len(watch.secrets)} secrets, {watch.samples['processes']} command lines, " \
+             f"{watch.samples['trigger rows']} trigger rows sampled"  # fmt: skip
+    for platform in PLATFORMS:
+        record_result("no secret in command lines, trigger rows, logs, XCom", platform, not leaks, detail)
+    assert watch.samples["trigger rows"] > 0 and watch.samples["processes"] > 0, watch.samples
+    assert not leaks, leaks

@@ -36,13 +36,18 @@ class TcpProxy:
         return f"http://127.0.0.1:{self.port}"
 
     def _accept(self) -> None:
+        listener = self.listener
         while self.alive:
             try:
-                client, _ = self.listener.accept()
+                client, _ = listener.accept()
                 upstream = socket.create_connection(self.target)
             except OSError:
                 return
             with self.lock:
+                if not self.alive or listener is not self.listener:  # accepted as it was killed: refuse it
+                    _reset(client)
+                    _reset(upstream)
+                    return
                 self.sockets += [client, upstream]
             for src, dst in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
@@ -60,12 +65,20 @@ class TcpProxy:
                     sock.shutdown(socket.SHUT_RDWR)
 
     def kill(self) -> None:
-        self.alive = False
-        self.listener.close()
         with self.lock:
+            self.alive = False
+            # close() alone leaves a thread blocked in accept() accepting one more connection: shutdown wakes it
+            with contextlib.suppress(OSError):
+                self.listener.shutdown(socket.SHUT_RDWR)
+            self.listener.close()
             for sock in self.sockets:
-                try:  # RST, not FIN: the client sees "connection reset", as when an endpoint dies
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    sock.close()
-                except OSError:
-                    pass
+                _reset(sock)
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with RST, not FIN: the client sees "connection reset", as when an endpoint dies."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    except OSError:
+        pass

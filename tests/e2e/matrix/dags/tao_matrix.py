@@ -78,8 +78,8 @@ _case(
     "mx_kill",
     variants={"failed": {}, "success": {}, "keep": {"cancel_on_kill": False}},
 )
-# mark failed before a triggerer picked the trigger up: the sweeper cancels the job
-_case("mx_orphan")
+# mark failed before a triggerer picked the trigger up: the sweeper cancels the job (kept with cancel_on_kill=False)
+_case("mx_orphan", variants={"": {}, "keep": {"cancel_on_kill": False}})
 # execution_timeout while deferred
 _case("mx_timeout", execution_timeout=timedelta(seconds=20))
 # triggerer SIGKILL and restart, and two triggerers of which one is killed
