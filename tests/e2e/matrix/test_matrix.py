@@ -159,8 +159,12 @@ def test_mark_failed_before_a_triggerer_picked_the_trigger_up_the_sweeper_cancel
     for platform in PLATFORMS:
         assert matrix.jobs(platform, dag_id, run_id, platform).active_now, f"{platform}: the hole is not there?"
 
-    sweep = matrix.client.trigger_dag_run("tao_orphan_sweeper")
-    matrix.client.wait_for_dag_run("tao_orphan_sweeper", sweep, ["success"], timeout=300)
+    matrix.client.unpause_dag("tao_orphan_sweeper")
+    try:
+        sweep = matrix.client.trigger_dag_run("tao_orphan_sweeper")
+        matrix.client.wait_for_dag_run("tao_orphan_sweeper", sweep, ["success"], timeout=300)
+    finally:
+        matrix.client.set_dag_paused("tao_orphan_sweeper", True)
     first = _first_sweep_after(matrix, marked)
     rows = matrix.client.get_xcom("tao_orphan_sweeper", first, "sweep", "return_value")
     log = matrix.client.get_task_log("tao_orphan_sweeper", first, "sweep", 1)
