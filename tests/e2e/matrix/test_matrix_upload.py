@@ -33,6 +33,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -103,10 +104,14 @@ def _kill_local(matrix: Matrix, job_id: str, digest: str) -> None:
 def _kill_slurm(matrix: Matrix, job_id: str, digest: str) -> None:
     backend = matrix.backends["slurm"]
     assert isinstance(backend, SlurmBackend)
-    # the step's processes: those of the job inside the container (the batch script and srun, outside it, live on
-    # to report the step's death). The cluster's nodes are this machine; the ssh goes to its login node.
+    # the program in the step's container, as the kernel's OOM killer would pick it: not the container's init (the
+    # job's launch shell, which reports its child's death), not the batch script or srun outside the container.
+    # The cluster's nodes are this machine; the ssh goes to its login node.
     host_pids = os.readlink("/proc/self/ns/pid")
-    pids = [pid for pid in job_processes([job_id]) if _pid_namespace(pid) not in (host_pids, None)]
+    pids = [
+        pid for pid in job_processes([job_id])
+        if _pid_namespace(pid) not in (host_pids, None) and _pid_in_namespace(pid) not in (1, None)
+    ]  # fmt: skip
     assert pids, f"slurm: no process of job {job_id} in a container on the node"
     backend.cluster.ssh(f"kill -KILL {' '.join(map(str, pids))}")
 
@@ -116,6 +121,16 @@ def _pid_namespace(pid: int) -> str | None:
         return os.readlink(f"/proc/{pid}/ns/pid")
     except OSError:
         return None
+
+
+def _pid_in_namespace(pid: int) -> int | None:
+    """The process's pid in its own (innermost) pid namespace."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^NSpid:\s*(.*)$", status, re.MULTILINE)
+    return int(found.group(1).split()[-1]) if found else None
 
 
 def _kill_docker(matrix: Matrix, job_id: str, digest: str) -> None:
