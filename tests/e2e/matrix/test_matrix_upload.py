@@ -228,52 +228,67 @@ def test_job_killed_mid_upload_leaves_no_manifest_and_the_retry_uploads_complete
     finally:
         for proxy in matrix_s3.proxies.values():
             proxy.rate = None
-    matrix.wait_states(UPLOAD_DAG_ID, run_id, ["success"], PLATFORMS, timeout=300)
-
-    client, bucket = matrix_s3.client, matrix_s3.bucket
-    want = {OUTPUT_NAME % i: expected_output(seed, i) for i in range(FILES)}
+    # every platform's cell is decided (and recorded) before the test fails for any of them
+    states = matrix.wait_states(UPLOAD_DAG_ID, run_id, ["success", "failed"], PLATFORMS, timeout=300)
+    problems = {}
     for platform in PLATFORMS:
-        first, kill_took = killed[platform]
-        prefix = f"mx-upload/{tag}/{platform}/"
-        jobs = _by_job(_keys(client, bucket, prefix), prefix)
-        final = str(matrix.client.get_xcom(UPLOAD_DAG_ID, run_id, platform, "return_value")["job_id"])
-        seen = matrix.census.of(platform, digest_of(UPLOAD_DAG_ID, run_id, platform))
-        tries = len(matrix.client.list_task_instance_tries(UPLOAD_DAG_ID, run_id, platform))
-        failure = re.search(r"failed(?: with|:) (ERR_\w+) \((retriable|not retriable)\)", matrix.log(UPLOAD_DAG_ID,
-                            run_id, platform, 1))  # fmt: skip
-        err = f"{failure.group(1)} ({failure.group(2)})" if failure else "no verdict in try 1's log"
-
-        partial = jobs.get(first, [])
-        complete = jobs.get(final, [])
-        outputs = {os.path.basename(k): k for k in complete if not k.endswith(MANIFEST)}
-        manifests = [k for k in complete if k.endswith(MANIFEST)]
-        equal = set(outputs) == set(want) and all(
-            client.get_object(Bucket=bucket, Key=f"{prefix}{final}/{outputs[name]}")["Body"].read() == data
-            for name, data in want.items()
+        detail, wrong = _check(
+            matrix, matrix_s3, run_id=run_id, tag=tag, seed=seed, platform=platform, killed=killed[platform]
         )
-        listed = _manifest_files(client, bucket, prefix, final, manifests)
-        ok = (
-            set(jobs) == {first, final} and first != final
-            and 0 < len(partial) < FILES and not any(k.endswith(MANIFEST) for k in partial)
-            and equal and listed == {name: hashlib.sha256(data).hexdigest() for name, data in want.items()}
-            and seen.count == 2 and seen.most_active <= 1 and tries == 2
-        )  # fmt: skip
-        record_result(
-            CASE, platform, ok,
-            f"try 1 ({err}) killed mid-upload, gone {kill_took:.0f} s after the kill: {len(partial)}/{FILES} outputs, "
-            f"no manifest; try 2: {len(outputs)}/{FILES} outputs{' byte-equal' if equal else ''}, "
-            f"{len(manifests)} manifests; {seen.count} jobs, {tries} tries",
-        )  # fmt: skip
-        assert set(jobs) == {first, final} and first != final, f"{platform}: job folders {sorted(jobs)}"
-        assert not any(k.endswith(MANIFEST) for k in partial), f"{platform}: try 1 left a manifest: {partial}"
-        assert 0 < len(partial) < FILES, f"{platform}: try 1 was not killed mid-upload: {len(partial)} objects"
-        assert equal, f"{platform}: try 2's outputs differ: {sorted(outputs)}"
-        assert len(manifests) == 2, f"{platform}: try 2's manifests: {manifests}"  # the output's and the job's
-        assert listed == {name: hashlib.sha256(data).hexdigest() for name, data in want.items()}, platform
-        assert seen.count == 2 and seen.most_active <= 1, f"{platform}: {seen}"
-        assert tries == 2, platform
-        assert failure and failure.group(2) == "retriable", f"{platform}: try 1 failed as {err}"
+        wrong += [] if states[platform] == "success" else [f"the task ended {states[platform]}"]
+        record_result(CASE, platform, not wrong, detail + "".join(f"; {w}" for w in wrong))
+        if wrong:
+            problems[platform] = wrong
+    assert not problems, f"{problems}\n{matrix.logs_of(UPLOAD_DAG_ID, run_id, list(problems))}"
     print(f"{CASE}: {time.monotonic() - started:.0f} s")
+
+
+def _check(
+    matrix: Matrix, s3: MatrixS3, *, run_id: str, tag: str, seed: str, platform: str, killed: tuple[str, float]
+) -> tuple[str, list[str]]:
+    """What S3, the backend and Airflow show of one platform's task: (the table's cell, what is wrong)."""
+    client, bucket = s3.client, s3.bucket
+    first, kill_took = killed
+    prefix = f"mx-upload/{tag}/{platform}/"
+    jobs = _by_job(_keys(client, bucket, prefix), prefix)
+    (final,) = set(jobs) - {first} or {""}  # the retry's job: the other folder
+    seen = matrix.census.of(platform, digest_of(UPLOAD_DAG_ID, run_id, platform))
+    tries = len(matrix.client.list_task_instance_tries(UPLOAD_DAG_ID, run_id, platform))
+    log = matrix.log(UPLOAD_DAG_ID, run_id, platform, 1)
+    failure = re.search(r"failed(?: with|:) (ERR_\w+) \((retriable|not retriable)\)", log)
+    err = f"{failure.group(1)} ({failure.group(2)})" if failure else "no verdict in try 1's log"
+
+    want = {OUTPUT_NAME % i: expected_output(seed, i) for i in range(FILES)}
+    partial, complete = jobs.get(first, []), jobs.get(final, [])
+    outputs = {os.path.basename(k): k for k in complete if not k.endswith(MANIFEST)}
+    manifests = [k for k in complete if k.endswith(MANIFEST)]
+    equal = set(outputs) == set(want) and all(
+        client.get_object(Bucket=bucket, Key=f"{prefix}{final}/{outputs[name]}")["Body"].read() == data
+        for name, data in want.items()
+    )
+    listed = _manifest_files(client, bucket, prefix, final, manifests)
+    wrong = [
+        what
+        for bad, what in (
+            (len(jobs) != 2, f"job folders on S3: {sorted(jobs)}"),
+            (any(k.endswith(MANIFEST) for k in partial), "try 1 left a manifest"),
+            (not 0 < len(partial) < FILES, f"try 1 was not killed mid-upload: {len(partial)} objects"),
+            (bool(failure) and failure.group(2) != "retriable", f"try 1's crash was classified {err}"),
+            (not equal, "try 2's outputs are not every file byte for byte"),
+            (len(manifests) != 2, f"try 2's manifests: {manifests}"),  # the output's and the job's
+            (listed != {n: hashlib.sha256(d).hexdigest() for n, d in want.items()}, "try 2's manifest is wrong"),
+            (seen.count != 2 or seen.most_active > 1, f"jobs on the backend: {seen}"),
+            (tries != 2, f"{tries} tries"),
+        )
+        if bad
+    ]
+    detail = (
+        f"try 1 ({err}) killed mid-upload, gone {kill_took:.0f} s after the kill: {len(partial)}/{FILES} outputs, "
+        f"{'no manifest' if not any(k.endswith(MANIFEST) for k in partial) else 'A MANIFEST'}; try 2: "
+        f"{len(outputs)}/{FILES} outputs{' byte-equal' if equal else ''}, {len(manifests)} manifests; "
+        f"{seen.count} jobs, {tries} tries"
+    )
+    return detail, wrong
 
 
 def _manifest_files(client: Any, bucket: str, prefix: str, job_id: str, manifests: list[str]) -> dict[str, str]:
