@@ -559,8 +559,128 @@ def matrix_backends(
                 proxy.kill()
 
 
+# ---------------------------------------------------------------------------------------------- S3 for the jobs
+# (the upload case, test_matrix_upload.py: begin) ------------------------------------------------------------
+
+
+@dataclass
+class MatrixS3:
+    """A moto S3 server of the session, reached by every platform's jobs through a proxy of their own (the test can
+    slow one down: an upload that takes a while), and the ``aws`` connection ``s3_mx_<platform>`` for each.
+
+    :param endpoint: the moto server itself (what the tests read S3 through: never a proxy, never our code).
+    :param bucket: the session's bucket.
+    :param proxies: platform -> the proxy its jobs (and its tasks) reach S3 through, on an address they can reach:
+        loopback for processes and host-network containers (local, slurm, docker, brev), the gateway of the Docker
+        bridge the pods / replicas are on (kubernetes, lepton).
+    :param task_settings: platform -> ``{"env", "backend_details"}`` the platform's task of the upload DAG adds.
+    """
+
+    endpoint: str
+    bucket: str
+    proxies: dict[str, TcpProxy]
+    task_settings: dict[str, dict[str, Any]]
+    secret_key: str = field(default_factory=lambda: f"s3-secret-{uuid.uuid4().hex}")
+
+    @property
+    def client(self) -> Any:
+        from tests.integration.conftest import client_for
+
+        return client_for(self.endpoint)
+
+    def conn(self, platform: str) -> dict[str, Any]:
+        extra = {"endpoint_url": self.proxies[platform].endpoint, "region_name": "us-east-1"}
+        # a secret key of its own: the matrix watches that it never shows (moto takes any key)
+        return {"conn_type": "aws", "login": "testing", "password": self.secret_key, "extra": extra}
+
+
+def s3_conn_id(platform: str) -> str:
+    return f"s3_mx_{platform}"
+
+
+def _bridge_gateway(engine: DockerEngine, network: str) -> str:
+    (found,) = [n for n in engine.client.networks(names=[network]) if n["Name"] == network]
+    return str(engine.client.inspect_network(found["Id"])["IPAM"]["Config"][0]["Gateway"])
+
+
+def _slurm_python_libs(cluster: SlurmCluster) -> Path:
+    """boto3 and what it needs, on the cluster's shared filesystem: the nodes' python3 (the OCI bundle's /usr) has
+    none, a TAO image has it. Copied once per botocore version (a folder of this test suite's own)."""
+    import shutil
+
+    import botocore
+
+    target = cluster.results_root / f".mx-pylib-{botocore.__version__}"
+    if target.is_dir():
+        return target
+    site = Path(botocore.__file__).resolve().parents[1]
+    staging = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    for name in ("boto3", "botocore", "s3transfer", "jmespath", "dateutil", "urllib3"):
+        shutil.copytree(site / name, staging / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(site / "six.py", staging / "six.py")
+    os.chmod(staging, 0o755)
+    with contextlib.suppress(OSError):  # another session was quicker: its copy is as good
+        staging.rename(target)
+    shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+@pytest.fixture(scope="session")
+def matrix_s3(
+    matrix_root: Path,
+    docker_engine: DockerEngine,  # noqa: F811
+    slurm_cluster: SlurmCluster,  # noqa: F811
+    lepton_fake: LeptonFake,  # noqa: F811
+    kubefake: KubeFake,  # noqa: F811
+) -> Iterator[MatrixS3]:
+    """The session's moto server, its bucket and a proxy per platform (see :class:`MatrixS3`)."""
+    import secrets
+    import shutil
+
+    from moto.server import ThreadedMotoServer
+
+    from tests.kubefake.cluster import DockerRuntime
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    addresses = {p: "127.0.0.1" for p in PLATFORMS}
+    addresses["kubernetes"] = _bridge_gateway(docker_engine, DockerRuntime.NETWORK)
+    addresses["lepton"] = str(lepton_fake.network()["gateway"])
+    proxies = {p: TcpProxy((host, int(port)), host=address) for p, address in addresses.items()}
+    scratch = slurm_cluster.results_root / "scratch" / f"mx-upload-{secrets.token_hex(4)}"
+    scratch.mkdir(parents=True)
+    scratch.chmod(0o1777)  # the job's TMPDIR: the bundle's root filesystem is read-only
+    slurm_env = {"PYTHONPATH": str(_slurm_python_libs(slurm_cluster)), "TMPDIR": str(scratch)}
+    settings: dict[str, dict[str, Any]] = {p: {"env": {}, "backend_details": {}} for p in PLATFORMS}
+    settings["slurm"]["env"] = slurm_env
+    settings["brev"]["backend_details"] = {"network": "host"}  # the job containers on the proxy's loopback
+    world = MatrixS3(f"http://{host}:{port}", f"tao-mx-{secrets.token_hex(4)}", proxies, settings)
+    world.client.create_bucket(Bucket=world.bucket)
+    try:
+        yield world
+    finally:
+        for proxy in proxies.values():
+            if proxy.alive:
+                proxy.kill()
+        server.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def matrix_s3_env(s3: MatrixS3) -> dict[str, str]:
+    """The standalone's share of :class:`MatrixS3`: the connections and what the upload DAG reads."""
+    env = {f"AIRFLOW_CONN_{s3_conn_id(p).upper()}": json.dumps(s3.conn(p)) for p in PLATFORMS}
+    tasks = {p: {"storage_conn_id": s3_conn_id(p), **s3.task_settings[p]} for p in PLATFORMS}
+    return {**env, "TAO_MX_S3": json.dumps({"bucket": s3.bucket, "tasks": tasks})}
+
+
+# (the upload case: end) -------------------------------------------------------------------------------------
+
+
 @pytest.fixture(scope="module")
-def airflow_standalone_config(matrix_root: Path, matrix_backends: dict[str, Backend]) -> StandaloneConfig:
+def airflow_standalone_config(
+    matrix_root: Path, matrix_backends: dict[str, Backend], matrix_s3: MatrixS3
+) -> StandaloneConfig:
     marks = matrix_root / "marks"
     marks.mkdir(exist_ok=True)
     env = {f"AIRFLOW_CONN_{conn_id(p).upper()}": json.dumps(b.conn) for p, b in matrix_backends.items()}
@@ -571,6 +691,7 @@ def airflow_standalone_config(matrix_root: Path, matrix_backends: dict[str, Back
         extra_dag_files=(SWEEPER_DAG,),
         extra_env={
             **env,
+            **matrix_s3_env(matrix_s3),  # the upload case
             "TAO_MX_PLATFORMS": json.dumps(images),
             "TAO_MX_MARKS": str(marks),
             # outage reports every 10 s: the 60 s outage is reported while it lasts

@@ -1,5 +1,5 @@
 """A loopback TCP proxy a test can kill mid-transfer (the S3 endpoint "dies" under the runner) and bring back on the
-same port (a daemon that was down for a while)."""
+same port (a daemon that was down for a while), or slow down (a thin link: an upload that takes a while)."""
 
 from __future__ import annotations
 
@@ -7,25 +7,36 @@ import contextlib
 import socket
 import struct
 import threading
+import time
 
 
 class TcpProxy:
-    """Forwards loopback TCP to a target; ``kill()`` resets every connection and stops listening (new connections
-    are refused, as by a stopped daemon); ``revive()`` listens again on the same port."""
+    """Forwards TCP to a target; ``kill()`` resets every connection and stops listening (new connections are refused,
+    as by a stopped daemon); ``revive()`` listens again on the same port.
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    :param target: ``(host, port)`` to forward to.
+    :param host: the address to listen on (loopback by default; a Docker bridge's gateway for containers on it).
+    """
+
+    #: What the client sends goes on at most this many bytes per second, all connections together (None: no limit).
+    rate: float | None = None
+
+    def __init__(self, target: tuple[str, int], host: str = "127.0.0.1") -> None:
         self.target = target
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.host = host
+        self.listener = socket.create_server((host, 0))
         self.port = self.listener.getsockname()[1]
         self.sockets: list[socket.socket] = []
         self.lock = threading.Lock()
         self.alive = True
+        self._throttle = threading.Lock()
+        self._next_send = 0.0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def revive(self) -> None:
         """Listen again on the same port after :meth:`kill`."""
         assert not self.alive, "the proxy is running"
-        self.listener = socket.create_server(("127.0.0.1", self.port))
+        self.listener = socket.create_server((self.host, self.port))
         with self.lock:
             self.sockets = []
         self.alive = True
@@ -33,7 +44,7 @@ class TcpProxy:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def _accept(self) -> None:
         listener = self.listener
@@ -49,13 +60,14 @@ class TcpProxy:
                     _reset(upstream)
                     return
                 self.sockets += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            for src, dst, throttled in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pump, args=(src, dst, throttled), daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, throttled: bool) -> None:
         try:
-            while data := src.recv(65536):
+            while data := src.recv(16384 if throttled and self.rate else 65536):
+                if throttled:
+                    self._wait_turn(len(data))
                 dst.sendall(data)
         except OSError:
             pass
@@ -63,6 +75,17 @@ class TcpProxy:
             for sock in (src, dst):
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+
+    def _wait_turn(self, nbytes: int) -> None:
+        """Hold ``nbytes`` back until the shared rate allows them (one queue for every connection)."""
+        rate = self.rate
+        if not rate:
+            return
+        with self._throttle:
+            now = time.monotonic()
+            start = max(now, self._next_send)
+            self._next_send = start + nbytes / rate
+        time.sleep(max(0.0, start - now))
 
     def kill(self) -> None:
         with self.lock:
