@@ -226,8 +226,12 @@ class LeptonBackend(Backend):
         super().__init__("lepton", json.loads(lepton_connection(fake)), engine.busybox, engine.python)
 
     def observe(self) -> dict[str, bool]:
+        # a retry's job has the same name (and, where the workspace makes the id from the name, the same id): the
+        # key carries our job id from the job's labels too
         return {
-            f"{job['id']}|{job['name']}": any(r["phase"] in ("Pending", "Running") for r in job["replicas"])
+            f"{job['id']}/{(job.get('labels') or {}).get(ct.LABEL_JOB_ID, '')}|{job['name']}": any(
+                r["phase"] in ("Pending", "Running") for r in job["replicas"]
+            )
             or (not job["replicas"] and not job["deleted"] and job["state"] not in ("Completed", "Failed"))
             for job in self.fake.jobs()
         }
@@ -430,6 +434,20 @@ class SecretWatch:
         for dag_id, run_id, task_id, key, value in self._query("SELECT dag_id, run_id, task_id, key, value FROM xcom"):
             self._seen(f"XCom {key} of {dag_id}/{run_id}/{task_id}", str(value))
         return self.leaks
+
+
+def check_no_secret_leaked(matrix: Matrix, case: str) -> None:
+    """The end of a matrix module: the secrets it watched never showed (one cell per platform in the table)."""
+    watch = matrix.secrets
+    names = set(watch.secrets.values())
+    assert {"tao_mx_lepton.password", "tao_mx_brev.password", "tao_mx_docker.password"} <= names, names
+    leaks = watch.finish()
+    detail = f"{len(watch.secrets)} secrets, {watch.samples['processes']} command lines, " \
+             f"{watch.samples['trigger rows']} trigger rows sampled"  # fmt: skip
+    for platform in PLATFORMS:
+        record_result(case, platform, not leaks, detail)
+    assert watch.samples["trigger rows"] > 0 and watch.samples["processes"] > 0, watch.samples
+    assert not leaks, leaks
 
 
 # ---------------------------------------------------------------------------------------------- the world
@@ -776,4 +794,4 @@ def _stop(backend: Backend, key: str) -> None:
             if job.metadata.uid == key:
                 batch.delete_namespaced_job(job.metadata.name, "default", propagation_policy="Background")
     elif isinstance(backend, LeptonBackend):
-        backend.fake.client().job.delete(key)
+        backend.fake.client().job.delete(key.split("/", maxsplit=1)[0])

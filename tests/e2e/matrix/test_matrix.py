@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.e2e.airflow_harness import AirflowStandalone, free_ports, wait_until
-from tests.e2e.matrix.conftest import OUTAGE_SECONDS, PLATFORMS, Matrix, Seen, record_result
+from tests.e2e.matrix.conftest import OUTAGE_SECONDS, PLATFORMS, Matrix, Seen, check_no_secret_leaked, record_result
 
 pytestmark = pytest.mark.usefixtures("matrix")
 
@@ -295,15 +295,6 @@ def test_every_backend_unreachable_for_60_s_fails_no_task_and_duplicates_no_job(
 
 def test_no_secret_in_command_lines_trigger_rows_task_logs_or_xcom(matrix: Matrix) -> None:
     """Everything the cases above ran, watched the whole time: the connections' secrets (the Lepton and Brev tokens,
-    the NGC key, the storage keys) never show in a process's command line, a trigger row of the metadata database
-    (decrypted), a task or trigger log, or an XCom."""
-    watch = matrix.secrets
-    names = set(watch.secrets.values())
-    assert {"tao_mx_lepton.password", "tao_mx_brev.password", "tao_mx_docker.password"} <= names, names
-    leaks = watch.finish()
-    detail = f"{len(watch.secrets)} secrets, {watch.samples['processes']} command lines, " \
-             f"{watch.samples['trigger rows']} trigger rows sampled"  # fmt: skip
-    for platform in PLATFORMS:
-        record_result("no secret in command lines, trigger rows, logs, XCom", platform, not leaks, detail)
-    assert watch.samples["trigger rows"] > 0 and watch.samples["processes"] > 0, watch.samples
-    assert not leaks, leaks
+    the NGC key) never show in a process's command line, a trigger row of the metadata database (decrypted), a task
+    or trigger log, or an XCom."""
+    check_no_secret_leaked(matrix, "no secret in command lines, trigger rows, logs, XCom")

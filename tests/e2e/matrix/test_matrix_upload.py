@@ -49,6 +49,7 @@ from tests.e2e.matrix.conftest import (
     Matrix,
     MatrixS3,
     SlurmBackend,
+    check_no_secret_leaked,
     digest_of,
     record_result,
 )
@@ -298,3 +299,9 @@ def _manifest_files(client: Any, bucket: str, prefix: str, job_id: str, manifest
     output = max(manifests, key=lambda k: k.count("/"))
     doc = json.loads(client.get_object(Bucket=bucket, Key=f"{prefix}{job_id}/{output}")["Body"].read())
     return {entry["path"]: entry["sha256"] for entry in doc["files"]}
+
+
+def test_no_secret_in_the_upload_case(matrix: Matrix) -> None:
+    """The storage keys the jobs used (``s3_mx_*``) and the platforms' secrets never showed while the case ran."""
+    assert any(name.startswith("s3_mx_") for name in matrix.secrets.secrets.values())
+    check_no_secret_leaked(matrix, "no secret while jobs upload (S3 keys)")
