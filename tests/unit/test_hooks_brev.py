@@ -873,3 +873,24 @@ def test_test_connection_without_a_token_calls_nothing(monkeypatch: pytest.Monke
         False,
         "Incomplete connection: no Brev API token: put it in the connection's password (or set BREV_API_TOKEN)",
     )
+
+
+def test_the_cli_never_inherits_the_workers_secrets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The brev CLI (and the ssh it spawns) runs with the worker's environment minus everything secret: Airflow's
+    connections, variables and settings, and every variable whose name says it is a secret."""
+    leaks = {
+        "AIRFLOW_CONN_S3": "aws://k:conn-secret@",
+        "AIRFLOW_VAR_X": "var-secret",
+        "AIRFLOW__CORE__FERNET_KEY": "fernet-secret",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret",
+        "BREV_API_TOKEN": "brev-secret",
+        "NGC_KEY": "ngc-secret",
+        "HF_TOKEN": "hf-secret",
+        "DB_PASSWORD": "db-secret",
+    }
+    for key, value in {**leaks, "LANG": "C.UTF-8", "BREV_FAKE_STATE": "/w"}.items():
+        monkeypatch.setenv(key, value)
+    env = BrevSession(executable="brev", token="t0k3n", org=None, identity="i", home_root=tmp_path).environment()
+    assert not set(leaks) & set(env)
+    assert env["LANG"] == "C.UTF-8" and env["BREV_FAKE_STATE"] == "/w"
+    assert env["HOME"].startswith(str(tmp_path)) and env["SSH_AUTH_SOCK"].endswith("no-agent")
