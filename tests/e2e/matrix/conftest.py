@@ -46,6 +46,7 @@ import psutil
 import pytest
 
 from airflow_provider_tao.hooks import container as ct
+from airflow_provider_tao.hooks.lepton_status import LABEL_JOB_ID as LEPTON_JOB_ID_LABEL
 from tests.brevfake.control import BrevWorld
 from tests.brevfake.world import World as _BrevState
 from tests.e2e.airflow_harness import AirflowClient, AirflowStandalone, StandaloneConfig, wait_until
@@ -229,7 +230,7 @@ class LeptonBackend(Backend):
         # a retry's job has the same name (and, where the workspace makes the id from the name, the same id): the
         # key carries our job id from the job's labels too
         return {
-            f"{job['id']}/{(job.get('labels') or {}).get(ct.LABEL_JOB_ID, '')}|{job['name']}": any(
+            f"{job['id']}/{(job.get('labels') or {}).get(LEPTON_JOB_ID_LABEL, '')}|{job['name']}": any(
                 r["phase"] in ("Pending", "Running") for r in job["replicas"]
             )
             or (not job["replicas"] and not job["deleted"] and job["state"] not in ("Completed", "Failed"))
