@@ -61,6 +61,9 @@ LOG_SIGNATURES: tuple[_Signature, ...] = (
     _sig(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED", ErrClass.ERR_OOM),
     _sig(r"^\s*MemoryError\b|std::bad_alloc|Cannot allocate memory", ErrClass.ERR_OOM),
     _sig(r"device-side assert triggered|CUDA error: an illegal memory access", ErrClass.ERR_PROGRAM),
+    # srun saw a task killed from outside (SIGKILL/SIGTERM, no OOM verdict): Slurm's accounting may still say
+    # "FAILED 9:0", which reads as the program's own exit code 9 -- who sent the signal cannot be told
+    _sig(r"srun: error: .*task \d+: (?:Killed|Terminated|Exited with exit code 1(?:37|43))\b", ErrClass.ERR_UNKNOWN),
     _sig(r"Xid\b.*\d|uncorrectable ECC error|GPU has fallen off the bus|NVLink error", ErrClass.ERR_INFRA),
     _sig(
         r"NCCL (?:WARN|error).*(?:unhandled system error|remote process exited|Connection reset|timeout)",

@@ -39,6 +39,8 @@ class IndexedJob:
     :param ti_try: the task instance's current try.
     :param ti_end: epoch seconds the task instance ended, if it did.
     :param current: this is the task instance's latest job (False: an earlier try's).
+    :param ti_exists: the task instance's row exists (False: its DAG run was deleted). A row with no state is a task
+        that was cleared and waits to be scheduled again.
     """
 
     record: JobRecord
@@ -50,6 +52,7 @@ class IndexedJob:
     ti_try: int | None
     ti_end: float | None
     current: bool
+    ti_exists: bool = True
 
     @property
     def job_id(self) -> str:
@@ -204,6 +207,7 @@ def load_jobs(
             "ti_state": str(ti.state.value if hasattr(ti.state, "value") else ti.state) if ti and ti.state else None,
             "ti_try": ti.try_number if ti else None,
             "ti_end": _epoch(ti.end_date) if ti else None,
+            "ti_exists": ti is not None,
         }
         jobs.append(IndexedJob(record=latest, current=True, **common))
         if include_history:
@@ -227,21 +231,39 @@ def find_job(session: Session, job_id: str) -> IndexedJob | None:
     return matches[0] if matches else None
 
 
-def task_state_lookup(session: Session) -> Callable[[Mapping[str, Any]], str | None]:
-    """The Airflow state of a task instance named by ``{dag_id, run_id, task_id, map_index}`` (None: unknown), for
-    :meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.reap_resources`."""
+def task_instance_state(
+    session: Session, dag_id: str, run_id: str, task_id: str, map_index: int
+) -> tuple[bool, str | None]:
+    """Whether the task instance's row exists, and its state now (None: cleared, waiting to be scheduled)."""
     from airflow.models.taskinstance import TaskInstance
     from sqlalchemy import select
 
+    query = select(TaskInstance.state).where(
+        TaskInstance.dag_id == dag_id,
+        TaskInstance.run_id == run_id,
+        TaskInstance.task_id == task_id,
+        TaskInstance.map_index == map_index,
+    )
+    row = session.execute(query).first()
+    if row is None:
+        return False, None
+    state = row[0]
+    return True, None if state is None else str(getattr(state, "value", state))
+
+
+def task_state_lookup(session: Session) -> Callable[[Mapping[str, Any]], str | None]:
+    """The Airflow state of a task instance named by ``{dag_id, run_id, task_id, map_index}`` (None: unknown), for
+    :meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.reap_resources`."""
+
     def lookup(origin: Mapping[str, Any]) -> str | None:
-        query = select(TaskInstance.state).where(
-            TaskInstance.dag_id == str(origin.get("dag_id")),
-            TaskInstance.run_id == str(origin.get("run_id")),
-            TaskInstance.task_id == str(origin.get("task_id")),
-            TaskInstance.map_index == int(origin.get("map_index") or -1),
-        )
-        state = session.scalar(query)
-        return None if state is None else str(getattr(state, "value", state))
+        map_index = origin.get("map_index")
+        return task_instance_state(
+            session,
+            str(origin.get("dag_id")),
+            str(origin.get("run_id")),
+            str(origin.get("task_id")),
+            -1 if map_index in (None, "") else int(map_index),
+        )[1]
 
     return lookup
 

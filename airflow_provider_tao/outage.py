@@ -8,9 +8,12 @@ the job ends or the task's ``execution_timeout`` stops it. The task log says whe
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from airflow_provider_tao.jobs import JobState, JobStatus
+
+T = TypeVar("T")
 
 
 class OutageLog:
@@ -30,9 +33,7 @@ class OutageLog:
         """Take the latest status; a known state (or a not-found answer, which is an answer) ends an outage."""
         now = time.monotonic()
         if status.state is not JobState.UNKNOWN or status.not_found:
-            if self.since is not None:
-                self.log.warning("The %s platform answers again after %.0f s", self.platform, now - self.since)
-            self.since = None
+            self._answered(now)
             return
         if self.since is None:
             self.since = self.reported = now
@@ -47,3 +48,27 @@ class OutageLog:
             self.log.warning(
                 "The %s platform has not answered for %.0f s (%s)", self.platform, now - self.since, status.message
             )
+
+    def _answered(self, now: float) -> None:
+        if self.since is not None:
+            self.log.warning("The %s platform answers again after %.0f s", self.platform, now - self.since)
+        self.since = None
+
+    def through(self, call: Callable[[], T], what: str, interval: float) -> T:
+        """``call`` -- a platform call the task cannot do without (marking a finished job's result used) -- tried
+        every ``interval`` seconds while it fails, reported as an outage: an outage after the job ended fails the
+        task no more than one during the wait (only ``execution_timeout`` ends it).
+
+        :param call: the platform call.
+        :param what: what it does, for the messages.
+        :param interval: seconds between tries.
+        """
+        while True:
+            try:
+                result = call()
+            except Exception as exc:
+                self.update(JobStatus.unknown(f"{what} failed: {exc}"))
+                time.sleep(interval)
+                continue
+            self._answered(time.monotonic())
+            return result

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import logging
 import re
 import sys
 import time
@@ -19,14 +20,17 @@ from airflow.utils.session import create_session
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook, redact, secrets_of
 from airflow_provider_tao.jobindex import (
-    WAITING_TI_STATES,
     WANTED_TI_STATES,
     IndexedJob,
     find_job,
     load_jobs,
+    task_instance_state,
     task_state_lookup,
 )
 from airflow_provider_tao.jobs import JobHandle
+from airflow_provider_tao.sweeper import describe, sweep_connection, sweep_machines, task_resumes
+
+log = logging.getLogger(__name__)
 
 #: What a job id given on the command line may look like (ours are 12 hex digits).
 JOB_ID = re.compile(r"^[0-9a-f]{6,32}$")
@@ -125,7 +129,7 @@ def cancel_job(args: Namespace) -> None:
     job, handle, hook = _job_on_platform(args.job_id)
     before = hook.get_job_status(handle).state
     stopped = hook.cancel_job(handle, requested_by=f"cli:{getpass.getuser()}")
-    if stopped and not before.is_terminal and not _task_resumes(job):
+    if stopped and not before.is_terminal and not task_resumes(job):
         hook.cleanup_job(handle)  # no task will resume to clean up after it
     after = hook.get_job_status(handle)
     row = {
@@ -142,39 +146,11 @@ def cancel_job(args: Namespace) -> None:
     _print([row], args.output)
 
 
-def _task_resumes(job: IndexedJob | None) -> bool:
-    """Whether the job's task still waits on it: it sees the cancel and cleans up after the job itself (a Brev
-    instance deleted under a waiting task would read as a lost instance, not as a cancel)."""
-    return job is not None and job.current and job.ti_state in WAITING_TI_STATES
-
-
-def reap_verdict(
-    hook: TAOPlatformHook, handle: JobHandle, job: IndexedJob | None, now: float, min_age: float
-) -> tuple[bool, str]:
-    """The reaper's one rule: (cancel it?, why) for an active job ``handle`` that Airflow knows as ``job``."""
-    if now - handle.submitted_at < min_age:
-        return False, "younger than --min-age-minutes"
-    if hook.lease_expired(handle, now):
-        return True, "lease expired"
-    if job is None:
-        # another deployment's job, or one whose records were cleaned up: not ours to judge
-        return False, "not in this Airflow's task records"
-    if job.current and job.ti_state in WANTED_TI_STATES:
-        deadline = job.record.deadline
-        if deadline and now > deadline + min_age:
-            return True, "past its task's deadline"
-        return False, f"its task is {job.ti_state}"
-    if job.current and not job.record.cancel_on_kill:
-        return False, "its task set cancel_on_kill=False"
-    if not job.current:
-        return True, "orphan: a newer job of its task replaced it"
-    return True, f"orphan: its task is {job.ti_state or 'gone'}"
-
-
 @cli_utils.action_cli(check_db=False)
 @providers_configuration_loaded
 def reap(args: Namespace) -> None:
-    """``airflow tao reap``: cancel orphans and jobs past their lease on every connection jobs were started on."""
+    """``airflow tao reap``: the orphan sweeper (:mod:`airflow_provider_tao.sweeper`) on every connection jobs were
+    started on and every ``tao_*`` connection of the metadata database."""
     from airflow.models.connection import Connection
     from sqlalchemy import select
 
@@ -184,9 +160,9 @@ def reap(args: Namespace) -> None:
         configured = session.execute(
             select(Connection.conn_id, Connection.conn_type).where(Connection.conn_type.in_(conn_types))
         ).all()
-    by_id: dict[str, IndexedJob] = {}
+    known: dict[str, IndexedJob] = {}
     for indexed in jobs:
-        by_id.setdefault(indexed.job_id, indexed)
+        known.setdefault(indexed.job_id, indexed)  # newest first: a job's current record wins
     targets = {(j.platform, j.conn_id) for j in jobs if j.platform in PLATFORMS}
     targets |= {(conn_types[conn_type], conn_id) for conn_id, conn_type in configured}
     now, min_age = time.time(), max(0.0, args.min_age_minutes) * 60
@@ -194,35 +170,19 @@ def reap(args: Namespace) -> None:
     for platform, conn_id in sorted(targets, key=lambda t: (t[0], t[1] or "")):
         try:
             hook = _hook(platform, conn_id)
-            active = hook.list_active_jobs()
-        except Exception as exc:  # one unreachable platform must not stop the others' reaping
+            with create_session() as session:
+                rows += sweep_machines(hook, task_state_lookup(session), dry_run=args.dry_run)
+            rows += sweep_connection(hook, known, now=now, min_age=min_age, dry_run=args.dry_run, recheck=_recheck)
+        except Exception as exc:  # one unreachable platform must not stop the others' sweeping
             rows.append({"platform": platform, "conn_id": conn_id, "job_id": None, "action": "error", "why": str(exc)})
-            continue
-        with create_session() as session:
-            for resource in hook.reap_resources(task_state_lookup(session), dry_run=args.dry_run):
-                rows.append({"platform": platform, "conn_id": conn_id, "job_id": None, "name": resource["resource"],
-                             "action": resource["action"], "why": resource["why"]})  # fmt: skip
-        for handle in active:
-            job = by_id.get(handle.job_id)
-            cancel, why = reap_verdict(hook, handle, job, now, min_age)
-            action = "kept"
-            if cancel and args.dry_run:
-                action = "would cancel"
-            elif cancel:
-                action = "canceled" if hook.cancel_job(handle, requested_by=f"reap: {why}") else "cancel failed"
-                if not _task_resumes(job):
-                    hook.cleanup_job(handle)
-            rows.append(
-                {
-                    "platform": platform,
-                    "conn_id": conn_id,
-                    "job_id": handle.job_id,
-                    "name": handle.name,
-                    "dag_id": job.dag_id if job else None,
-                    "task_id": job.task_id if job else None,
-                    "task_state": job.ti_state if job else None,
-                    "action": action,
-                    "why": why,
-                }
-            )
+            log.warning("%s", describe(rows[-1]))
     _print(rows, args.output)
+
+
+def _recheck(job: IndexedJob) -> str | None:
+    """Why to keep an orphan's job after all: its task instance, read again now, wants it (a clear since)."""
+    with create_session() as session:
+        exists, state = task_instance_state(session, job.dag_id, job.run_id, job.task_id, job.map_index)
+    if exists and (state is None or state in WANTED_TI_STATES):
+        return f"its task is {state or 'cleared'} again"
+    return None

@@ -17,8 +17,9 @@ ARG_DRY_RUN = Arg(("--dry-run",), action="store_true", help="Say what would be c
 ARG_MIN_AGE = Arg(
     ("--min-age-minutes",),
     type=float,
-    default=10.0,
-    help="Leave jobs younger than this alone (a task may be writing its record right now; default 10)",
+    default=0.0,
+    help="Leave jobs younger than this alone (default 0: a job is recorded before its task can end, so even a young "
+    "orphan is judged right; a job no task recorded is never canceled)",
 )
 
 TAO_COMMANDS = (
@@ -42,8 +43,9 @@ TAO_COMMANDS = (
     ),
     ActionCommand(
         name="reap",
-        help="Cancel jobs no task watches any more (orphans) and jobs past their lease, and delete the machines a "
-        "platform rents for them (Brev instances) whose lease expired or whose task ended, on every connection in use",
+        help="The orphan sweeper: cancel jobs no task watches any more (orphans) and jobs past their lease, and delete "
+        "the machines a platform rents for them (Brev instances) whose lease expired or whose task ended, on every "
+        "connection in use; every decision is listed with its reason",
         func=lazy_load_command(f"{_COMMANDS}.reap"),
         args=(ARG_DRY_RUN, ARG_MIN_AGE, ARG_OUTPUT, ARG_VERBOSE),
     ),

@@ -373,6 +373,10 @@ class TAOPlatformHook(BaseHook):
                 f"the {self.platform} platform runs single-node jobs only (asked for {spec.num_nodes})",
                 "Use num_nodes=1, or a multi-node platform (slurm, lepton, kubernetes)",
             )
+        # what no operating system can hand a process (NUL, lone surrogates, > 128 KiB strings) is refused here,
+        # naming the field, instead of being cut short or failing in the job's exec
+        from airflow_provider_tao.runner.validation import check_command, check_exec_text
+
         for key, value in {**spec.env, **spec.secret_env}.items():
             if not isinstance(value, str):
                 raise JobValidationError(
@@ -384,8 +388,17 @@ class TAOPlatformHook(BaseHook):
                 raise JobValidationError(
                     f"env[{key!r}]", "is not a valid environment variable name", "Use [A-Za-z_][A-Za-z0-9_]*"
                 )
+            _checked(check_exec_text, value, f"env[{key!r}]")
         if not spec.command:
             raise JobValidationError("command", "is empty", "Give the command the job runs")
+        _checked(check_command, spec.command, "config")  # "config": placeholders are the runner's business
+        if spec.image is not None and not _IMAGE_REFERENCE.match(spec.image):
+            raise JobValidationError(
+                "image",
+                f"{spec.image!r} is not an image reference",
+                "Use a versions.yaml key, an image URI such as nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt or a path, "
+                "without spaces, quotes or shell characters",
+            )
 
     # ----------------------------------------------------------------- the platform interface (sync)
 
@@ -632,6 +645,20 @@ class TAOPlatformHook(BaseHook):
 
     async def aresubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
         return await asyncio.to_thread(self.resubmit_if_retriable, handle, status)
+
+
+#: An image reference or path: registry/name:tag@digest, Pyxis' registry#name, enroot's docker://, an absolute path.
+_IMAGE_REFERENCE = re.compile(r"^[A-Za-z0-9/][A-Za-z0-9._/:@#+=~-]*$")
+
+
+def _checked(check: Callable[..., Any], value: Any, where: str) -> None:
+    """Run one of the runner's text checks, whose ``ValueError`` starts with the parameter, as a
+    ``JobValidationError``."""
+    try:
+        check(value, where)
+    except ValueError as exc:
+        parameter, _, problem = str(exc).partition(": ")
+        raise JobValidationError(parameter, problem, "Fix the value") from exc
 
 
 #: Extras that hold secrets although their names do not say so (Airflow's masker only knows generic names).

@@ -951,10 +951,12 @@ class BrevHook(TAOPlatformHook):
         *,
         dry_run: bool = False,
     ) -> list[ReapDecision]:
-        """Delete every instance this provider created whose lease has expired or whose task is finished; never one
-        without this provider's lease. An expired instance whose task still watches it (running, deferred) is not
-        pulled from under the task: its jobs are canceled through the one cancel routine (the task fails with
-        ERR_CANCELED, not retried, and deletes the instance), and a later reap deletes it if the task did not.
+        """Delete every instance this provider created whose lease has expired or whose task is finished and on which
+        no job runs any more (a running job of a finished task is the orphan sweep's to judge: it may have been kept
+        with ``cancel_on_kill=False``); never one without this provider's lease. An expired instance whose task still
+        watches it (running, deferred) is not pulled from under the task: its jobs are canceled through the one cancel
+        routine (the task fails with ERR_CANCELED, not retried, and deletes the instance), and a later reap deletes it
+        if the task did not.
         Every decision is logged with its reason. One ``brev ls --json`` and one exec per running instance.
 
         :param task_state: the Airflow state of a lease's task instance (see :func:`task_state_lookup`); without it
@@ -1008,6 +1010,12 @@ class BrevHook(TAOPlatformHook):
                 jobs = ", ".join(c.job_id for c in running)
                 why = f"{reason}; its task is {state}: job(s) {jobs} canceled, the task deletes the instance"
                 return self._cancel_jobs(name, entry, running, why=why, dry_run=dry_run)
+        elif state in FINISHED_TASK_STATES and running:
+            # the jobs' own rule decides (the orphan sweep: canceled unless their task set cancel_on_kill=False);
+            # the instance goes once nothing runs on it, or with its lease
+            jobs = ", ".join(c.job_id for c in running)
+            return ReapDecision(name, "kept", f"leased until {_utc(expires)}; its task {owner} is {state} but "
+                                f"job(s) {jobs} still run on it")  # fmt: skip
         elif state in FINISHED_TASK_STATES:
             reason = f"its task {owner} is {state}"
         if reason is None:

@@ -39,6 +39,7 @@ from airflow_provider_tao.hooks.base import ConnectionProblem
 from airflow_provider_tao.hooks.cli import (
     CliNotFoundError,
     CliResult,
+    cli_environment,
     private_folder,
     run_cli,
     write_private_file,
@@ -203,10 +204,10 @@ class BrevSession:
         return self._state.relogins
 
     def environment(self) -> dict[str, str]:
-        """The environment of every call: the worker's, with a private HOME (and XDG folders inside it)."""
-        env = {k: v for k, v in os.environ.items() if k not in ("BREV_API_TOKEN", "SSH_AUTH_SOCK")}
+        """The environment of every call: the worker's without its secrets (:func:`cli_environment`), with a
+        private HOME (and XDG folders inside it)."""
         home = str(self.home)
-        env.update(
+        env = cli_environment(
             HOME=home,
             XDG_CONFIG_HOME=f"{home}/.config",
             XDG_CACHE_HOME=f"{home}/.cache",

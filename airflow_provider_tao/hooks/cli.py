@@ -63,6 +63,30 @@ class CliResult:
         return f"`{' '.join(self.argv[:2])}` {ended}" + (f": {said}" if said else "")
 
 
+#: Variables that hold secrets although their names do not say so to Airflow's masker.
+_SECRET_VARIABLES = frozenset({"NGC_KEY", "NGC_API_KEY", "NGC_CLI_API_KEY", "SSH_AUTH_SOCK"})
+#: Prefixes of Airflow's own variables: connections, variables, every setting (the Fernet key, database URLs).
+_AIRFLOW_PREFIXES = ("AIRFLOW_CONN_", "AIRFLOW_VAR_", "AIRFLOW__")
+
+
+def cli_environment(**overrides: str) -> dict[str, str]:
+    """The worker's environment for a CLI without anything secret in it: Airflow's connections, variables and
+    settings, and every variable Airflow's masker calls sensitive (``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``,
+    ``*API_KEY*``, ...) are left out -- a third-party CLI and the ssh it spawns get what they need, which the hook
+    hands over in files and ``overrides``, never the worker's secrets.
+
+    :param overrides: variables to set (a private ``HOME``, ...).
+    """
+    from airflow.sdk._shared.secrets_masker import should_hide_value_for_key
+
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(_AIRFLOW_PREFIXES) and key not in _SECRET_VARIABLES and not should_hide_value_for_key(key)
+    }
+    return env | overrides
+
+
 def run_cli(
     argv: Sequence[str], *, env: Mapping[str, str], timeout: float, cwd: str | os.PathLike[str] | None = None
 ) -> CliResult:

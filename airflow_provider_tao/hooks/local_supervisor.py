@@ -1,11 +1,12 @@
 """The supervisor of one ``local`` job: ``python local_supervisor.py <job_dir>``.
 
-Started by :class:`~airflow_provider_tao.hooks.local.LocalHook` as the leader of a new session, so the job outlives
-the Airflow worker and can be killed as one process group. It records its pid (= its process group), runs the command
-with stdin from /dev/null and output into ``job.log``, and writes ``exit_code`` atomically when the command ends: the
-file the hook reads the job's fate from. It survives the group-wide SIGTERM of a cancel long enough to record the
-command's exit; a SIGKILL leaves no exit file, which the hook reports as canceled (if a cancel was asked for) or as an
-error (if not). Standard library only: it is executed as a file, never imported by Airflow.
+Started by :class:`~airflow_provider_tao.hooks.local.LocalHook` as the leader of a new session, so the job outlives the
+Airflow worker and can be killed as one process group. It records its pid (= its process group), runs the command with
+stdin from /dev/null and output into ``job.log``, and writes ``exit_code`` atomically when the command ends: the file
+the hook reads the job's fate from (waiting for the jobs folder to come back if it has gone away). It survives the
+group-wide SIGTERM of a cancel long enough to record the command's exit; a SIGKILL leaves no exit file, which the hook
+reports as canceled (if a cancel was asked for) or as an error (if not). Standard library only: it is executed as a
+file, never imported by Airflow.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 STRAGGLER_GRACE_SECONDS = 2.0
+#: How long the verdict waits for a jobs folder that has gone away (a network filesystem's outage) before it is lost.
+VERDICT_PATIENCE_SECONDS = 3600.0
 
 
 def write_json_atomic(path: Path, data: Mapping[str, object]) -> None:
@@ -128,8 +131,22 @@ def main(job_dir: str) -> int:
         else:
             returncode = _run(list(launch["argv"]), str(launch["cwd"]), log, stop_requested)
     _stop_stragglers(os.getpgid(0))
-    write_json_atomic(job / "exit_code", {"exit_code": returncode, "finished_at": time.time()})
+    _record_verdict(job, {"exit_code": returncode, "finished_at": time.time()})
     return 0
+
+
+def _record_verdict(job: Path, verdict: Mapping[str, object]) -> None:
+    """Write ``exit_code``; while the jobs folder is gone (a network filesystem's outage), wait for it to come back
+    rather than lose the verdict -- a job that ended during an outage must not read as killed afterwards."""
+    deadline = time.monotonic() + VERDICT_PATIENCE_SECONDS
+    while True:
+        try:
+            write_json_atomic(job / "exit_code", verdict)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 if __name__ == "__main__":

@@ -638,8 +638,10 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
                 hook.cancel_job(handle)
             hook.cleanup_job(handle)
             self._keep_end(context, handle, JobState.CANCELED.value, ErrClass.ERR_TIMEOUT.value)
+            fate = "it was canceled" if self.cancel_on_kill else "it runs on (cancel_on_kill=False)"
             raise AirflowTaskTimeout(
-                f"Job {handle.job_id} passed the task's execution_timeout (or [tao] lease_hours); it was canceled"
+                f"Job {handle.job_id} passed the task's execution_timeout (or [tao] lease_hours): "
+                f"{ErrClass.ERR_TIMEOUT.value}, {fate}"
             )
         if outcome == "canceled":
             if who := hook.canceled_by(handle):
@@ -681,7 +683,9 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         # again instead of reusing it -- even once the store is emptied.
         hook = get_platform_hook(handle.platform, handle.conn_id)
         hook.load_connection()
-        hook.mark_consumed(handle.owned_by(context["ti"].try_number))
+        owned = handle.owned_by(context["ti"].try_number)
+        outage = OutageLog(self.log, hook.platform, settings.outage_report_seconds())
+        outage.through(lambda: hook.mark_consumed(owned), "marking the job's result used", self.interval)
         record = self._stored(context)
         if record is None or record.job_id != handle.job_id:
             record = self._record_for(context, handle, outputs)

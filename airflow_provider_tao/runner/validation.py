@@ -42,7 +42,17 @@ def _check_text(value: str, where: str, *, argv: bool = False) -> str:
     except UnicodeEncodeError:
         raise ValueError(f"{where}: text is not valid Unicode (lone surrogate); fix the value") from None
     if argv and "\x00" in value:
-        raise ValueError(f"{where}: contains a NUL character, which cannot be passed on a command line")
+        raise ValueError(f"{where}: contains a NUL character, which no command line or environment carries")
+    return value
+
+
+def check_exec_text(value: str, where: str) -> str:
+    """``value`` if one argv or environment string can carry it (Unicode, no NUL, <= 120 KiB), else ValueError."""
+    if len(_check_text(value, where, argv=True).encode("utf-8")) > _MAX_ARG_BYTES:
+        raise ValueError(
+            f"{where}: longer than 120 KiB, which Linux refuses in a command line or an environment; put large "
+            "content in specs (config mode) or an input file"
+        )
     return value
 
 
@@ -236,12 +246,11 @@ def check_command(command: Any, mode: str) -> str | list[str]:
     if isinstance(command, str):
         if not command.strip():
             raise ValueError("command: empty command")
-        _check_text(command, "command", argv=True)
-        cmd: str | list[str] = command
+        cmd: str | list[str] = check_exec_text(command, "command")
         texts = [command]
     elif isinstance(command, Sequence) and not isinstance(command, bytes):
         cmd = [
-            _check_text(c, _where("command", i), argv=True) if isinstance(c, str) else _bad_arg(c, i)
+            check_exec_text(c, _where("command", i)) if isinstance(c, str) else _bad_arg(c, i)
             for i, c in enumerate(command)
         ]
         if not cmd or not cmd[0]:
@@ -252,12 +261,6 @@ def check_command(command: Any, mode: str) -> str | list[str]:
             f"command: expected a string (run by /bin/bash -c) or a list of strings (argv), "
             f"got {type(command).__name__}"
         )
-    for text in texts:
-        if len(text.encode("utf-8")) > _MAX_ARG_BYTES:
-            raise ValueError(
-                "command: longer than 120 KiB, which Linux refuses on a command line; put large content in specs "
-                "(config mode) or an input file"
-            )
     if mode != "config" and any("{config_path}" in t for t in texts):
         raise ValueError(
             f"command: uses {{config_path}} but mode is {mode!r}, which writes no spec file; pass specs=... "

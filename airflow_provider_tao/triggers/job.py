@@ -35,6 +35,8 @@ STATUS_CALL_TIMEOUT = 60.0
 MAX_BACKOFF_SECONDS = 30.0  # after an outage the first good poll must not come much later
 #: XCom key of the log cursor (kept with the task instance: survives triggerer restarts, cleared by a new try).
 XCOM_LOG_CURSOR = "tao_log_cursor"
+#: Cancels started by on_kill, kept referenced until they finish (the event loop holds tasks only weakly).
+_CANCELS: set[asyncio.Future[None]] = set()
 
 
 class TriggerOutcome:
@@ -371,6 +373,25 @@ class TAOJobTrigger(BaseTrigger):
         if not self.cancel_on_kill:
             self.log.info("cancel_on_kill=False: leaving job %s running", self.handle.job_id)
             return
+        # The triggerer cancels a trigger again at every state sync (about once a second) until it has finished,
+        # and those cancels land in on_kill itself (Airflow 3.3 swallows them silently): a cancel that takes a few
+        # remote round trips (SLURM: marks, status, scancel over SSH) was abandoned half-way. The cancel runs as a
+        # task of its own that they cannot interrupt; on_kill waits for it up to the triggerer's on_kill_timeout.
+        cancel = asyncio.ensure_future(self._cancel_job())
+        _CANCELS.add(cancel)
+        cancel.add_done_callback(_CANCELS.discard)
+        deadline = time.monotonic() + _on_kill_timeout()
+        while True:
+            try:
+                await asyncio.shield(cancel)
+                return
+            except asyncio.CancelledError:
+                if cancel.done() or time.monotonic() >= deadline:
+                    raise
+                if task := asyncio.current_task():
+                    task.uncancel()  # a repeated cancel of the same kill: keep waiting for the cancel to finish
+
+    async def _cancel_job(self) -> None:
         # Its own hook, never the poller's: run() is being cancelled at the same moment, and the poller's last
         # watcher leaving closes the poller's client under a cancel still in flight. Platforms that pool their
         # connection (SLURM) share it anyway; holding it here keeps it open until the cancel is done.
@@ -383,3 +404,10 @@ class TAOJobTrigger(BaseTrigger):
                 await asyncio.to_thread(hook.cleanup_job, self.handle)
         finally:
             await hook.aclose()
+
+
+def _on_kill_timeout() -> float:
+    """Seconds the triggerer grants ``on_kill`` (``[triggerer] on_kill_timeout``, 30 by default)."""
+    from airflow.configuration import conf
+
+    return float(conf.getint("triggerer", "on_kill_timeout", fallback=30))

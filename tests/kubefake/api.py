@@ -2,8 +2,9 @@
 
 ``/fake/faults`` (POST ``{"status": 503, "seconds": 60}``) makes every API request fail with that ``Status`` for a
 while; ``/fake/evict`` (POST ``{"namespace", "pod", "message"}``) has the kubelet evict a pod for node pressure;
-``/fake/objects`` (GET) lists the names of every object by resource (events apart); ``/fake/stats`` (GET, and
-POST to reset) counts the API requests by verb and resource.
+``/fake/objects`` (GET) lists the names of every object by resource (events apart); ``/fake/created`` (GET) lists
+every object ever created, deleted ones too (``resource``, ``namespace``, ``name``, ``uid``, ``labels``, ``created``);
+``/fake/stats`` (GET, and POST to reset) counts the API requests by verb and resource.
 """
 
 from __future__ import annotations
@@ -219,6 +220,10 @@ class _Handler(BaseHTTPRequestHandler):
                     if resource not in ("events", "nodes", "namespaces"):
                         found.setdefault(resource, []).append(name)
             self._send(200, {k: sorted(v) for k, v in found.items()})
+        elif parts == ["created"]:
+            with server.store.lock:
+                history = [dict(entry) for entry in server.store.created]
+            self._send(200, history)
         elif parts == ["stats"]:
             with server.stats_lock:
                 counts = dict(server.requests)

@@ -71,6 +71,8 @@ class DockerRuntime:
         import docker
 
         self.client = docker.APIClient(base_url=base_url, version="auto", timeout=120)
+        #: This server's containers only: other fakes (other test sessions) share the engine.
+        self.server_label = f"kubefake.server={uuid.uuid4().hex}"
         # Docker allows several networks of one name (then none can be used by name): create it only when missing.
         if not [n for n in self.client.networks(names=[self.NETWORK]) if n["Name"] == self.NETWORK]:
             self.client.create_network(self.NETWORK, driver="bridge", labels={"kubefake": "1"})
@@ -120,6 +122,9 @@ class DockerRuntime:
                 "kubefake": "1",
                 "kubefake.pod-uid": pod["metadata"]["uid"],
                 "kubefake.pod": pod["metadata"]["name"],
+                "kubefake.server": self.server_label.split("=", 1)[1],
+                # the Job (or other owner) the pod belongs to: tests count running pods per Job on the engine
+                "kubefake.owner-uid": next((r["uid"] for r in pod["metadata"].get("ownerReferences") or []), ""),
             },
             host_config=self.client.create_host_config(**host),
             networking_config=networking,
@@ -134,7 +139,7 @@ class DockerRuntime:
     def states(self) -> dict[str, dict[str, Any]]:
         """One list of every pod container; an inspect only for one that has just ended."""
         found: dict[str, dict[str, Any]] = {}
-        for listed in self.client.containers(all=True, filters={"label": "kubefake=1"}):
+        for listed in self.client.containers(all=True, filters={"label": self.server_label}):
             uid = listed["Labels"].get("kubefake.pod-uid", "")
             if listed["State"] == "running":
                 found[uid] = {"running": True}
@@ -182,7 +187,7 @@ class DockerRuntime:
         self._finished.pop(pod_uid, None)
 
     def remove_all(self) -> None:
-        for listed in self.client.containers(all=True, filters={"label": "kubefake=1"}):
+        for listed in self.client.containers(all=True, filters={"label": self.server_label}):
             with contextlib.suppress(Exception):
                 self.client.remove_container(listed["Id"], force=True, v=True)
 

@@ -206,6 +206,9 @@ class Store:
         self.lock = threading.RLock()
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._rv = itertools.count(1000)
+        #: Every object ever created, in order: ``{resource, namespace, name, uid, labels, created}`` (a deleted object
+        #: stays here: the tests count what was ever submitted on the server itself).
+        self.created: list[dict[str, Any]] = []
         #: Called after a create, with (resource, object) -- the controllers' informer, in short.
         self.on_change: Callable[[], None] = lambda: None
 
@@ -260,6 +263,8 @@ class Store:
             _DEFAULTS.get(resource, lambda o: None)(obj)
             self.objects[key] = self._stamp(obj)
             created = copy.deepcopy(obj)
+            self.created.append({"resource": resource, "namespace": namespace, "name": name, "uid": meta["uid"],
+                                 "labels": dict(meta.get("labels") or {}), "created": time.time()})  # fmt: skip
         self.on_change()
         return created
 

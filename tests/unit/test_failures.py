@@ -509,3 +509,13 @@ def test_a_cuda_oom_line_anywhere_is_never_infra(prefix, suffix, exit_code):
     # unless it happens to spell a verdict, which hypothesis does not produce without the prefix.
     if runner_verdict([*prefix, *suffix]) is None:
         assert analysis.err_class is ErrClass.ERR_OOM
+
+
+def test_a_slurm_task_killed_from_outside_is_not_the_programs_exit_code() -> None:
+    """SIGKILL of the program in the step's container: sacct says FAILED 9:0 (read as exit code 9), srun says
+    the task was killed -- who sent it cannot be told, so it is retriable, not the program's fault."""
+    log = ["tick 3", "srun: error: c2: task 0: Killed", "srun: Terminating StepId=697.0"]
+    analysis = classify(FailureFacts(exit_code=9, raw_state="FAILED", log_tail=log))
+    assert analysis.err_class is ErrClass.ERR_UNKNOWN and analysis.retriable
+    plain = classify(FailureFacts(exit_code=9, raw_state="FAILED", log_tail=["tick 3", "bad input"]))
+    assert plain.err_class is ErrClass.ERR_PROGRAM

@@ -652,18 +652,22 @@ def test_reaper_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
         "expired": lease("expired", now - 1, "r1"),
         "finished": lease("finished", now + 3600, "r2"),
         "running": lease("running", now + 3600, "r3"),
+        # its task failed, but its job runs on (cancel_on_kill=False): the orphan sweep's to judge, not the reaper's
+        "kept-job": lease("kept-job", now + 3600, "r5")
+        + b"F a1b2c3 running 2026-01-01T00:00:00.5Z 1 d-t-0123456789 /results/a1b2c3\n",
         "foreign": b"LEASE -\n",
         "copied": lease("somewhere-else", now - 1, "r4"),
     }
     instances = {name: {"status": "RUNNING"} for name in leases} | {"stopped": {"status": "STOPPED"}}
     session = ScriptedSession(instances, lambda i, c: leases[i])
     hook = _hook(monkeypatch, session)
-    states = {"r2": "failed", "r3": "deferred"}
+    states = {"r2": "failed", "r3": "deferred", "r5": "failed"}
     decisions = {d.instance: d for d in hook.reap(task_state=lambda lease: states.get(lease["run_id"]), now=now)}
     assert {name: d.action for name, d in decisions.items()} == {
         "expired": "deleted", "finished": "deleted", "running": "kept", "foreign": "kept", "copied": "kept",
-        "stopped": "skipped",
+        "stopped": "skipped", "kept-job": "kept",
     }  # fmt: skip
+    assert "is failed but job(s) a1b2c3 still run on it" in decisions["kept-job"].reason
     assert "lease expired" in decisions["expired"].reason and "d.t run r1" in decisions["expired"].reason
     assert "is failed" in decisions["finished"].reason and "is deferred" in decisions["running"].reason
     assert "not created by this provider" in decisions["foreign"].reason
@@ -869,3 +873,24 @@ def test_test_connection_without_a_token_calls_nothing(monkeypatch: pytest.Monke
         False,
         "Incomplete connection: no Brev API token: put it in the connection's password (or set BREV_API_TOKEN)",
     )
+
+
+def test_the_cli_never_inherits_the_workers_secrets(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The brev CLI (and the ssh it spawns) runs with the worker's environment minus everything secret: Airflow's
+    connections, variables and settings, and every variable whose name says it is a secret."""
+    leaks = {
+        "AIRFLOW_CONN_S3": "aws://k:conn-secret@",
+        "AIRFLOW_VAR_X": "var-secret",
+        "AIRFLOW__CORE__FERNET_KEY": "fernet-secret",
+        "AWS_SECRET_ACCESS_KEY": "aws-secret",
+        "BREV_API_TOKEN": "brev-secret",
+        "NGC_KEY": "ngc-secret",
+        "HF_TOKEN": "hf-secret",
+        "DB_PASSWORD": "db-secret",
+    }
+    for key, value in {**leaks, "LANG": "C.UTF-8", "BREV_FAKE_STATE": "/w"}.items():
+        monkeypatch.setenv(key, value)
+    env = BrevSession(executable="brev", token="t0k3n", org=None, identity="i", home_root=tmp_path).environment()
+    assert not set(leaks) & set(env)
+    assert env["LANG"] == "C.UTF-8" and env["BREV_FAKE_STATE"] == "/w"
+    assert env["HOME"].startswith(str(tmp_path)) and env["SSH_AUTH_SOCK"].endswith("no-agent")

@@ -235,6 +235,25 @@ def test_submit_and_complete_with_exit_0(hook, local_env):
     assert hook.job_owner(handle) == 3
 
 
+def test_a_job_that_ends_while_the_jobs_folder_is_away_keeps_its_verdict(hook, local_env):
+    """The jobs folder on a network filesystem goes away for a while (the matrix's outage of the local platform):
+    the job runs on, ends meanwhile, and its verdict is written once the folder is back -- not lost (which would
+    read as a killed job and fail the task)."""
+    handle = hook.create_job(make_spec("sleep 1; echo done"))
+    pid_record(hook, handle)
+    away = local_env["jobs_dir"].with_name("jobs-away")
+    local_env["jobs_dir"].rename(away)
+    try:
+        time.sleep(2.5)  # the job ends while its folder is gone
+        with pytest.raises(ConnectionError, match="is not there"):  # the poller's Unknown
+            hook.get_job_status(handle)
+    finally:
+        away.rename(local_env["jobs_dir"])
+    status = wait_terminal(hook, handle)
+    assert (status.state, status.exit_code) == (JobState.COMPLETE, 0)
+    assert whole_log(hook, handle) == "done\n"
+
+
 def test_nonzero_exit_is_error_with_program_analysis(hook):
     script = "import sys\nprint('epoch 1', flush=True)\nraise ValueError('boom at epoch 2')\n"
     handle = hook.create_job(make_spec([PY, "-c", script]))

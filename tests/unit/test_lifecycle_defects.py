@@ -117,6 +117,34 @@ def test_defect_3_a_transport_error_on_the_worker_path_is_an_outage_not_a_failur
     assert "does not answer (status call failed: SSH blip)" in text and "answers again" in text
 
 
+def test_an_outage_after_the_job_ended_does_not_fail_the_task_that_marks_its_result_used(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The trigger saw the job end, then the platform went away before the worker resumed the task: marking the
+    result used waits the outage out (found by the fault matrix: the task failed on its last platform call)."""
+    real = FakeHook.write_mark
+    calls = {"n": 0}
+
+    def blips(self: FakeHook, handle: JobHandle, key: str, value: Any) -> None:
+        if key == MARK_CONSUMED:
+            calls["n"] += 1
+            if calls["n"] < 3:
+                raise ConnectionError("daemon unreachable")
+        real(self, handle, key, value)
+
+    monkeypatch.setattr(FakeHook, "write_mark", blips)
+    store = Store()
+    op = _op(deferrable=True, poll_interval=0.01)
+    _defer(op, make_context(store, 1))
+    (job,) = fake_platform.jobs.values()
+    job["state"], job["exit"] = JobState.COMPLETE, 0
+    assert op.execute_complete(make_context(store, 1), _event(job["handle"], "complete"))["state"] == "Complete"
+    assert job["marks"][MARK_CONSUMED] == 1 and calls["n"] == 3
+    text = capsys.readouterr().out
+    assert "does not answer (marking the job's result used failed: daemon unreachable)" in text
+    assert "answers again" in text
+
+
 def test_defect_3_the_trigger_has_no_unreachable_outcome() -> None:
     kwargs = TAOJobTrigger(handle=JobHandle("fake", None, "j", "n").to_json()).serialize()[1]
     assert "max_unknown_seconds" not in kwargs

@@ -191,7 +191,7 @@ def test_timeout_cancels_the_job(fake_platform: type[FakeHook]) -> None:
     op = _op(deferrable=True)
     _defer(op, make_context(store))
     (job,) = fake_platform.jobs.values()
-    with pytest.raises(AirflowTaskTimeout):
+    with pytest.raises(AirflowTaskTimeout, match="ERR_TIMEOUT, it was canceled"):  # the class, literally
         op.execute_complete(make_context(store), _event(job["handle"], fake_platform, "timeout"))
     assert job["state"] is JobState.CANCELED
 

@@ -176,6 +176,27 @@ async def test_on_kill_cancels_the_owned_job_and_cleans_up_after_it(
     assert fake_platform.jobs[ended.job_id]["state"] is JobState.COMPLETE and cleaned[-1] == ended.job_id
 
 
+async def test_on_kill_finishes_its_cancel_through_the_triggerers_repeated_cancels(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Airflow's triggerer cancels a trigger again at every state sync until it has finished, and those cancels
+    land in on_kill: a cancel of several remote round trips (SLURM over SSH) must still finish."""
+    real_cancel = FakeHook._acancel
+
+    async def slow_cancel(self: FakeHook, handle: JobHandle) -> bool:
+        await asyncio.sleep(0.5)  # a few round trips to the login node
+        return await real_cancel(self, handle)
+
+    monkeypatch.setattr(FakeHook, "_acancel", slow_cancel)
+    handle = _submit(fake_platform)
+    kill = asyncio.ensure_future(_trigger(handle).on_kill())
+    for _ in range(8):  # what the triggerer does while on_kill runs, once a sync
+        await asyncio.sleep(0.05)
+        kill.cancel("__airflow_user_action__")
+    await kill
+    assert fake_platform.jobs[handle.job_id]["state"] is JobState.CANCELED
+
+
 async def test_on_kill_of_an_older_try_leaves_a_taken_over_job(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:

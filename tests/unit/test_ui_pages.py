@@ -1,5 +1,5 @@
-"""The TAO jobs view, the job page and the reaper's rule, on hand-made records: hostile names and log lines stay
-text, GPU-hours and the chart add up, and the reaper cancels exactly the jobs nobody wants."""
+"""The TAO jobs view and the job page on hand-made records: hostile names and log lines stay text, GPU-hours and the
+chart add up (the reaper's rule: ``test_sweeper.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tao.cli.commands import reap_verdict
 from airflow_provider_tao.hooks import PLATFORMS
 from airflow_provider_tao.jobindex import IndexedJob, gpu_hours_by_dag_and_day
 from airflow_provider_tao.jobs import JobHandle
@@ -148,49 +147,6 @@ def test_only_web_links_become_links() -> None:
 def test_links_to_the_airflow_ui_escape_run_ids() -> None:
     job = IndexedJob(_job().record, "d", "manual__2026-01-01T00:00:00+00:00", "t", 3, "success", 1, None, True)
     assert pages.task_url("", job) == "/dags/d/runs/manual__2026-01-01T00%3A00%3A00%2B00%3A00/tasks/t/mapped/3"
-
-
-# ----------------------------------------------------------------------------- the reaper's one rule
-
-NOW = 100 * DAY
-OLD = NOW - 3600  # an hour old
-MIN_AGE = 600.0
-
-
-def _handle(job_id: str = "a1b2c3d4e5f6", submitted: float = OLD) -> JobHandle:
-    return JobHandle("fake", None, job_id, "n", submitted_at=submitted)
-
-
-@pytest.mark.parametrize(
-    ("job", "verdict"),
-    [
-        (_job(ti_state="deferred", state="Submitted", ended=None), (False, "its task is deferred")),
-        (_job(ti_state="up_for_retry", state="Submitted", ended=None), (False, "its task is up_for_retry")),
-        (_job(ti_state="failed", state="Submitted", ended=None), (True, "orphan: its task is failed")),
-        (_job(ti_state=None, state="Submitted", ended=None), (True, "orphan: its task is gone")),
-        (_job(ti_state="success", cancel_on_kill=False), (False, "its task set cancel_on_kill=False")),
-        (_job(ti_state="running", current=False), (True, "orphan: a newer job of its task replaced it")),
-        (
-            _job(ti_state="deferred", state="Submitted", ended=None, deadline=NOW - 2 * MIN_AGE),
-            (True, "past its task's deadline"),
-        ),
-        (None, (False, "not in this Airflow's task records")),
-    ],
-)
-def test_reap_verdicts(job: IndexedJob | None, verdict: tuple[bool, str]) -> None:
-    assert reap_verdict(FakeHook(), _handle(), job, NOW, MIN_AGE) == verdict
-
-
-def test_reap_leaves_young_jobs_and_reaps_any_job_past_its_lease(monkeypatch: pytest.MonkeyPatch) -> None:
-    orphan = _job(ti_state="failed", state="Submitted", ended=None)
-    assert reap_verdict(FakeHook(), _handle(submitted=NOW - 60), orphan, NOW, MIN_AGE) == (
-        False,
-        "younger than --min-age-minutes",
-    )
-    monkeypatch.setenv("AIRFLOW__TAO__LEASE_HOURS", "0.5")
-    assert reap_verdict(FakeHook(), _handle(), None, NOW, MIN_AGE) == (True, "lease expired")
-    watched = _job(ti_state="deferred", state="Submitted", ended=None)
-    assert reap_verdict(FakeHook(), _handle(), watched, NOW, MIN_AGE) == (True, "lease expired")
 
 
 # ----------------------------------------------------------------------------- secrets

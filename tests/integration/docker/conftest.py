@@ -104,9 +104,19 @@ def _read_env(path: Path) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
+def remove_containers_under(engine: DockerEngine, root: Path) -> None:
+    """This provider's job containers whose results folder is under ``root`` -- one test session's, never another
+    session's running on the same engine (nor a fake Brev instance's: its world removes those)."""
+    for container in engine.containers():
+        labels = container.get("Labels") or {}
+        if "brevfake.on-instance" not in labels and labels.get(ct.LABEL_RESULTS_DIR, "").startswith(f"{root}/"):
+            engine.client.remove_container(container["Id"], force=True)
+
+
 @pytest.fixture(scope="session")
-def docker_engine() -> Iterator[DockerEngine]:
-    """The private Docker engine, started (and its images built) if it is not up."""
+def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DockerEngine]:
+    """The private Docker engine, started (and its images built) if it is not up; at the end, this session's job
+    containers are removed."""
     _run_docker_up()
     env = _read_env(DOCKER_CI_ROOT / "env.sh")
     engine = DockerEngine(
@@ -118,10 +128,7 @@ def docker_engine() -> Iterator[DockerEngine]:
     version = engine.client.version()
     assert version.get("ApiVersion"), version
     yield engine
-    for container in engine.containers():
-        # Job containers on a fake Brev instance carry this provider's labels too; their world removes them.
-        if "brevfake.on-instance" not in (container.get("Labels") or {}):
-            engine.client.remove_container(container["Id"], force=True)
+    remove_containers_under(engine, tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="session")

@@ -51,6 +51,10 @@ class KubeFake:
         """Names of every object on the server, by resource (events, nodes and namespaces apart)."""
         return dict(self._fake("objects"))
 
+    def created(self, resource: str = "jobs") -> list[dict[str, Any]]:
+        """Every object of ``resource`` ever created on the server, deleted ones too, oldest first."""
+        return [entry for entry in self._fake("created") if entry["resource"] == resource]
+
     def objects_of(self, job_id: str) -> dict[str, list[str]]:
         """The objects that belong to one job (its Job, pods, Secrets, ConfigMaps, Service), by resource."""
         labelled = {

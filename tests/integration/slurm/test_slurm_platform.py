@@ -318,45 +318,7 @@ def test_job_runs_inside_an_oci_container(slurm_cluster: Any, triggerer: Any) ->
     assert _cat(slurm_cluster, f"{result['results_dir']}/os") == 'NAME="slurm-ci-busybox"\noci-busybox\n'
 
 
-# --------------------------------------------------------------------------- hostile strings, secrets
-
-
-def test_hostile_strings_arrive_verbatim_and_never_run_on_the_login_node(slurm_cluster: Any, triggerer: Any) -> None:
-    sentinel = f"{slurm_cluster.results_root}/SENTINEL-{uuid.uuid4().hex}"
-    hostile = [
-        f'it\'s "quoted"; touch {sentinel}',
-        f"$(touch {sentinel})",
-        f"`touch {sentinel}`",
-        f"two\nlines; touch {sentinel}\n",
-        f"' ; touch {sentinel} ; '",
-        "back\\slash $HOME ${PATH} * {x}",
-    ]
-    env = {f"H{i}": value for i, value in enumerate(hostile)}
-    dump = (
-        "import json, os, sys; "
-        "json.dump({'argv': sys.argv[1:], 'env': {k: os.environ[k] for k in sorted(os.environ) if k[:1] == 'H' "
-        "and k[1:].isdigit()}}, "
-        "open(os.path.join(os.environ['TAO_RESULTS_ROOT'], os.environ['TAO_JOB_ID'], 'got'), 'w'))"
-    )
-    as_argv = finish(
-        start(triggerer, make_operator(image=_py(slurm_cluster), env=env, command=["python3", "-c", dump, *hostile]))
-    )
-    as_string = finish(
-        start(
-            triggerer,
-            make_operator(
-                image=_py(slurm_cluster),
-                env=env,
-                command=f"python3 -c {shlex.quote(dump)} " + " ".join(shlex.quote(h) for h in hostile),
-            ),
-        )
-    )
-    for result in (as_argv, as_string):
-        got = json.loads(_cat(slurm_cluster, f"{result['results_dir']}/got"))
-        assert got == {"argv": hostile, "env": env}
-    with pytest.raises(AirflowFailException, match="job_name"):
-        start(triggerer, make_operator(image=_py(slurm_cluster), command="true", job_name=f"x; touch {sentinel}"))
-    assert not _exists(slurm_cluster, sentinel)
+# ------------------------------------------------------------- secrets (hostile strings: tests/integration/hostile)
 
 
 def test_no_secret_in_the_script_in_readable_files_or_on_login_node_command_lines(

@@ -1,0 +1,249 @@
+"""The orphan sweeper: cancels the jobs no Airflow task watches any more -- ``airflow tao reap`` and the
+``tao_orphan_sweeper`` maintenance DAG.
+
+Airflow tells a job's task when it is killed (the operator's ``on_kill``, the trigger's ``on_kill``), but not always:
+a task marked failed or cleared in the first seconds after it deferred, before a triggerer picked its trigger up, gets
+no ``on_kill``; a worker or triggerer host can die for good. Per ``tao_*`` connection the sweeper makes ONE list call
+of the jobs this provider started that the platform still runs (:meth:`~airflow_provider_tao.hooks.base.
+TAOPlatformHook.list_active_jobs`), joins them with what Airflow recorded about their tasks
+(:mod:`airflow_provider_tao.jobindex`) and cancels, through the one cancel routine
+(:meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.cancel_job`), every job whose task instance is no longer
+running or deferred and whose task asked for ``cancel_on_kill`` (plus jobs past their lease or their task's deadline).
+It never cancels a job of a live task, nor one this Airflow has no record of (another deployment's, or a job whose
+submitting try died before recording it: its next try adopts it by name). Every decision is logged with its reason.
+Platforms that rent machines for jobs reap those too (:meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.
+reap_resources`: Brev's leased instances).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_tao.jobindex import WAITING_TI_STATES, WANTED_TI_STATES, IndexedJob
+
+if TYPE_CHECKING:
+    from airflow_provider_tao.hooks.base import TAOPlatformHook
+    from airflow_provider_tao.jobs import JobHandle
+
+log = logging.getLogger(__name__)
+
+#: Re-reads a task instance's state just before its job is canceled: why to keep the job after all, or None.
+Recheck = Callable[[IndexedJob], str | None]
+
+
+def verdict(
+    hook: TAOPlatformHook, handle: JobHandle, job: IndexedJob | None, now: float, min_age: float
+) -> tuple[bool, str]:
+    """The sweeper's one rule: (cancel it?, why) for an active job ``handle`` that Airflow knows as ``job``.
+
+    :param hook: the job's platform hook (for its lease).
+    :param handle: the job as its platform lists it.
+    :param job: the job as Airflow recorded it, or None when no task record names it.
+    :param now: epoch seconds.
+    :param min_age: seconds: younger jobs are kept whatever their task does.
+    """
+    if now - handle.submitted_at < min_age:
+        return False, "younger than --min-age-minutes"
+    if hook.lease_expired(handle, now):
+        return True, "lease expired"
+    if job is None:
+        # another deployment's job, a job whose try died before recording it (its retry adopts it by name), or
+        # one whose records were cleaned up: not ours to judge
+        return False, "not in this Airflow's task records"
+    if (job.platform, job.conn_id) != (hook.platform, hook.conn_id):
+        # the same container seen through another connection (a Docker daemon that also runs a Brev instance's
+        # jobs): judged, and canceled, only through the connection that started it
+        return False, f"started through the {job.platform} connection {job.conn_id}"
+    if job.current and job.ti_state in WANTED_TI_STATES:
+        deadline = job.record.deadline
+        if deadline and now > deadline + min_age:
+            return True, "past its task's deadline"
+        return False, f"its task is {job.ti_state}"
+    if job.current and job.ti_exists and job.ti_state is None:
+        return False, "its task was cleared and waits to be scheduled"
+    if not job.record.cancel_on_kill:
+        return False, "its task set cancel_on_kill=False"
+    if not job.current:
+        return True, "orphan: a newer job of its task replaced it"
+    if not job.ti_exists:
+        return True, "orphan: its task is gone"
+    return True, f"orphan: its task is {job.ti_state}"
+
+
+def task_resumes(job: IndexedJob | None) -> bool:
+    """Whether the job's task still waits on it: it sees the cancel and cleans up after the job itself (a Brev
+    instance deleted under a waiting task would read as a lost instance, not as a cancel)."""
+    return job is not None and job.current and job.ti_state in WAITING_TI_STATES
+
+
+def sweep_connection(
+    hook: TAOPlatformHook,
+    known: Mapping[str, IndexedJob],
+    *,
+    now: float,
+    min_age: float,
+    dry_run: bool,
+    recheck: Recheck,
+) -> list[dict[str, Any]]:
+    """Sweep one connection: one list call, a decision per active job, a cancel per orphan.
+
+    :param hook: the connection's hook (connection loaded).
+    :param known: the jobs Airflow recorded, by job id.
+    :param now: epoch seconds the records were read at.
+    :param min_age: seconds: younger jobs are kept.
+    :param dry_run: decide and report, cancel nothing.
+    :param recheck: asks the task instance of an orphan again right before its job is canceled (a task cleared
+        since the records were read wants its job back).
+    :returns: one row per job: ``platform, conn_id, job_id, name, dag_id, task_id, task_state, action, why``.
+    """
+    rows = []
+    for handle in hook.list_active_jobs():
+        job = known.get(handle.job_id)
+        cancel, why = verdict(hook, handle, job, now, min_age)
+        action = "kept"
+        if cancel and dry_run:
+            action = "would cancel"
+        elif cancel:
+            came_back = recheck(job) if job is not None and job.ti_state not in WANTED_TI_STATES else None
+            if came_back:
+                why = came_back
+            else:
+                action = _cancel(hook, handle, job, why)
+        row = {
+            "platform": hook.platform,
+            "conn_id": hook.conn_id,
+            "job_id": handle.job_id,
+            "name": handle.name,
+            "dag_id": job.dag_id if job else None,
+            "task_id": job.task_id if job else None,
+            "task_state": job.ti_state if job else None,
+            "action": action,
+            "why": why,
+        }
+        log.info("%s", describe(row))
+        rows.append(row)
+    return rows
+
+
+def sweep_machines(
+    hook: TAOPlatformHook, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
+) -> list[dict[str, Any]]:
+    """The machines a platform rents for jobs (Brev's instances), reaped by the platform's own rule
+    (:meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.reap_resources`); one row per machine, each logged.
+
+    :param hook: the connection's hook (connection loaded).
+    :param task_state: the Airflow state of a task instance given as ``{dag_id, run_id, task_id, map_index}``.
+    :param dry_run: decide and report, stop nothing.
+    """
+    rows = []
+    for resource in hook.reap_resources(task_state, dry_run=dry_run):
+        row = {"platform": hook.platform, "conn_id": hook.conn_id, "job_id": None, "name": resource["resource"],
+               "action": resource["action"], "why": resource["why"]}  # fmt: skip
+        log.info("%s", describe(row))
+        rows.append(row)
+    return rows
+
+
+def _cancel(hook: TAOPlatformHook, handle: JobHandle, job: IndexedJob | None, why: str) -> str:
+    try:
+        stopped = hook.cancel_job(handle, requested_by=f"reap: {why}")
+        if not task_resumes(job):
+            hook.cleanup_job(handle)  # no task will resume to clean up after it
+    except Exception as exc:  # one job the platform would not cancel must not stop the sweep
+        log.warning("Canceling job %s on %s failed: %s", handle.job_id, hook.platform, exc)
+        return "cancel failed"
+    return "canceled" if stopped else "cancel failed"
+
+
+def describe(row: Mapping[str, Any]) -> str:
+    """One decision as a log line: what was done to which job (or machine) of which task, and why."""
+    what = f"job {row['job_id']}" if row.get("job_id") else f"machine {row.get('name')}"
+    task = f" of {row['dag_id']}.{row['task_id']}" if row.get("dag_id") else ""
+    return f"{row['action']}: {row['platform']} {what} on {row.get('conn_id')}{task} -- {row['why']}"
+
+
+#: The connection the ``tao_orphan_sweeper`` DAG reads Airflow's metadata database through.
+METADATA_CONN_ID = "tao_metadata_db"
+
+
+def sweep_from_a_task(
+    *,
+    dry_run: bool = False,
+    min_age_minutes: float = 0.0,
+    timeout: float = 900,
+    metadata_conn_id: str = METADATA_CONN_ID,
+) -> list[dict]:
+    """Run ``airflow tao reap`` from a task (the ``tao_orphan_sweeper`` DAG) and log each decision with its reason.
+
+    The sweeper reads the metadata database (task records, task instance states, the ``tao_*`` connections), which
+    Airflow 3 keeps away from task code: it replaces the database URL in a task's environment. So the sweep runs as
+    the CLI in a child process given the database's URL from an Airflow connection made for it -- the way Airflow's
+    upgrade guide tells maintenance tasks to reach the database. Where workers cannot reach the database, run
+    ``airflow tao reap`` from cron on a scheduler host instead.
+
+    :param dry_run: decide and report, cancel nothing.
+    :param min_age_minutes: keep jobs younger than this.
+    :param timeout: seconds the sweep may take.
+    :param metadata_conn_id: the connection holding the metadata database's SQLAlchemy URL (extra
+        ``sql_alchemy_conn``, or the connection's own URI).
+    :returns: every decision (rows of ``airflow tao reap -o json``).
+    :raises RuntimeError: the sweep could not run, or a connection could not be swept (after logging the rest).
+    """
+    env = {k: v for k, v in os.environ.items() if k != "AIRFLOW__CORE__SQL_ALCHEMY_CONN"}
+    env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = metadata_db_url(metadata_conn_id)
+    argv = [sys.executable, "-m", "airflow", "tao", "reap", "-o", "json", "--min-age-minutes", str(min_age_minutes)]
+    if dry_run:
+        argv.append("--dry-run")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+    rows = _rows(done.stdout) if done.returncode == 0 else None
+    if rows is None:
+        raise RuntimeError(f"airflow tao reap failed (exit {done.returncode}): {(done.stderr or done.stdout)[-3000:]}")
+    for row in rows:
+        log.info("%s", describe(row))
+    failed = [row for row in rows if row.get("action") == "error"]
+    if failed:
+        raise RuntimeError(
+            "Could not sweep: " + "; ".join(f"{r['platform']} connection {r['conn_id']}: {r['why']}" for r in failed)
+        )
+    return rows
+
+
+def metadata_db_url(conn_id: str) -> str:
+    """The metadata database's SQLAlchemy URL from the Airflow connection ``conn_id`` (masked in logs).
+
+    :raises RuntimeError: no such connection -- saying how to make one.
+    """
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+    from airflow.sdk.log import mask_secret
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        raise RuntimeError(
+            f"The orphan sweeper reads Airflow's metadata database through the connection {conn_id!r}, which does not "
+            f"exist. Create it with the database's URL (the value of [database] sql_alchemy_conn) in its extra, e.g. "
+            f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "generic", "extra": {{"sql_alchemy_conn": '
+            f'"postgresql://..."}}}}\', or run `airflow tao reap` from cron on a scheduler host instead.'
+        ) from None
+    url = str(conn.extra_dejson.get("sql_alchemy_conn") or conn.get_uri())
+    if url.startswith("postgres://"):  # Airflow's URI scheme for Postgres connections; SQLAlchemy's is postgresql
+        url = "postgresql://" + url.removeprefix("postgres://")
+    mask_secret(url)
+    return url
+
+
+def _rows(stdout: str) -> list[dict[str, Any]] | None:
+    """The rows ``airflow tao reap -o json`` printed (its last line; log lines may come before it)."""
+    lines = stdout.strip().splitlines()
+    try:
+        rows = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return rows if isinstance(rows, list) else None
