@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import psutil
 import pytest
@@ -31,6 +31,16 @@ def _tries(matrix: Matrix, dag_id: str, run_id: str, task_id: str) -> int:
 
 def _result_job(matrix: Matrix, dag_id: str, run_id: str, task_id: str) -> str:
     return str(matrix.client.get_xcom(dag_id, run_id, task_id, "return_value")["job_id"])
+
+
+def _deferred_and_running(matrix: Matrix, dag_id: str, seconds: int, tasks: Sequence[str] = PLATFORMS) -> str:
+    """Start a run of ``dag_id`` and wait until every task deferred, a triggerer watches it and its job runs."""
+    run_id = matrix.trigger(dag_id, seconds=seconds)
+    matrix.wait_states(dag_id, run_id, ["deferred"], tasks)
+    matrix.wait_watched(dag_id, run_id, tasks)
+    for task_id in tasks:
+        matrix.wait_jobs(task_id.split("_")[0], dag_id, run_id, task_id, until=ACTIVE, what="the job runs")
+    return run_id
 
 
 def _one_job_one_success(matrix: Matrix, case: str, dag_id: str, run_id: str, tries: int) -> None:
@@ -85,11 +95,7 @@ def test_worker_sigkill_between_submission_and_recording_still_one_job(matrix: M
 
 def test_clear_while_deferred_leaves_one_finished_job_never_two_running(matrix: Matrix) -> None:
     dag_id = "mx_clear"
-    run_id = matrix.trigger(dag_id, seconds=30)
-    matrix.wait_states(dag_id, run_id, ["deferred"], PLATFORMS)
-    matrix.wait_watched(dag_id, run_id, PLATFORMS)
-    for platform in PLATFORMS:
-        matrix.wait_jobs(platform, dag_id, run_id, platform, until=ACTIVE, what="the job runs")
+    run_id = _deferred_and_running(matrix, dag_id, 30)
     matrix.client.clear_task_instances(dag_id, run_id, list(PLATFORMS))
     matrix.wait_states(dag_id, run_id, ["success"], PLATFORMS, timeout=300)
     for platform in PLATFORMS:
@@ -106,11 +112,7 @@ def test_mark_failed_or_success_while_deferred_cancels_within_35_s_unless_cancel
 ) -> None:
     dag_id = "mx_kill"
     tasks = [f"{p}_{v}" for p in PLATFORMS for v in ("failed", "success", "keep")]
-    run_id = matrix.trigger(dag_id, seconds=900)
-    matrix.wait_states(dag_id, run_id, ["deferred"], tasks)
-    matrix.wait_watched(dag_id, run_id, tasks)
-    for task_id in tasks:
-        matrix.wait_jobs(task_id.split("_")[0], dag_id, run_id, task_id, until=ACTIVE, what="the job runs")
+    run_id = _deferred_and_running(matrix, dag_id, 900, tasks)
     marked = time.monotonic()
     for platform in PLATFORMS:
         matrix.client.mark_task_instance_failed(dag_id, run_id, f"{platform}_failed")
@@ -267,11 +269,7 @@ def _oldest_triggerer(standalone: AirflowStandalone) -> psutil.Process:
 
 def test_every_backend_unreachable_for_60_s_fails_no_task_and_duplicates_no_job(matrix: Matrix) -> None:
     dag_id = "mx_outage"
-    run_id = matrix.trigger(dag_id, seconds=30)
-    matrix.wait_states(dag_id, run_id, ["deferred"], PLATFORMS)
-    matrix.wait_watched(dag_id, run_id, PLATFORMS)
-    for platform in PLATFORMS:
-        matrix.wait_jobs(platform, dag_id, run_id, platform, until=ACTIVE, what="the job runs")
+    run_id = _deferred_and_running(matrix, dag_id, 30)
     cut = []
     try:
         for platform in PLATFORMS:
