@@ -373,6 +373,11 @@ class TAOJobTrigger(BaseTrigger):
         if not self.cancel_on_kill:
             self.log.info("cancel_on_kill=False: leaving job %s running", self.handle.job_id)
             return
+        if await self._task_state() == "deferred":
+            # Airflow 3.3 also calls on_kill when a trigger moves to another triggerer (the task still waits on the
+            # job there): canceling would cost a resubmission of the same job
+            self.log.info("The task is still deferred (its trigger moved): leaving job %s running", self.handle.job_id)
+            return
         # The triggerer cancels a trigger again at every state sync (about once a second) until it has finished,
         # and those cancels land in on_kill itself (Airflow 3.3 swallows them silently): a cancel that takes a few
         # remote round trips (SLURM: marks, status, scancel over SSH) was abandoned half-way. The cancel runs as a
@@ -390,6 +395,26 @@ class TAOJobTrigger(BaseTrigger):
                     raise
                 if task := asyncio.current_task():
                     task.uncancel()  # a repeated cancel of the same kill: keep waiting for the cancel to finish
+
+    async def _task_state(self) -> str | None:
+        """The task instance's state now, asked through the triggerer's supervisor (the Task SDK's
+        ``get_task_states``); None when it cannot be told."""
+        ti = getattr(self, "task_instance", None)
+        if ti is None:
+            return None
+        try:
+            from airflow.sdk.execution_time import task_runner
+            from airflow.sdk.execution_time.comms import GetTaskStates
+
+            answer = await task_runner.SUPERVISOR_COMMS.asend(
+                GetTaskStates(dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id], map_index=ti.map_index)
+            )
+            key = ti.task_id if ti.map_index < 0 else f"{ti.task_id}_{ti.map_index}"
+            state = (getattr(answer, "task_states", {}).get(ti.run_id) or {}).get(key)
+        except Exception as exc:  # an older Airflow, no supervisor: cancel, as on_kill always did
+            self.log.debug("Could not read the state of the task: %s", exc)
+            return None
+        return None if state is None else str(getattr(state, "value", state))
 
     async def _cancel_job(self) -> None:
         # Its own hook, never the poller's: run() is being cancelled at the same moment, and the poller's last

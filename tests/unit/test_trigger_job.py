@@ -197,6 +197,35 @@ async def test_on_kill_finishes_its_cancel_through_the_triggerers_repeated_cance
     assert fake_platform.jobs[handle.job_id]["state"] is JobState.CANCELED
 
 
+@pytest.mark.parametrize(("state", "canceled"), [("deferred", False), ("failed", True), ("success", True),
+                                                  (None, True), ("unreadable", True)])  # fmt: skip
+async def test_on_kill_of_a_trigger_that_moved_to_another_triggerer_leaves_the_job_running(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, state: str | None, canceled: bool
+) -> None:
+    """Airflow 3.3 calls on_kill when a trigger moves between triggerers too: the task, still deferred, waits on the
+    job there -- canceling it cost a resubmission (found by the fault matrix with two triggerers)."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.execution_time import task_runner
+
+    asked: list[Any] = []
+
+    class Supervisor:
+        async def asend(self, msg: Any) -> Any:
+            asked.append(msg)
+            if state == "unreadable":
+                raise RuntimeError("no supervisor")
+            return SimpleNamespace(task_states={"r1": {"train": state}})
+
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", Supervisor(), raising=False)
+    handle = _submit(fake_platform)
+    trigger = _trigger(handle)
+    trigger.task_instance = SimpleNamespace(dag_id="d", task_id="train", run_id="r1", map_index=-1)
+    await trigger.on_kill()
+    assert (fake_platform.jobs[handle.job_id]["state"] is JobState.CANCELED) is canceled
+    assert (asked[0].dag_id, asked[0].task_ids, asked[0].run_ids) == ("d", ["train"], ["r1"])
+
+
 async def test_on_kill_of_an_older_try_leaves_a_taken_over_job(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
