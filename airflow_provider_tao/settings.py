@@ -49,6 +49,14 @@ OPTIONS: dict[str, tuple[str, str | None, str]] = {
         "While a platform does not answer, the task log says so again every this many seconds. An outage never fails "
         "a task: only its execution_timeout ends the wait.",
     ),
+    "trigger_event_hold_seconds": (
+        "float",
+        "10",
+        "A trigger reports a job's end no sooner than this many seconds after it started watching: Airflow 3.2-3.3's "
+        "scheduler can fail a task whose trigger fires while the executor's report of the deferral is still on its "
+        "way (apache/airflow#67287, #71580: 'finished with state success, but the task instance's state attribute "
+        "is queued'). 0 turns the hold off.",
+    ),
     "local_jobs_dir": ("string", None, "Jobs folder of the local platform when its connection does not set one."),
     "local_results_root": (
         "string",
@@ -94,6 +102,11 @@ def lease_hours() -> float:
 def outage_report_seconds() -> float:
     """``[tao] outage_report_seconds``: how often a continuing outage is logged again."""
     return float(_raw("outage_report_seconds") or 300)
+
+
+def trigger_event_hold_seconds() -> float:
+    """``[tao] trigger_event_hold_seconds``: how long after it starts a trigger may report a job's end."""
+    return max(0.0, float(_raw("trigger_event_hold_seconds") or 10))
 
 
 def local_jobs_dir() -> str | None:

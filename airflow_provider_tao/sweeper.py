@@ -22,7 +22,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao.jobindex import WAITING_TI_STATES, WANTED_TI_STATES, IndexedJob
@@ -90,6 +90,7 @@ def sweep_connection(
     min_age: float,
     dry_run: bool,
     recheck: Recheck,
+    active: Sequence[JobHandle] | None = None,
 ) -> list[dict[str, Any]]:
     """Sweep one connection: one list call, a decision per active job, a cancel per orphan.
 
@@ -100,10 +101,12 @@ def sweep_connection(
     :param dry_run: decide and report, cancel nothing.
     :param recheck: asks the task instance of an orphan again right before its job is canceled (a task cleared
         since the records were read wants its job back).
+    :param active: the connection's active jobs when listed already (before its machines were reaped: a job a
+        machine's reaping stopped is still reported); None lists them now.
     :returns: one row per job: ``platform, conn_id, job_id, name, dag_id, task_id, task_state, action, why``.
     """
     rows = []
-    for handle in hook.list_active_jobs():
+    for handle in hook.list_active_jobs() if active is None else active:
         job = known.get(handle.job_id)
         cancel, why = verdict(hook, handle, job, now, min_age)
         action = "kept"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -28,7 +28,7 @@ from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobState, JobStatus
 from airflow_provider_tao.outage import OutageLog
-from airflow_provider_tao.settings import outage_report_seconds
+from airflow_provider_tao.settings import outage_report_seconds, trigger_event_hold_seconds
 
 #: Upper bound of one batched status call; a hung backend must not hang the trigger.
 STATUS_CALL_TIMEOUT = 60.0
@@ -225,6 +225,15 @@ class TAOJobTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        started = time.monotonic()
+        hold = trigger_event_hold_seconds()
+        async with contextlib.aclosing(self._watch()) as events:  # closed with run(): the poller's watch ends
+            async for event in events:
+                # an event right after the deferral races the scheduler (see [tao] trigger_event_hold_seconds)
+                await asyncio.sleep(max(0.0, started + hold - time.monotonic()))
+                yield event
+
+    async def _watch(self) -> AsyncGenerator[TriggerEvent, None]:
         await self._mask_secrets()
         poller = await StatusPoller.for_connection(self.handle.platform, self.handle.conn_id)
         hook = poller.hook

@@ -239,19 +239,23 @@ def test_a_job_that_ends_while_the_jobs_folder_is_away_keeps_its_verdict(hook, l
     """The jobs folder on a network filesystem goes away for a while (the matrix's outage of the local platform):
     the job runs on, ends meanwhile, and its verdict is written once the folder is back -- not lost (which would
     read as a killed job and fail the task)."""
-    handle = hook.create_job(make_spec("sleep 1; echo done"))
+    handle = hook.create_job(make_spec("echo started; sleep 2; echo done"))
     pid_record(hook, handle)
+    deadline = time.monotonic() + 60
+    while whole_log(hook, handle) != "started\n":  # the command runs (its folder is not needed any more)
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.05)
     away = local_env["jobs_dir"].with_name("jobs-away")
     local_env["jobs_dir"].rename(away)
     try:
-        time.sleep(2.5)  # the job ends while its folder is gone
+        time.sleep(3)  # the job ends while its folder is gone
         with pytest.raises(ConnectionError, match="is not there"):  # the poller's Unknown
             hook.get_job_status(handle)
     finally:
         away.rename(local_env["jobs_dir"])
     status = wait_terminal(hook, handle)
     assert (status.state, status.exit_code) == (JobState.COMPLETE, 0)
-    assert whole_log(hook, handle) == "done\n"
+    assert whole_log(hook, handle) == "started\ndone\n"
 
 
 def test_nonzero_exit_is_error_with_program_analysis(hook):

@@ -160,6 +160,19 @@ async def test_short_unknown_stretch_is_ridden_out(
     assert (await _first_event(_trigger(handle)))["status"] == "complete"
 
 
+async def test_an_ended_job_is_reported_no_sooner_than_the_hold_after_the_trigger_started(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Airflow 3.2-3.3's scheduler fails a task whose trigger fires while the executor's report of the deferral is on
+    its way (apache/airflow#67287): a job that has ended already is reported only after the hold."""
+    handle = _submit(fake_platform)
+    fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
+    monkeypatch.setenv("AIRFLOW__TAO__TRIGGER_EVENT_HOLD_SECONDS", "0.6")
+    started = time.monotonic()
+    assert (await _first_event(_trigger(handle, poll_interval=0.01)))["status"] == "complete"
+    assert time.monotonic() - started >= 0.6
+
+
 async def test_on_kill_cancels_the_owned_job_and_cleans_up_after_it(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -733,8 +733,10 @@ def matrix(
 
     # the sweeper DAG reaches the metadata database through this connection (Airflow 3 blocks it in task code)
     database = {"sql_alchemy_conn": airflow_standalone.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]}
-    client.http.post("/connections", json={"connection_id": "tao_metadata_db", "conn_type": "generic",
-                     "extra": json.dumps(database)}).raise_for_status()  # fmt: skip
+    made = client.http.post("/connections", json={"connection_id": "tao_metadata_db", "conn_type": "generic",
+                            "extra": json.dumps(database)})  # fmt: skip
+    if made.status_code != 409:  # 409: made for an earlier matrix module on the same standalone
+        made.raise_for_status()
     for dag_id in MATRIX_DAG_IDS:
         client.wait_for_dag(dag_id, timeout=180)
         client.unpause_dag(dag_id)
