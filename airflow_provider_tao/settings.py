@@ -145,6 +145,7 @@ _EXAMPLES = {
     "stream_logs": "False",
     "lease_hours": "24",
     "outage_report_seconds": "60",
+    "trigger_event_hold_seconds": "10",
     "local_jobs_dir": "/var/lib/airflow/tao/jobs",
     "local_results_root": "/var/lib/airflow/tao/results",
 }
