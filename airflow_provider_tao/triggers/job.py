@@ -313,15 +313,19 @@ class TAOJobTrigger(BaseTrigger):
         except Exception as exc:  # logs are best effort: never fail the watch over them
             self.log.debug("Reading the job log failed: %s", exc)
             return
-        if cursor != self.log_cursor:
-            self.log_cursor = cursor
-            await self._store_cursor(cursor)
         lines = (self._partial_line + text).split("\n")
         self._partial_line = lines.pop()  # the text after the last newline: an unfinished line, or ""
         if final and self._partial_line:
             lines.append(self._partial_line)
-        for line in lines:
-            self.log.info("[job] %s", line)
+        try:
+            if cursor != self.log_cursor:
+                self.log_cursor = cursor
+                # shielded: a kill or a move to another triggerer landing here must not leave the cursor stored
+                # and the lines unwritten (the next trigger would start after lines nobody wrote)
+                await asyncio.shield(self._store_cursor(cursor))
+        finally:
+            for line in lines:
+                self.log.info("[job] %s", line)
 
     # ----------------------------------------------------------------- what the triggerer keeps for us
 

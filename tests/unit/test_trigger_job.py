@@ -173,6 +173,33 @@ async def test_an_ended_job_is_reported_no_sooner_than_the_hold_after_the_trigge
     assert time.monotonic() - started >= 0.6
 
 
+async def test_log_lines_whose_cursor_is_stored_are_written_even_when_a_kill_lands_in_between(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trigger canceled (killed, or moved to another triggerer) while it stores its log cursor: the lines up to
+    that cursor are in the task log, else the next trigger starts after lines nobody wrote (found by the e2e test of
+    a trigger moving from a frozen triggerer)."""
+    handle = _submit(fake_platform)
+    FakeHook.logs[handle.job_id] = "tick 1\ntick 2\n"
+    stored: list[str] = []
+
+    async def slow_store(self: TAOJobTrigger, cursor: str) -> None:
+        await asyncio.sleep(0.3)  # the XCom write through the triggerer's supervisor
+        stored.append(cursor)
+
+    monkeypatch.setattr(TAOJobTrigger, "_store_cursor", slow_store)
+    trigger = _trigger(handle)
+    streaming = asyncio.ensure_future(trigger._stream_logs(FakeHook()))
+    await asyncio.sleep(0.05)
+    streaming.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await streaming
+    await asyncio.sleep(0.4)
+    assert stored == ["14"]  # the store went through
+    out = capsys.readouterr().out
+    assert "[job] tick 1" in out and "[job] tick 2" in out
+
+
 async def test_on_kill_cancels_the_owned_job_and_cleans_up_after_it(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
