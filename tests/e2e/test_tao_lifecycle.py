@@ -120,8 +120,9 @@ def test_defect_5_a_trigger_moved_to_another_triggerer_survives_the_old_ones_on_
         airflow_standalone.stop_process_tree(frozen, signal.SIGTERM)
 
     started, done = job_ids(marks, "started"), job_ids(marks, "done")
-    print(f"jobs started {started}, completed {done} (two started: the old triggerer's on_kill canceled the first)")
-    assert len(done) == 1 and len(started) <= 2
+    print(f"jobs started {started}, completed {done}")
+    # the old triggerer's on_kill sees the task still deferred (its trigger moved) and leaves the job: one job
+    assert len(done) == 1 and started == done
     assert job_processes(started) == []
     assert len(dags.list_task_instance_tries("tao_e2e_deferred", run_id, TASK)) == 1
     assert dags.get_xcom("tao_e2e_deferred", run_id, TASK, "return_value")["job_id"] == done[0]
