@@ -799,6 +799,8 @@ class AirflowStandalone:
                 "AIRFLOW_HOME": str(self.home),
                 "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "tao_harness_sqlite.SYNC",
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": "tao_harness_sqlite.ASYNC",
                 # standalone forces these two; setting them up front keeps replacement processes identical.
                 "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
                 "AIRFLOW__CORE__AUTH_MANAGER": _SIMPLE_AUTH_MANAGER,
@@ -861,6 +863,13 @@ class AirflowStandalone:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def _write_sqlite_connect_args(self) -> None:
+        # Five processes write one SQLite file; sqlite3's default 5 s busy wait is too short on a loaded 2-CPU
+        # machine ("database is locked" -> a 500 from the API). $AIRFLOW_HOME/config is on every process's sys.path.
+        config = self.home / "config"
+        config.mkdir()
+        (config / "tao_harness_sqlite.py").write_text('SYNC = {"timeout": 120}\nASYNC = {"timeout": 120}\n')
+
     def start(self) -> None:
         """Copy the DAGs, launch ``airflow standalone`` in a new session (``setsid``) and wait until healthy.
 
@@ -868,6 +877,7 @@ class AirflowStandalone:
             (the message ends with the tail of ``standalone.log``); the instance is stopped first.
         """
         self.home.mkdir(parents=True)
+        self._write_sqlite_connect_args()
         self._copy_dags()
         started = time.monotonic()
         with open(self.log_path, "ab") as log:

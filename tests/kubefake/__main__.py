@@ -1,12 +1,13 @@
 """``python -m tests.kubefake --port 0 --ready-file F [--runtime docker|sim] [--docker-host URL]``.
 
 Writes ``{"port": N, "pid": P}`` to the ready file once it answers, and runs until SIGTERM / SIGINT, then removes the
-containers its kubelet made.
+containers its kubelet made. SIGUSR1 prints every thread's stack (a test that waits for it to stop says why it did not).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ from tests.kubefake.cluster import Cluster, DockerRuntime, SimRuntime, workdir_f
 from tests.kubefake.store import Store
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="kubefake")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ready-file", required=True)
@@ -40,18 +41,21 @@ def main(argv: list[str] | None = None) -> int:
     cluster.tick_seconds = args.tick
     server = FakeApiServer(("127.0.0.1", args.port), store, cluster)
     server.token = args.token
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # Blocked before any thread starts (threads inherit the mask) and taken with sigwait: no Python signal handler
+    # runs in the middle of the main thread's own locking.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     cluster.start()
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     threading.Thread(target=server.serve_forever, name="kubefake-http", daemon=True).start()
     Path(args.ready_file).write_text(json.dumps({"port": server.server_address[1], "pid": os.getpid()}))
-    stop.wait()
+    signal.sigwait(stop_signals)
     server.shutdown()
     cluster.stop()
     shutil.rmtree(workdir, ignore_errors=True)
-    return 0
+    sys.stdout.flush()
+    os._exit(0)  # handler threads of open watches are daemons: nothing left to wait for at interpreter exit
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

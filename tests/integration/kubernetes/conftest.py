@@ -148,6 +148,20 @@ def start_kubefake(engine_host: str, tmp: Path, *extra: str) -> tuple[subprocess
     return proc, KubeFake(url, kubeconfig, Path(os.environ.get("TMPDIR", "/tmp")) / f"kubefake-{info['pid']}")
 
 
+def stop_kubefake(proc: subprocess.Popen[bytes], tmp: Path) -> None:
+    """SIGTERM, and if it has not stopped within 60 s: its threads' stacks (SIGUSR1) in the failure, then SIGKILL."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        proc.wait()
+        log = (tmp / "kubefake.log").read_text()[-6000:]
+        pytest.fail(f"the fake Kubernetes API server did not stop on SIGTERM:\n{log}")
+
+
 def kubernetes_connection(fake: KubeFake, **extra: Any) -> str:
     base = {
         "kube_config_path": str(fake.kubeconfig),
@@ -161,7 +175,8 @@ def kubernetes_connection(fake: KubeFake, **extra: Any) -> str:
 @pytest.fixture(scope="session")
 def kubefake(docker_engine: DockerEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeFake]:  # noqa: F811
     """The fake API server (pods on the real engine), its results PVC and the connection ``tao_k8s_ci``."""
-    proc, fake = start_kubefake(docker_engine.host, tmp_path_factory.mktemp("kubefake"))
+    tmp = tmp_path_factory.mktemp("kubefake")
+    proc, fake = start_kubefake(docker_engine.host, tmp)
     try:
         fake.api().create_namespaced_persistent_volume_claim(
             NAMESPACE,
@@ -173,11 +188,7 @@ def kubefake(docker_engine: DockerEngine, tmp_path_factory: pytest.TempPathFacto
         os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = kubernetes_connection(fake)
         yield fake
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_kubefake(proc, tmp)
 
 
 @pytest.fixture(scope="session")

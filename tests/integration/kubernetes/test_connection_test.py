@@ -5,8 +5,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import pytest
 
 from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
 from tests.e2e.airflow_harness import free_ports
-from tests.integration.kubernetes.conftest import KubeFake, start_kubefake
+from tests.integration.kubernetes.conftest import KubeFake, start_kubefake, stop_kubefake
 
 pytestmark = pytest.mark.integration
 TOKEN = "kubefake-token"  # what start_kubefake's kubeconfig presents
@@ -23,14 +21,12 @@ TOKEN = "kubefake-token"  # what start_kubefake's kubeconfig presents
 @pytest.fixture(scope="module")
 def guarded_fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeFake]:
     """A fake API server (simulated pods: no container runs) that wants ``Bearer kubefake-token``."""
-    proc: subprocess.Popen[bytes]
-    proc, fake = start_kubefake("unix:///nonexistent", tmp_path_factory.mktemp("kubefake-auth"), "--runtime", "sim",
-                                "--token", TOKEN)  # fmt: skip
+    tmp = tmp_path_factory.mktemp("kubefake-auth")
+    proc, fake = start_kubefake("unix:///nonexistent", tmp, "--runtime", "sim", "--token", TOKEN)
     try:
         yield fake
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        stop_kubefake(proc, tmp)
 
 
 def _kubeconfig(fake: KubeFake, tmp_path: Path, *, token: str = TOKEN, server: str | None = None) -> Path:
