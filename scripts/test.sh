@@ -17,8 +17,9 @@ apt-get -o DPkg::Lock::Timeout=600 update -qq
 # procps/psmisc for process checks; the Docker engine's packages here, so docker-up.sh (run next to slurm-up.sh,
 # which installs its own) never calls apt-get at the same time.
 # chromium + a font for the browser test (Playwright drives /usr/bin/chromium; it never downloads a browser).
+# postgresql: the e2e fixtures start a private server for the standalone instances' metadata databases.
 apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends procps psmisc \
-  docker.io containerd runc iptables busybox-static debootstrap zstd chromium fonts-dejavu-core >/dev/null
+  docker.io containerd runc iptables busybox-static debootstrap zstd chromium fonts-dejavu-core postgresql >/dev/null
 
 step "Python packages into $VENV"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"

@@ -1,7 +1,8 @@
 """A real ``airflow standalone`` for end-to-end tests, plus a REST client and process helpers.
 
-The harness starts ``airflow standalone`` (SQLite, LocalExecutor, SimpleAuthManager with every request
-treated as admin) in a throw-away ``AIRFLOW_HOME`` on free ports, waits until
+The harness starts ``airflow standalone`` (on a PostgreSQL database it is given -- see ``postgres.py`` for why not
+SQLite --, LocalExecutor, SimpleAuthManager with every request treated as admin) in a throw-away ``AIRFLOW_HOME`` on
+free ports, waits until
 ``/api/v2/monitor/health`` reports the metadatabase, scheduler, triggerer and dag processor healthy, and
 on shutdown kills its process groups and checks that nothing of it is left.
 
@@ -757,9 +758,13 @@ class AirflowStandalone:
     :attr:`stats` collects time to healthy and peak memory.
     """
 
-    def __init__(self, config: StandaloneConfig, *, base_dir: Path | None = None) -> None:
-        """:param base_dir: where to create the instance directory (a new temp dir by default)."""
+    def __init__(self, config: StandaloneConfig, *, database_url: str, base_dir: Path | None = None) -> None:
+        """:param database_url: the metadata database's SQLAlchemy URL (a new, empty database: ``standalone``
+            migrates it).
+        :param base_dir: where to create the instance directory (a new temp dir by default).
+        """
         self.config = config
+        self.database_url = database_url
         self.root = Path(tempfile.mkdtemp(prefix="airflow-e2e-", dir=base_dir))
         self.home = self.root / "home"
         self.dags_folder = self.home / "dags"
@@ -798,9 +803,7 @@ class AirflowStandalone:
             {
                 "AIRFLOW_HOME": str(self.home),
                 "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.home / 'airflow.db'}",
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS": "tao_harness_sqlite.SYNC",
-                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS_ASYNC": "tao_harness_sqlite.ASYNC",
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url,
                 # standalone forces these two; setting them up front keeps replacement processes identical.
                 "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
                 "AIRFLOW__CORE__AUTH_MANAGER": _SIMPLE_AUTH_MANAGER,
@@ -863,13 +866,6 @@ class AirflowStandalone:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _write_sqlite_connect_args(self) -> None:
-        # Five processes write one SQLite file; sqlite3's default 5 s busy wait is too short on a loaded 2-CPU
-        # machine ("database is locked" -> a 500 from the API). $AIRFLOW_HOME/config is on every process's sys.path.
-        config = self.home / "config"
-        config.mkdir()
-        (config / "tao_harness_sqlite.py").write_text('SYNC = {"timeout": 120}\nASYNC = {"timeout": 120}\n')
-
     def start(self) -> None:
         """Copy the DAGs, launch ``airflow standalone`` in a new session (``setsid``) and wait until healthy.
 
@@ -877,7 +873,6 @@ class AirflowStandalone:
             (the message ends with the tail of ``standalone.log``); the instance is stopped first.
         """
         self.home.mkdir(parents=True)
-        self._write_sqlite_connect_args()
         self._copy_dags()
         started = time.monotonic()
         with open(self.log_path, "ab") as log:

@@ -11,10 +11,11 @@ Fixtures:
           return StandaloneConfig(dags_folder=E2E_DAGS, extra_env={"AIRFLOW_CONN_TAO_LOCAL": "..."})
 
 * ``airflow_standalone`` (module scope, backed by one session-wide pool): a running, healthy
-  :class:`AirflowStandalone` for that config. Modules with equal configs share one instance for
-  the whole session; a module with a different config stops the running instance and starts
-  another (only one runs at a time: each takes about 1 GiB PSS). Teardown (at session end or on a
-  switch) kills the process group and fails if anything of the instance survives.
+  :class:`AirflowStandalone` for that config, on a new database of the session's PostgreSQL server.
+  Modules with equal configs share one instance for the whole session; a module with a different
+  config stops the running instance and starts another (only one runs at a time: each takes about
+  1 GiB PSS). Teardown (at session end or on a switch) kills the process group and fails if anything
+  of the instance survives.
 * ``airflow_client``: ``airflow_standalone.client`` (an :class:`AirflowClient`).
 
 Every test under ``tests/e2e`` gets the ``e2e`` marker. The terminal summary reports, per instance,
@@ -31,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.airflow_harness import AirflowClient, AirflowStandalone, StandaloneConfig
+from tests.e2e.postgres import PostgresServer
 from tests.e2e.tao_connection import TAO_E2E_CONN
 from tests.e2e.tao_jobs import E2E_DAG_IDS
 
@@ -43,10 +45,15 @@ _POOL_KEY = pytest.StashKey["StandalonePool"]()
 
 
 class StandalonePool:
-    """Hands out running standalone instances; keeps at most one alive and reuses it for equal configs."""
+    """Hands out running standalone instances; keeps at most one alive and reuses it for equal configs.
 
-    def __init__(self, base_dir: Path) -> None:
+    :param base_dir: where the instances' folders go.
+    :param database: the server on which each new instance gets a database of its own.
+    """
+
+    def __init__(self, base_dir: Path, database: PostgresServer) -> None:
         self.base_dir = base_dir
+        self.database = database
         self.current: AirflowStandalone | None = None
         self.history: list[AirflowStandalone] = []
 
@@ -55,7 +62,7 @@ class StandalonePool:
         if self.current is not None and self.current.config == config and self.current.is_running():
             return self.current
         self.release()
-        instance = AirflowStandalone(config, base_dir=self.base_dir)
+        instance = AirflowStandalone(config, database_url=self.database.create_database(), base_dir=self.base_dir)
         self.history.append(instance)
         instance.start()
         self.current = instance
@@ -72,11 +79,16 @@ class StandalonePool:
 def airflow_standalone_pool(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[StandalonePool]:
-    """Session-wide owner of the running standalone instance(s)."""
-    pool = StandalonePool(tmp_path_factory.mktemp("airflow"))
-    request.config.stash[_POOL_KEY] = pool
-    yield pool
-    pool.release()
+    """Session-wide owner of the running standalone instance(s) and of their PostgreSQL server."""
+    database = PostgresServer()
+    database.start()
+    try:
+        pool = StandalonePool(tmp_path_factory.mktemp("airflow"), database)
+        request.config.stash[_POOL_KEY] = pool
+        yield pool
+        pool.release()
+    finally:
+        database.stop()
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +153,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if E2E_DIR in item.path.resolve().parents:
             item.add_marker(pytest.mark.e2e)
             _e2e_nodeids.add(item.nodeid)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    # After the last e2e test the instance is stopped: its scheduler and DAG processor would otherwise keep a CPU
+    # busy through every test that follows.
+    if nextitem is None or E2E_DIR not in nextitem.path.resolve().parents:
+        pool = item.config.stash.get(_POOL_KEY, None)
+        if pool is not None:
+            pool.release()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

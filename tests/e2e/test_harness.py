@@ -178,7 +178,8 @@ def test_new_dag_file_is_picked_up(smoke: AirflowStandalone) -> None:
 
 
 def test_start_fails_clearly_without_dags_folder(tmp_path: Path) -> None:
-    instance = AirflowStandalone(StandaloneConfig(dags_folder=tmp_path / "missing"), base_dir=tmp_path)
+    config = StandaloneConfig(dags_folder=tmp_path / "missing")
+    instance = AirflowStandalone(config, database_url="postgresql+psycopg2://never-reached/db", base_dir=tmp_path)
     with pytest.raises(HarnessError, match="does not exist"):
         instance.start()
     assert not instance.is_running()

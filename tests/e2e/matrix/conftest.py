@@ -34,7 +34,6 @@ import json
 import os
 import re
 import shlex
-import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import psycopg2
 import pytest
 
 from airflow_provider_tao.hooks import container as ct
@@ -408,15 +408,16 @@ class SecretWatch:
             for proc in psutil.process_iter(["pid", "cmdline"]):
                 self._seen(f"command line of pid {proc.info['pid']}", " ".join(proc.info["cmdline"] or []))
                 self.samples["processes"] += 1
-            with contextlib.suppress(sqlite3.Error):
+            with contextlib.suppress(psycopg2.Error):
                 for trigger_id, kwargs in self._query("SELECT id, kwargs FROM trigger"):
                     self._seen(f"trigger row {trigger_id}", kwargs + self._decrypt(kwargs))
                     self.samples["trigger rows"] += 1
 
     def _query(self, sql: str) -> list[tuple[Any, ...]]:
-        path = self.standalone.home / "airflow.db"
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
-            return db.execute(sql).fetchall()
+        url = self.standalone.database_url.replace("postgresql+psycopg2://", "postgresql://")
+        with contextlib.closing(psycopg2.connect(url, connect_timeout=5)) as db, db.cursor() as cursor:
+            cursor.execute(sql)
+            return cursor.fetchall()
 
     def _decrypt(self, kwargs: str) -> str:
         from cryptography.fernet import Fernet
