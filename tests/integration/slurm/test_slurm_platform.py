@@ -486,7 +486,8 @@ def test_runner_passthrough_job_with_cluster_inputs_commits_its_outputs(slurm_cl
     # path checked over SSH before submission, the output is committed (with its manifest) under results_dir
     data = f"{slurm_cluster.results_root}/datasets/{uuid.uuid4().hex[:8]}"
     slurm_cluster.ssh(f"mkdir -p {data} && printf 'a,b\\n1,2\\n3,4\\n' > {data}/train.csv")
-    box = f"{slurm_cluster.results_root}/scratch/{uuid.uuid4().hex[:8]}"  # container path (the rootfs is read-only)
+    # a container path (the rootfs is read-only) of this test alone, right under the cluster's own shared root
+    box = f"{slurm_cluster.results_root}/box-{uuid.uuid4().hex[:8]}"
     op = make_operator(
         image=_py(slurm_cluster),
         command=f"mkdir -p {box}/out && wc -l < {box}/train.csv > {box}/out/lines.txt",
