@@ -202,7 +202,7 @@ def main() -> None:
                 provider = asyncio.run(provider_phase(fake, proc.pid, handles, args.interval, args.rounds))
                 naive = asyncio.run(naive_phase(fake, proc.pid, handles, args.interval, args.rounds))
         finally:
-            stop_server(proc)
+            stop_server(proc, fake)
     print("import cost ...", flush=True)
     imports = import_phase(args.import_samples)
 

@@ -7,21 +7,20 @@ containers its kubelet made. SIGUSR1 prints every thread's stack (a test that wa
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import json
 import os
 import shutil
-import signal
-import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
+from tests.fakeserver import exit_process, hold_stop_signals, wait_for_stop_signal
 from tests.kubefake.api import FakeApiServer
 from tests.kubefake.cluster import Cluster, DockerRuntime, SimRuntime, workdir_for
 from tests.kubefake.store import Store
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> NoReturn:
     parser = argparse.ArgumentParser(prog="kubefake")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ready-file", required=True)
@@ -41,20 +40,15 @@ def main(argv: list[str] | None = None) -> None:
     cluster.tick_seconds = args.tick
     server = FakeApiServer(("127.0.0.1", args.port), store, cluster)
     server.token = args.token
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    # Blocked before any thread starts (threads inherit the mask) and taken with sigwait: no Python signal handler
-    # runs in the middle of the main thread's own locking.
-    stop_signals = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    hold_stop_signals()
     cluster.start()
     threading.Thread(target=server.serve_forever, name="kubefake-http", daemon=True).start()
     Path(args.ready_file).write_text(json.dumps({"port": server.server_address[1], "pid": os.getpid()}))
-    signal.sigwait(stop_signals)
+    wait_for_stop_signal()
     server.shutdown()
     cluster.stop()
     shutil.rmtree(workdir, ignore_errors=True)
-    sys.stdout.flush()
-    os._exit(0)  # handler threads of open watches are daemons: nothing left to wait for at interpreter exit
+    exit_process()
 
 
 if __name__ == "__main__":

@@ -11,12 +11,12 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import sys
 import threading
 import uuid
 from pathlib import Path
+from typing import NoReturn
 
+from tests.fakeserver import exit_process, hold_stop_signals, wait_for_stop_signal
 from tests.leptonfake.api import FakeLeptonServer
 from tests.leptonfake.controller import Controller
 from tests.leptonfake.runtime import DockerRuntime, Runtime, SimRuntime, workdir_for
@@ -24,7 +24,7 @@ from tests.leptonfake.store import Store
 from tests.leptonfake.world import DEFAULT_SETTINGS, DEFAULT_WORLD, World, deep_merge
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     parser = argparse.ArgumentParser(prog="leptonfake")
     parser.add_argument("--ready-file", required=True)
     parser.add_argument("--port", type=int, default=0)
@@ -56,10 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     store = Store(world, args.id_mode)
     controller = Controller(store, runtime, workdir, args.tick)
     server = FakeLeptonServer(("127.0.0.1", args.port), store, controller, args.token)
+    hold_stop_signals()
     controller.start()
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     threading.Thread(target=server.serve_forever, name="leptonfake-http", daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     ready = {
@@ -71,12 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         "workdir": str(workdir),
     }
     Path(args.ready_file).write_text(json.dumps(ready))
-    stop.wait()
+    wait_for_stop_signal()
     server.shutdown()
     controller.stop()
     shutil.rmtree(workdir, ignore_errors=True)
-    return 0
+    exit_process()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -5,7 +5,6 @@ hook): :func:`start_server` and :class:`LeptonFake`.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.fakeserver import stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,12 +162,9 @@ def start_server(
     return proc, fake
 
 
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def stop_server(proc: subprocess.Popen[bytes], fake: LeptonFake) -> None:
+    """Stop the server ``start_server`` started (its stacks in the error if it does not stop)."""
+    stop_process(proc, fake.log, "the fake Lepton server")
 
 
 @contextmanager
@@ -176,4 +174,4 @@ def running_server(tmp: Path, *args: str, docker_host: str | None = None) -> Ite
     try:
         yield fake
     finally:
-        stop_server(proc)
+        stop_server(proc, fake)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tao.hooks import container as ct
+from tests.fakeserver import stop_process
 from tests.integration.docker.conftest import DockerEngine, docker_engine  # noqa: F401  (the shared engine)
 from tests.integration.taskrun import Triggerer
 
@@ -148,20 +148,6 @@ def start_kubefake(engine_host: str, tmp: Path, *extra: str) -> tuple[subprocess
     return proc, KubeFake(url, kubeconfig, Path(os.environ.get("TMPDIR", "/tmp")) / f"kubefake-{info['pid']}")
 
 
-def stop_kubefake(proc: subprocess.Popen[bytes], tmp: Path) -> None:
-    """SIGTERM, and if it has not stopped within 60 s: its threads' stacks (SIGUSR1) in the failure, then SIGKILL."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGUSR1)
-        time.sleep(2)
-        proc.kill()
-        proc.wait()
-        log = (tmp / "kubefake.log").read_text()[-6000:]
-        pytest.fail(f"the fake Kubernetes API server did not stop on SIGTERM:\n{log}")
-
-
 def kubernetes_connection(fake: KubeFake, **extra: Any) -> str:
     base = {
         "kube_config_path": str(fake.kubeconfig),
@@ -188,7 +174,7 @@ def kubefake(docker_engine: DockerEngine, tmp_path_factory: pytest.TempPathFacto
         os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = kubernetes_connection(fake)
         yield fake
     finally:
-        stop_kubefake(proc, tmp)
+        stop_process(proc, tmp / "kubefake.log", "the fake Kubernetes API server")
 
 
 @pytest.fixture(scope="session")

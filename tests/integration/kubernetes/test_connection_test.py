@@ -12,7 +12,8 @@ import pytest
 
 from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
 from tests.e2e.airflow_harness import free_ports
-from tests.integration.kubernetes.conftest import KubeFake, start_kubefake, stop_kubefake
+from tests.fakeserver import stop_process
+from tests.integration.kubernetes.conftest import KubeFake, start_kubefake
 
 pytestmark = pytest.mark.integration
 TOKEN = "kubefake-token"  # what start_kubefake's kubeconfig presents
@@ -26,7 +27,7 @@ def guarded_fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeFake]
     try:
         yield fake
     finally:
-        stop_kubefake(proc, tmp)
+        stop_process(proc, tmp / "kubefake.log", "the fake Kubernetes API server")
 
 
 def _kubeconfig(fake: KubeFake, tmp_path: Path, *, token: str = TOKEN, server: str | None = None) -> Path:

@@ -42,19 +42,19 @@ def lepton_fake_factory(
 ) -> Iterator[Callable[..., LeptonFake]]:
     """``start(*args)`` -> a new fake server (stopped at the end of the session), e.g. ``start("--id-mode",
     "suffix")``, ``start("--sim")`` or ``start("--config", json.dumps({"settings": {...}, "world": {...}}))``."""
-    started: list[subprocess.Popen[bytes]] = []
+    started: list[tuple[subprocess.Popen[bytes], LeptonFake]] = []
 
     def start(*args: str) -> LeptonFake:
         try:
             proc, fake = start_server(tmp_path_factory.mktemp("leptonfake"), *args, docker_host=docker_engine.host)
         except FakeDidNotStart as exc:
             pytest.fail(str(exc))
-        started.append(proc)
+        started.append((proc, fake))
         return fake
 
     yield start
-    for proc in started:
-        stop_server(proc)
+    for proc, fake in started:
+        stop_server(proc, fake)
 
 
 @pytest.fixture(scope="session")

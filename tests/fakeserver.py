@@ -1,0 +1,52 @@
+"""How the fake API servers (``tests.kubefake``, ``tests.leptonfake``) run as processes of their own, and stop.
+
+Server side: :func:`hold_stop_signals` before any thread starts, :func:`wait_for_stop_signal`, clean up, then
+:func:`exit_process`. SIGTERM / SIGINT are taken with ``sigwait``: no Python handler runs in the middle of the main
+thread's own locking (a handler setting an Event once left a fake deaf to SIGTERM), and SIGUSR1 prints every
+thread's stack. Test side: :func:`stop_process` stops one and, if it does not stop, fails with those stacks.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+def hold_stop_signals() -> None:
+    """Block SIGTERM / SIGINT (threads started later inherit the mask) and print the stacks on SIGUSR1."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def wait_for_stop_signal() -> None:
+    """Return once SIGTERM or SIGINT has arrived (after :func:`hold_stop_signals`)."""
+    signal.sigwait(STOP_SIGNALS)
+
+
+def exit_process() -> NoReturn:
+    """Exit now: the request threads of open watches are daemons, nothing is left to wait for."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def stop_process(proc: subprocess.Popen[bytes], log: Path, what: str, timeout: float = 60) -> None:
+    """SIGTERM ``proc``; if it has not stopped within ``timeout`` s, its threads' stacks (SIGUSR1, written to
+    ``log``) go into the AssertionError, after a SIGKILL."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"{what} did not stop on SIGTERM:\n{log.read_text()[-6000:]}") from None
