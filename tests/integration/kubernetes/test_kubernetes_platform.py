@@ -243,19 +243,7 @@ def test_clear_while_deferred_runs_exactly_one_job_to_completion(
     assert marks.get("owner_try") == 2 and "cancel_requested_by" not in marks and marks.get("consumed_by") == 2
 
 
-# --------------------------------------------------------------------------- outages
-
-
-def test_a_60_second_burst_of_503_while_deferred_neither_fails_nor_duplicates(
-    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer
-) -> None:
-    run = start(triggerer, _op(docker_engine.busybox, "sleep 40; echo survived"))
-    kubefake.wait_running(_name(run))
-    kubefake.faults(503, 60)
-    time.sleep(45)  # the job ends during the outage
-    assert not run.future.done()  # Unknown is never an outcome
-    result = finish(run, timeout=120)
-    assert result["state"] == "Complete" and len(kubefake.jobs_named(_name(run))) == 1
+# --------------------------------------------------------------------------- polling
 
 
 def test_one_job_list_per_interval_whatever_the_number_of_jobs_and_pods_only_when_needed(

@@ -534,19 +534,7 @@ def test_where_labels_do_not_change_the_marks_of_a_job_that_expired_are_swept(
     assert finish(second)["state"] == "Complete"
 
 
-# --------------------------------------------------------------------------- outages, polling
-
-
-def test_a_60_second_burst_of_503_while_deferred_neither_fails_nor_duplicates(
-    docker_engine: DockerEngine, ws: Workspace, triggerer: Triggerer
-) -> None:
-    run = start(triggerer, ws.op(docker_engine.busybox, "sleep 40; echo survived"))
-    ws.wait_running(run.job_id)
-    ws.fake.faults(503, 60)
-    time.sleep(45)  # the job ends during the outage
-    assert not run.future.done()  # Unknown is never an outcome
-    result = finish(run, timeout=120)
-    assert result["state"] == "Complete" and len(ws.jobs_named(_name(run), alive=False)) == 1
+# --------------------------------------------------------------------------- polling
 
 
 def test_one_job_list_per_interval_whatever_the_number_of_jobs(
