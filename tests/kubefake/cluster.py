@@ -169,10 +169,8 @@ class DockerRuntime:
         if cid is None:
             return b""
         kwargs: dict[str, Any] = {"timestamps": True}
-        if params.get("sinceTime"):
-            kwargs["since"] = int(parse_time(params["sinceTime"]))
-        elif params.get("sinceSeconds"):
-            kwargs["since"] = int(time.time() - int(params["sinceSeconds"]))
+        if since := log_since(params):
+            kwargs["since"] = since  # docker: lines stamped at or after it, as the kubelet's since
         if params.get("tailLines"):
             kwargs["tail"] = int(params["tailLines"])
         text = bytes(self.client.logs(cid, stdout=True, stderr=True, **kwargs))
@@ -235,12 +233,16 @@ class SimRuntime:
         start = self.started.get(pod_uid)
         if start is None:
             return b""
-        since = parse_time(params["sinceTime"]) if params.get("sinceTime") else 0.0
+        since = log_since(params)
         lines = [
             f"{_stamp(start + n, nanos=True)} step {n}\n"
             for n in range(int(min(time.time(), self._end(pod_uid)) - start) + 1)
             if start + n >= since
         ]
+        if params.get("tailLines"):
+            lines = lines[-int(params["tailLines"]) :] if int(params["tailLines"]) else []
+        if params.get("timestamps", "false").lower() not in ("true", "1"):
+            lines = [line.split(" ", 1)[1] for line in lines]
         return "".join(lines).encode()
 
     def remove(self, pod_uid: str) -> None:
@@ -249,6 +251,16 @@ class SimRuntime:
 
     def remove_all(self) -> None:
         self.started.clear()
+
+
+def log_since(params: dict[str, str]) -> float:
+    """The time a log read starts at (0: the beginning), as the kubelet's ``NewLogOptions`` computes it: ``sinceTime``
+    as given, ``sinceSeconds`` back from now on the node's clock."""
+    if params.get("sinceTime"):
+        return parse_time(params["sinceTime"])
+    if params.get("sinceSeconds"):
+        return time.time() - int(params["sinceSeconds"])
+    return 0.0
 
 
 def _stamp(epoch: float, nanos: bool = False) -> str:

@@ -153,13 +153,56 @@ def _field(obj: dict[str, Any], path: str) -> str:
     return "" if value is None else str(value)
 
 
-def field_matcher(text: str) -> Callable[[dict[str, Any]], bool]:
-    """Field selectors: ``involvedObject.name=x,status.phase!=Running`` (equality only, as the API)."""
+#: The field labels each resource can be selected by (any other: 400), from each registry's ``ToSelectableFields`` /
+#: ``GetAttrs`` (k8s.io/kubernetes pkg/registry/core/{event,pod}/strategy.go, pkg/registry/batch/job/strategy.go).
+SELECTABLE_FIELDS: dict[str, frozenset[str]] = {
+    "events": frozenset(
+        {
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        }
+    ),
+    "pods": frozenset(
+        {
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.podIPs",
+            "status.nominatedNodeName",
+        }
+    ),
+    "jobs": frozenset({"status.successful"}),
+    "secrets": frozenset({"type"}),
+}
+
+
+def field_matcher(text: str, resource: str = "") -> Callable[[dict[str, Any]], bool]:
+    """Field selectors: ``involvedObject.name=x,status.phase!=Running`` (equality only, as the API), on the labels
+    the resource supports (plus ``metadata.name`` / ``metadata.namespace``)."""
     tests: list[tuple[str, bool, str]] = []
     for part in filter(None, (p.strip() for p in (text or "").split(","))):
         negate = "!=" in part
         key, value = re.split(r"!=|==?", part, maxsplit=1)
-        tests.append((key.strip(), negate, value.strip()))
+        key = key.strip()
+        if resource and key not in SELECTABLE_FIELDS.get(resource, frozenset()) | {
+            "metadata.name",
+            "metadata.namespace",
+        }:
+            raise ApiError(400, "BadRequest", f"field label not supported: {key}")
+        tests.append((key, negate, value.strip()))
     return lambda obj: all((_field(obj, key) == value) != negate for key, negate, value in tests)
 
 
@@ -277,7 +320,7 @@ class Store:
 
     def select(self, resource: str, namespace: str | None, labels: str = "", fields: str = "") -> dict[str, Any]:
         requirements = parse_label_selector(labels)
-        field_ok = field_matcher(fields)
+        field_ok = field_matcher(fields, resource)
         with self.lock:
             items = [
                 copy.deepcopy(obj)
@@ -293,7 +336,17 @@ class Store:
             "items": items,
         }
 
-    def patch(self, resource: str, namespace: str, name: str, content_type: str, body: bytes) -> dict[str, Any]:
+    def patch(
+        self,
+        resource: str,
+        namespace: str,
+        name: str,
+        content_type: str,
+        body: bytes,
+        *,
+        admit: Callable[[dict[str, Any] | None, dict[str, Any]], None] = lambda old, new: None,
+    ) -> dict[str, Any]:
+        """A patch; ``admit(old, new)`` is the admission chain's say on the result (raises to refuse)."""
         try:
             patch = json.loads(body or b"null")
         except ValueError as exc:
@@ -330,6 +383,7 @@ class Store:
             if resource == "jobs" and updated["spec"].get("template") != current["spec"].get("template"):
                 raise invalid(resource, name, "spec.template", "Invalid value: field is immutable")
             _validate(resource, updated)
+            admit(current, updated)
             self.objects[(resource, namespace, name)] = self._stamp(updated)
             result = copy.deepcopy(updated)
         self.on_change()
