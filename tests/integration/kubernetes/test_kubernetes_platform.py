@@ -19,7 +19,9 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
+from kubernetes.client.exceptions import ApiException
 
+from airflow_provider_tao.hooks.base import LOG_READ_LIMIT
 from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook, mark_annotation
 from airflow_provider_tao.jobs import JobHandle, JobState
 from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
@@ -66,11 +68,16 @@ def _name(run: TaskRun) -> str:
 def test_success_streams_the_log_and_writes_outputs_to_the_results_pvc(
     docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer, capfd: Any
 ) -> None:
+    """The log is followed over several reads (bounded, by ``since_seconds``: the clients have no ``since_time``),
+    each line once; the Job's Secret and ConfigMaps are owned without ``blockOwnerDeletion`` (the fake enforces
+    OwnerReferencesPermissionEnforcement, as OpenShift does)."""
     op = _op(
         docker_engine.python,
-        "mkdir -p /work/out && echo model of $TAO_JOB_ID > /work/out/model.txt && echo epoch-1 && echo epoch-2",
+        "mkdir -p /work/out && echo model of $TAO_JOB_ID > /work/out/model.txt && "
+        "for i in 1 2 3 4 5 6; do echo epoch-$i; sleep 0.6; done",
         outputs=["/work/out"],
     )
+    kubefake.stats(reset=True)
     run = start(triggerer, op)
     result = finish(run)
 
@@ -82,11 +89,27 @@ def test_success_streams_the_log_and_writes_outputs_to_the_results_pvc(
     assert (written / "model.txt").read_text() == f"model of {run.job_id}\n"
     assert json.loads((written / MANIFEST_NAME).read_text())["files"][0]["path"] == "model.txt"
     logged = capfd.readouterr()
-    assert "[job] epoch-1" in logged.out + logged.err and "[job] epoch-2" in logged.out + logged.err
+    shown = [
+        line.split("[job] ")[1].split()[0] for line in (logged.out + logged.err).splitlines() if "[job] epoch-" in line
+    ]
+    assert shown == [f"epoch-{i}" for i in range(1, 7)], shown
+    reads = kubefake.stats()["log_reads"]
+    assert len(reads) >= 3 and any("sinceSeconds" in r for r in reads), reads
+    assert all(0 < r["limitBytes"] <= LOG_READ_LIMIT for r in reads), reads
     (job,) = kubefake.jobs_named(_name(run))
     assert job.metadata.uid == result["backend_job_id"] and job.spec.backoff_limit == 0
     assert job.metadata.annotations["tao.nvidia.com/run-id"] == run.context["ti"].run_id  # not a valid label value
     assert job.spec.template.spec.restart_policy == "Never" and job.spec.ttl_seconds_after_finished == 86400
+    owned = kubefake.api().list_namespaced_config_map(NAMESPACE, label_selector=f"tao.nvidia.com/job-id={run.job_id}")
+    refs = [ref for item in owned.items for ref in item.metadata.owner_references]
+    assert refs and all(ref.uid == job.metadata.uid and not ref.block_owner_deletion for ref in refs)
+    blocking = {"apiVersion": "batch/v1", "kind": "Job", "name": job.metadata.name, "uid": job.metadata.uid}
+    body = {
+        "metadata": {"name": f"blocking-{run.job_id}", "ownerReferences": [{**blocking, "blockOwnerDeletion": True}]}
+    }
+    with pytest.raises(ApiException) as refused:  # the admission plugin is on: the old owner references fail here
+        kubefake.api().create_namespaced_config_map(NAMESPACE, body)
+    assert refused.value.status == 403 and "blockOwnerDeletion" in str(refused.value.body)
 
 
 def test_non_zero_exit_is_a_program_error_not_retried(
@@ -363,6 +386,10 @@ def test_bad_input_is_refused_before_anything_is_created(kubefake: KubeFake, hoo
         ({"backend_details": {"memory": "lots"}}, "backend_details['memory']"),
         ({"results_uri": "/mnt/results"}, "results_uri"),
         ({"backend_details": {"gpus": 2}}, "backend_details['gpus']"),
+        (
+            {"backend_details": {"tolerations": '[{"key": "gpu", "operator": "Sometimes"}]'}},
+            "backend_details['tolerations'][0]",
+        ),
     ):
         op = _op("local/busybox:ci", "true", deferrable=False, **kwargs)
         with pytest.raises(AirflowFailException, match=f"nothing was submitted: {re.escape(parameter)}"):
