@@ -10,9 +10,10 @@ clock computes it), with ``timestamps``, and drops the lines at or before the cu
 Every read carries ``limit_bytes``: a job that writes fast never makes a poll download and split more than
 :data:`LOG_READ_BYTES` on the triggerer's event loop. A cut answer's unfinished last line is left for the next read.
 When one bounded read holds nothing after the cursor (the job wrote more than a read within the overlap), the reader
-jumps to the newest lines (``tail_lines``), says that lines were skipped, and keeps reading by tail while a window
-reaching back to the cursor would not fit in a read; ``kubectl logs`` still has every line. The mode travels in the
-cursor (opaque outside the hook), so a restarted triggerer resumes alike.
+jumps to the newest lines (``tail_lines``), says that lines were skipped, and keeps reading by tail -- asking for
+fewer lines while they do not fit in a read, at most :data:`MAX_READS` reads a call -- until a window reaching back to
+the cursor fits in one read again; ``kubectl logs`` still has every line. The mode travels in the cursor (opaque
+outside the hook), so a restarted triggerer resumes alike.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ LOG_READ_BYTES = LOG_READ_LIMIT
 TAIL_READ_BYTES = 256 * 1024
 #: How far before the cursor's second a read reaches: the node's clock may be ahead of the Airflow host's.
 OVERLAP_SECONDS = 3
-#: How many of the newest lines a read by tail asks for.
+#: How many of the newest lines a read by tail asks for at first (fewer while they do not fit in a read).
 CATCH_UP_LINES = 2000
-#: The cursor's suffix while the reader follows by tail.
+#: The most reads one call makes (a read by time that cannot get past the cursor, then one by tail).
+MAX_READS = 2
+#: Marks the cursor while the reader follows by tail: ``<cursor>@tail<lines>``.
 _TAIL_MODE = "@tail"
 SKIPPED_NOTE = (
     "[kubernetes] the job writes faster than one log read ({limit} bytes) can follow: lines were skipped here; "
@@ -52,24 +55,28 @@ class PodLogRead:
 
     def __init__(self, cursor: str, tail: int | None, now: float) -> None:
         cursor = "" if tail is not None else cursor
-        self.by_tail = cursor.endswith(_TAIL_MODE)
-        self.cursor = cursor.removesuffix(_TAIL_MODE)
+        base, mode, lines = cursor.partition(_TAIL_MODE)
+        self.cursor = base
+        #: None while reading by time; else how many of the newest lines to ask for
+        self.tail_lines: int | None = int(lines) if mode and lines.isdigit() else CATCH_UP_LINES if mode else None
         self.tail = tail
         self.now = now
+        self.reads = 0
         self.result: tuple[str, str] = ("", cursor)
         self._params: dict[str, Any] = {}
 
     def request(self) -> dict[str, Any]:
-        """The keyword arguments of the first ``read_namespaced_pod_log`` call (all declared by both clients)."""
+        """The keyword arguments of the next ``read_namespaced_pod_log`` call (all declared by both clients)."""
         last, _ = ct.parse_log_cursor(self.cursor)
         params: dict[str, Any] = {"container": CONTAINER, "timestamps": True, "limit_bytes": LOG_READ_BYTES}
         if self.tail is not None:
             params["tail_lines"] = self.tail
-        elif self.by_tail:
-            params["tail_lines"] = CATCH_UP_LINES
+        elif self.tail_lines is not None:
+            params["tail_lines"] = self.tail_lines
         elif last:
             params["since_seconds"] = max(1, math.ceil(self.now - ct.cursor_second(last)) + OVERLAP_SECONDS)
         self._params = params
+        self.reads += 1
         return params
 
     def feed(self, data: bytes) -> dict[str, Any] | None:
@@ -77,18 +84,27 @@ class PodLogRead:
         cut = len(data) >= self._params["limit_bytes"]
         lines = complete_lines(data, cut)
         text, cursor = ct.read_after(lines, self.cursor)
-        if "since_seconds" in self._params and cut and cursor == self.cursor:
-            # the overlap alone fills a read: no bounded read by time can get past it
-            self.by_tail = True
-            self._params = {**self._params, "tail_lines": CATCH_UP_LINES}
-            del self._params["since_seconds"]
-            return self._params
-        if "tail_lines" in self._params and self.tail is None:
+        stuck = cut and cursor == self.cursor  # a full read, and nothing in it after the cursor
+        if self.tail is None and "since_seconds" in self._params and stuck:
+            self.tail_lines = CATCH_UP_LINES  # the overlap alone fills a read: no read by time gets past it
+            return self.request()
+        if self.tail is None and "tail_lines" in self._params:
+            # fewer lines while the newest ones do not fit in a read; back to reads by time once a window reaching
+            # back to the cursor fits in one read
+            fitted = max(1, len(lines) // 2 if stuck else len(lines))
+            if stuck and self.reads < MAX_READS and fitted < int(self._params["tail_lines"]):
+                self.tail_lines = fitted
+                return self.request()
             if self.cursor and lines and _after(lines[0][0], self.cursor):
                 text = SKIPPED_NOTE.format(limit=self._params["limit_bytes"]) + "\n" + text
-            # back to reads by time once a window reaching back to the cursor fits in one read
-            self.by_tail = cut or not lines or not _older(lines[0][0], cursor, OVERLAP_SECONDS + 1)
-        self.result = (text, cursor + _TAIL_MODE if self.by_tail and cursor else cursor)
+            if cut:
+                self.tail_lines = fitted
+            elif lines and _older(lines[0][0], cursor, OVERLAP_SECONDS + 1):
+                self.tail_lines = None
+            else:
+                self.tail_lines = min(CATCH_UP_LINES, 2 * int(self._params["tail_lines"]))
+        mode = f"{_TAIL_MODE}{self.tail_lines}" if self.tail_lines is not None and cursor else ""
+        self.result = (text, cursor + mode)
         return None
 
 

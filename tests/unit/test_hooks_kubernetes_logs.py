@@ -168,3 +168,26 @@ def test_a_failed_log_read_the_log_path_does_not_expect_is_a_warning_once_and_ra
             hook.get_job_logs(handle, "")
     logged = capfd.readouterr()
     assert (logged.out + logged.err).count("Reading the log of job abc123 failed: (500)") == 1, logged
+
+
+def test_after_a_burst_of_long_lines_the_reader_still_shows_every_new_line_within_two_reads_a_call(
+    hook: TAOKubernetesHook, handle: JobHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The newest lines by tail may not fit in a read either (long lines): the reader asks for fewer until they do,
+    at most two reads a call, and remembers how many fit (in the cursor) for the next call."""
+    log = PodLog()
+    _wire(hook, log, monkeypatch)
+    log.write(*(f"long {i:05d} " + "y" * 1500 for i in range(3000)))  # 4.5 MB at once
+    shown, cursor, reads = [], "", []
+    for n in range(8):
+        before = len(log.reads)
+        text, cursor = hook.get_job_logs(handle, cursor)
+        reads.append(len(log.reads) - before)
+        shown += text.splitlines()
+        log.write(f"slow {n}")
+    text, cursor = hook.get_job_logs(handle, cursor)
+    shown += text.splitlines()
+    assert [line for line in shown if line.startswith("slow")] == [f"slow {n}" for n in range(8)]
+    numbers = [int(line.split()[1]) for line in shown if line.startswith("long")]
+    assert numbers == sorted(set(numbers)) and max(reads) <= 2, reads
+    assert all(r["bytes"] <= LOG_READ_BYTES for r in log.reads)
