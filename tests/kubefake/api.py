@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tests.kubefake.cluster import Cluster
-from tests.kubefake.store import RESOURCES, ApiError, Store, not_found
+from tests.kubefake.store import RESOURCES, ApiError, Store, not_found, quota_refusal
 
 VERSION = {
     "major": "1",
@@ -172,6 +172,10 @@ class _Handler(BaseHTTPRequestHandler):
         elif method == "POST" and not name:
             body = self._json_body()
             self._admit_owner_references(resource, None, body)
+            if resource == "pods" and (refusal := quota_refusal(store, ns, body)):
+                raise ApiError(
+                    403, "Forbidden", refusal, {"name": (body.get("metadata") or {}).get("name", ""), "kind": "pods"}
+                )
             self._send(201, store.create(resource, ns, body))
         elif method == "GET" and sub == "log":
             self._log(ns, name, query)

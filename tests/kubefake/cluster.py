@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from tests.kubefake.store import Store, age_of, iter_owned, now_rfc3339, parse_time
+from tests.kubefake.store import Store, age_of, iter_owned, now_rfc3339, parse_time, quota_refusal
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 BACKOFF_SECONDS = 2.0  # between ErrImagePull and ImagePullBackOff reports
@@ -398,12 +398,12 @@ class Cluster:
                 elif indexed:
                     busy = {int(p["metadata"]["annotations"][INDEX_KEY]) for p in active} | done_indexes
                     for index in range(completions):
-                        if index not in busy:
-                            active.append(self._create_pod(job, index))
+                        if index not in busy and (pod := self._create_pod(job, index)) is not None:
+                            active.append(pod)
                 else:
                     wanted = min(int(spec.get("parallelism") or 1), completions - len(succeeded))
-                    while len(active) < wanted:
-                        active.append(self._create_pod(job, None))
+                    while len(active) < wanted and (pod := self._create_pod(job, None)) is not None:
+                        active.append(pod)
             status.update(
                 active=len(active),
                 ready=sum(1 for p in active if p["status"]["phase"] == "Running"),
@@ -436,7 +436,9 @@ class Cluster:
         for pod in pods:
             self.store.delete("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], {})
 
-    def _create_pod(self, job: dict[str, Any], index: int | None) -> dict[str, Any]:
+    def _create_pod(self, job: dict[str, Any], index: int | None) -> dict[str, Any] | None:
+        """A pod of the Job, through the API server's admission (None when refused: a ``FailedCreate`` event on the
+        Job, as the controller's ``CreatePods`` records it, and the next pass tries again)."""
         template = job["spec"]["template"]
         meta = job["metadata"]
         name = meta["name"] if index is None else f"{meta['name']}-{index}"
@@ -469,6 +471,9 @@ class Cluster:
             },
             "spec": spec,
         }
+        if refusal := quota_refusal(self.store, meta["namespace"], pod):
+            self.store.record_event(job, "Warning", "FailedCreate", f"Error creating: {refusal}", "job-controller")
+            return None
         created = self.store.create("pods", meta["namespace"], pod)
         self.store.record_event(
             job, "Normal", "SuccessfulCreate", f"Created pod: {created['metadata']['name']}", "job-controller"

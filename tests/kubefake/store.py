@@ -29,6 +29,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "services": ("Service", "v1", True),
     "events": ("Event", "v1", True),
     "persistentvolumeclaims": ("PersistentVolumeClaim", "v1", True),
+    "resourcequotas": ("ResourceQuota", "v1", True),
     "jobs": ("Job", "batch/v1", True),
     "nodes": ("Node", "v1", False),
     "namespaces": ("Namespace", "v1", False),
@@ -712,6 +713,37 @@ _DEFAULTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "persistentvolumeclaims": _default_pvc,
     "secrets": _default_secret,
 }
+
+
+#: The one quota resource modelled: GPUs asked for by a namespace's live pods (extended resources are quota'd by
+#: their ``requests.`` name; a limit-only extended resource defaults its request to the limit).
+GPU_QUOTA = "requests.nvidia.com/gpu"
+
+
+def quota_refusal(store: Store, namespace: str, pod: dict[str, Any]) -> str | None:
+    """The ResourceQuota admission's verdict on a new pod (k8s plugin/pkg/admission/resourcequota/controller.go
+    ``CheckRequest``): the ``exceeded quota`` message when it would take the namespace's pods past a quota's hard
+    ``requests.nvidia.com/gpu``, else None."""
+
+    def gpus(spec: dict[str, Any]) -> int:
+        limits = [((c.get("resources") or {}).get("limits") or {}) for c in spec.get("containers") or []]
+        return sum(int(limit.get("nvidia.com/gpu") or 0) for limit in limits)
+
+    requested = gpus(pod.get("spec") or {})
+    if not requested:
+        return None
+    with store.lock:
+        used = sum(
+            gpus(p["spec"]) for p in store.all("pods", namespace) if p["status"].get("phase") in ("Pending", "Running")
+        )
+        for quota in store.all("resourcequotas", namespace):
+            hard = ((quota.get("spec") or {}).get("hard") or {}).get(GPU_QUOTA)
+            if hard is not None and used + requested > int(hard):
+                return (
+                    f'pods "{pod["metadata"]["name"]}" is forbidden: exceeded quota: {quota["metadata"]["name"]}, '
+                    f"requested: {GPU_QUOTA}={requested}, used: {GPU_QUOTA}={used}, limited: {GPU_QUOTA}={hard}"
+                )
+    return None
 
 
 def iter_owned(store: Store, uid: str, resource: str) -> Iterable[dict[str, Any]]:

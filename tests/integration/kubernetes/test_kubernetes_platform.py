@@ -15,6 +15,7 @@ import signal
 import time
 import uuid
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from airflow_provider_tao.hooks.base import LOG_READ_LIMIT
 from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook, mark_annotation
-from airflow_provider_tao.jobs import JobHandle, JobState
+from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
 from airflow_provider_tao.triggers.job import StatusPoller
 from tests.integration.docker.conftest import DockerEngine
@@ -143,6 +144,57 @@ def test_unschedulable_is_pending_with_the_reason_then_err_capacity_and_deleted(
         finish(run, timeout=60)
     assert not isinstance(failed.value, AirflowFailException)  # capacity is retriable
     kubefake.wait_gone(run.job_id)  # given up: the Job and its pending pod are deleted, nothing waits for a node
+
+
+def test_pods_a_quota_refuses_wait_with_the_reason_then_err_capacity_and_the_job_is_deleted(
+    docker_engine: DockerEngine,
+    kubefake: KubeFake,
+    triggerer: Triggerer,
+    hook: TAOKubernetesHook,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ResourceQuota refuses the Job's pod: the Job controller records FailedCreate events, the status reads them
+    (``involvedObject.uid`` and ``type`` field selectors, both accepted by the strict fake) once the job has waited a
+    while -- here the hook's clock runs ahead instead of the test waiting -- and the bound makes it ERR_CAPACITY."""
+    from airflow_provider_tao.hooks import kubernetes as module
+
+    ahead = {"seconds": 0.0}
+    clock = SimpleNamespace(time=lambda: time.time() + ahead["seconds"], monotonic=time.monotonic, sleep=time.sleep)
+    monkeypatch.setattr(module, "time", clock)
+    quota = {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "0"}}}
+    kubefake.api().create_namespaced_resource_quota(NAMESPACE, quota)
+    try:
+        job_id = uuid.uuid4().hex[:12]
+        spec = JobSpec(
+            name=f"quota-{job_id[:8]}",
+            job_id=job_id,
+            command="true",
+            image=docker_engine.busybox,
+            gpu_count=1,
+            backend_details={"unschedulable_timeout_seconds": 60},
+        )
+        handle = hook.create_job(spec)
+        deadline = time.monotonic() + 30
+        while (
+            not kubefake.api()
+            .list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={handle.name},reason=FailedCreate")
+            .items
+        ):
+            assert time.monotonic() < deadline, "no FailedCreate event"
+            time.sleep(0.2)
+        ahead["seconds"] = 30
+        waiting = hook.get_job_status(handle)
+        assert (waiting.state, waiting.raw_state) == (JobState.PENDING, "ExceededQuota"), waiting
+        assert "exceeded quota: gpus" in waiting.message and waiting.capacity_wait_since is not None
+        ahead["seconds"] = 100
+        late = triggerer.call(hook.aget_job_statuses([handle]))[handle.job_id]
+        assert (late.state, late.raw_state) == (JobState.ERROR, "ExceededQuota"), late
+        analysis = hook.get_failure_analysis(handle)
+        assert analysis is not None and analysis.err_class is ErrClass.ERR_CAPACITY
+        hook.cleanup_job(handle)
+        kubefake.wait_gone(job_id)
+    finally:
+        kubefake.api().delete_namespaced_resource_quota("gpus", NAMESPACE)
 
 
 def test_image_pull_backoff_is_err_image_pull_not_retried(kubefake: KubeFake, triggerer: Triggerer) -> None:
