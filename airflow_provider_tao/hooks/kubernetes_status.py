@@ -123,14 +123,16 @@ def job_status(
         active_count = (job.get("status") or {}).get("active") or ready
         return JobStatus(JobState.RUNNING, f"{ready}/{active_count} pod(s) of Job {name} running", raw_state="Running")
     if not pods:
-        return _podless_status(job, warnings.get(meta["uid"], []), now)
+        return _podless_status(job, warnings.get(meta.get("uid", ""), []), now)
     active = [p for p in pods if p["status"].get("phase") in ("Pending", "Running")]
     running = [p for p in active if _running(p)]
     if running:
         return JobStatus(
             JobState.RUNNING, f"{len(running)}/{len(active)} pod(s) of Job {name} running", raw_state="Running"
         )
-    waiting = [w for w in (_waiting(p, warnings.get(p["metadata"]["uid"], [])) for p in active) if w is not None]
+    waiting = [
+        w for w in (_waiting(p, warnings.get(p["metadata"].get("uid", ""), [])) for p in active) if w is not None
+    ]
     if not waiting:
         return JobStatus(JobState.PENDING, f"Job {name} is waiting for its pods", raw_state="Pending")
     for item in waiting:
