@@ -324,11 +324,12 @@ class TAOKubernetesHook(TAOPlatformHook):
 
     def _placement(self, details: dict[str, Any]) -> tuple[dict[str, str], list[dict[str, Any]]]:
         """The node selector and tolerations of a job (its own, else the connection's), checked."""
-        found = []
-        for key, default, check in (("node_selector", {}, node_selector), ("tolerations", [], tolerations)):
-            where = f"backend_details[{key!r}]" if details.get(key) is not None else f"the {self.conn_id} extra {key!r}"
-            found.append(check(self._setting_or(details, key, default) or default, where))
-        return found[0], found[1]  # type: ignore[return-value]
+
+        def where(key: str) -> str:
+            return f"backend_details[{key!r}]" if details.get(key) is not None else f"the {self.conn_id} extra {key!r}"
+
+        selector = node_selector(self._setting_or(details, "node_selector", {}) or {}, where("node_selector"))
+        return selector, tolerations(self._setting_or(details, "tolerations", []) or [], where("tolerations"))
 
     def check_path(self, uri: str) -> bool:
         """A local input lives on the cluster's volumes, not on the Airflow hosts: the in-job runner checks it
