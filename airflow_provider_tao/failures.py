@@ -108,6 +108,15 @@ RAW_STATE_CLASSES: dict[str, ErrClass] = {
     "UNSCHEDULABLE": ErrClass.ERR_CAPACITY,
     "CREATECONTAINERCONFIGERROR": ErrClass.ERR_CONFIG,
     "CREATECONTAINERERROR": ErrClass.ERR_CONFIG,
+    # Kubernetes waits with a bound (hooks/kubernetes_status.py): a scheduling gate or a quota never lifted is
+    # capacity; pods the cluster's policy refuses (PodSecurity, LimitRange, a webhook) or a volume that cannot be
+    # mounted (a ReadWriteOnce claim in use elsewhere) are the job's configuration; an image never to be pulled
+    "SCHEDULINGGATED": ErrClass.ERR_CAPACITY,
+    "EXCEEDEDQUOTA": ErrClass.ERR_CAPACITY,
+    "FAILEDCREATE": ErrClass.ERR_CONFIG,
+    "FAILEDMOUNT": ErrClass.ERR_CONFIG,
+    "FAILEDATTACHVOLUME": ErrClass.ERR_CONFIG,
+    "ERRIMAGENEVERPULL": ErrClass.ERR_IMAGE_PULL,
     # Lepton: queued past the capacity bound; a replica's image pull failed; a replica stuck on its node's fault
     # (readiness ConfigError such as "Mount point not found") or never ready past the start bound
     "NOCAPACITY": ErrClass.ERR_CAPACITY,

@@ -14,12 +14,13 @@ cancel here does; the API's default for Jobs orphans the pods -- removes everyth
 does the same for finished jobs. A Job left suspended belongs to a worker that died mid-submission; the next try
 deletes it.
 
-Status: a Job is Running only while one of its pods runs a container. Pending pods say why (unschedulable, pulling,
-ContainerCreating, a config error); a pod that stays unschedulable past ``unschedulable_timeout_seconds`` (default
-15 min) or cannot start past ``start_timeout_seconds`` (image pull, config error; default 10 min) makes the job an
-Error, which the task's failure analysis turns into ``ERR_CAPACITY`` / ``ERR_IMAGE_PULL`` / ``ERR_CONFIG`` and
-whose cleanup deletes the Job (the rule: :mod:`~airflow_provider_tao.hooks.kubernetes_status`). The ownership marks
-are annotations of the Job (merge patches).
+Status: a Job is Running only while one of its pods runs a container; no wait is without a bound (unschedulable or
+scheduling-gated past ``unschedulable_timeout_seconds``, default 15 min; pods never created, a container that cannot
+start, ``ContainerCreating`` with a Warning event past ``start_timeout_seconds``, default 10 min), and a Job a queue
+such as Kueue suspended again after our resume is queued capacity. A job given up on is an Error, which the task's
+failure analysis classifies and whose cleanup deletes the Job (the rule:
+:mod:`~airflow_provider_tao.hooks.kubernetes_status`). Logs are bounded reads by timestamp cursor
+(:mod:`~airflow_provider_tao.hooks.kubernetes_logs`). The ownership marks are annotations of the Job (merge patches).
 """
 
 from __future__ import annotations
@@ -49,16 +50,27 @@ from airflow_provider_tao.hooks.base import (
     multi_node_env,
 )
 from airflow_provider_tao.hooks.container import label_value
+from airflow_provider_tao.hooks.kubernetes_errors import explain, kubernetes_problem, refusal_class
+from airflow_provider_tao.hooks.kubernetes_logs import TAIL_READ_BYTES, PodLogRead, log_refusal_expected
+from airflow_provider_tao.hooks.kubernetes_placement import node_selector, tolerations
 from airflow_provider_tao.hooks.kubernetes_status import (
+    ANNOTATION_RESUMED,
     ANNOTATION_START,
     ANNOTATION_UNSCHEDULABLE,
     CONTAINER,
     DEFAULT_START_TIMEOUT,
     DEFAULT_UNSCHEDULABLE_TIMEOUT,
     INDEX_ANNOTATION,
+    Owned,
+    all_events_needed,
+    events_needed,
     job_status,
+    oldest_first,
+    owned_by,
     pods_needed,
     usage_of,
+    warning_selector,
+    was_resumed,
 )
 from airflow_provider_tao.hooks.kubernetes_status import culprit_of as _culprit
 from airflow_provider_tao.hooks.kubernetes_status import epoch as _epoch
@@ -139,6 +151,7 @@ class TAOKubernetesHook(TAOPlatformHook):
     def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(conn_id, **kwargs)
         self._log_pods: dict[str, str] = {}  # job id -> the pod whose log is the job's (rank 0), from the last poll
+        self._log_warned: set[str] = set()  # log read failures already warned about (once each)
         self._aclient: Any = None
         self._aclient_stack: contextlib.AsyncExitStack | None = None
         self._aclient_born = 0.0
@@ -295,14 +308,7 @@ class TAOKubernetesHook(TAOPlatformHook):
                 raise JobValidationError(
                     f"backend_details[{key!r}]", f"{details[key]!r} is not a positive number", "Give seconds, e.g. 900"
                 )
-        if not isinstance(self._setting_or(details, "node_selector", {}), dict):
-            raise JobValidationError("backend_details['node_selector']", "is not a mapping", 'Use {"gpu": "a100"}')
-        if not isinstance(self._setting_or(details, "tolerations", []), list):
-            raise JobValidationError(
-                "backend_details['tolerations']",
-                "is not a list",
-                'Use [{"key": "nvidia.com/gpu", "operator": "Exists"}]',
-            )
+        self._placement(details)
         if spec.results_uri and not spec.results_uri.startswith("s3://"):
             raise JobValidationError(
                 "results_uri",
@@ -314,11 +320,16 @@ class TAOKubernetesHook(TAOPlatformHook):
         """A job's ``backend_details`` value, else the connection's default for it."""
         self.load_connection()
         value = details.get(key)
-        if value is None:
-            value = self.setting(key, default)
-        if isinstance(value, str) and key in ("node_selector", "tolerations"):
-            value = json.loads(value)  # a connection extra typed as text in the form
-        return value
+        return self.setting(key, default) if value is None else value
+
+    def _placement(self, details: dict[str, Any]) -> tuple[dict[str, str], list[dict[str, Any]]]:
+        """The node selector and tolerations of a job (its own, else the connection's), checked."""
+
+        def where(key: str) -> str:
+            return f"backend_details[{key!r}]" if details.get(key) is not None else f"the {self.conn_id} extra {key!r}"
+
+        selector = node_selector(self._setting_or(details, "node_selector", {}) or {}, where("node_selector"))
+        return selector, tolerations(self._setting_or(details, "tolerations", []) or [], where("tolerations"))
 
     def check_path(self, uri: str) -> bool:
         """A local input lives on the cluster's volumes, not on the Airflow hosts: the in-job runner checks it
@@ -340,7 +351,7 @@ class TAOKubernetesHook(TAOPlatformHook):
         try:
             job = self._create_suspended(self._job_body(spec, handle, len(parts)), spec.name)
         except ApiException as exc:
-            raise JobSubmitError(_refusal_class(exc), f"Kubernetes refused Job {spec.name}: {_explain(exc)}") from exc
+            raise JobSubmitError(refusal_class(exc), f"Kubernetes refused Job {spec.name}: {explain(exc)}") from exc
         if job["metadata"]["labels"].get(ct.LABEL_JOB_ID) != spec.job_id:
             return self._handle_of(job)  # this task instance's job, submitted just now by another worker
         try:
@@ -350,8 +361,8 @@ class TAOKubernetesHook(TAOPlatformHook):
                     "kind": "Job",
                     "name": spec.name,
                     "uid": job["metadata"]["uid"],
-                    "blockOwnerDeletion": True,
-                }
+                }  # no blockOwnerDeletion: Background deletion needs none, and setting it needs update on
+                # jobs/finalizers where OwnerReferencesPermissionEnforcement is on (OpenShift)
             ]
             for body in self._owned_objects(spec, parts):
                 body["metadata"].update(ownerReferences=owner, labels=self._object_labels(spec))
@@ -364,13 +375,13 @@ class TAOKubernetesHook(TAOPlatformHook):
                 "patch_namespaced_job",
                 spec.name,
                 self.namespace,
-                {"spec": {"suspend": False}},
+                {"spec": {"suspend": False}, "metadata": {"annotations": {ANNOTATION_RESUMED: str(int(time.time()))}}},
                 _content_type="application/merge-patch+json",
             )
         except ApiException as exc:
             # Still suspended: nothing ran. Deleting it takes whatever it already owns along.
             self._delete(spec.name, job["metadata"]["uid"])
-            raise JobSubmitError(_refusal_class(exc), f"Job {spec.name} could not be set up: {_explain(exc)}") from exc
+            raise JobSubmitError(refusal_class(exc), f"Job {spec.name} could not be set up: {explain(exc)}") from exc
         return replace(handle, backend_job_id=job["metadata"]["uid"])
 
     def _create_suspended(self, body: dict[str, Any], name: str) -> dict[str, Any]:
@@ -388,8 +399,7 @@ class TAOKubernetesHook(TAOPlatformHook):
             existing = self._read_job(name)
             if existing is None:
                 continue
-            status = self._statuses_from([self._handle_of(existing)], [existing], self._pods_of(name))
-            if not next(iter(status.values())).state.is_terminal and not existing["spec"].get("suspend"):
+            if not self._status_now(existing, self._pods_of(name)).state.is_terminal and was_resumed(existing):
                 self.log.info("Job %s already runs for this task instance: watching it", name)
                 return existing
             self.log.info("Deleting the ended Job %s of an earlier try before submitting a new one", name)
@@ -506,10 +516,11 @@ class TAOKubernetesHook(TAOPlatformHook):
             pull.append({"name": _pull_secret_name(spec.job_id)})
         if pull:
             pod["imagePullSecrets"] = pull
-        if node_selector := self._setting_or(details, "node_selector", {}):
-            pod["nodeSelector"] = dict(node_selector)
-        if tolerations := self._setting_or(details, "tolerations", []):
-            pod["tolerations"] = list(tolerations)
+        selector, toleration_list = self._placement(details)
+        if selector:
+            pod["nodeSelector"] = selector
+        if toleration_list:
+            pod["tolerations"] = toleration_list
         if priority := self._setting_or(details, "priority_class", None):
             pod["priorityClassName"] = str(priority)
         if account := self._setting_or(details, "service_account", None):
@@ -602,12 +613,13 @@ class TAOKubernetesHook(TAOPlatformHook):
         )
 
     def find_job(self, name: str) -> JobHandle | None:
-        """This task instance's Job. One still suspended was left by a worker that died mid-submission (only one try
-        runs at a time, and this is a later one): it never ran, so it is deleted, not reattached to."""
+        """This task instance's Job. One never resumed was left by a worker that died mid-submission (only one try
+        runs at a time, and this is a later one): it never ran, so it is deleted, not reattached to. One resumed
+        and suspended again is held by a queue (Kueue): reattached to."""
         job = self._read_job(name)
         if job is None or ct.LABEL_JOB_ID not in (job["metadata"].get("labels") or {}):
             return None
-        if job["spec"].get("suspend"):
+        if not was_resumed(job):
             self.log.info("Deleting Job %s: its try died before starting it", name)
             self._delete(name, job["metadata"]["uid"])
             return None
@@ -621,14 +633,17 @@ class TAOKubernetesHook(TAOPlatformHook):
         return self.get_job_statuses([handle])[handle.job_id]
 
     def get_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
-        """ONE Job list of this namespace (narrowed to the job when there is one), and ONE Pod list only when a
-        watched Job's own status cannot say how it is (see :func:`pods_needed`)."""
+        """ONE Job list of this namespace (narrowed to the job when there is one), ONE Pod list only when a watched
+        Job's own status cannot say how it is (see :func:`pods_needed`), and the Warning events of an object only
+        once it has waited a while for what only events explain (see :func:`events_needed`)."""
         selector = self._list_selector(handles)
         jobs = self._call("batch", "list_namespaced_job", self.namespace, label_selector=selector)["items"]
         pods = []
         if pods_needed(jobs, {h.job_id for h in handles}):
             pods = self._call("core", "list_namespaced_pod", self.namespace, label_selector=selector)["items"]
-        return self._statuses_from(handles, jobs, pods)
+        owned = owned_by([h.job_id for h in handles], jobs, pods)
+        warnings = {uid: self._warnings_of(uid) for uid in all_events_needed(owned, time.time())}
+        return self._statuses_from(handles, owned, warnings)
 
     async def aget_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
         selector = self._list_selector(handles)
@@ -636,23 +651,37 @@ class TAOKubernetesHook(TAOPlatformHook):
         pods = []
         if pods_needed(jobs, {h.job_id for h in handles}):
             pods = (await self._acall("core", "list_namespaced_pod", self.namespace, label_selector=selector))["items"]
-        return self._statuses_from(handles, jobs, pods)
+        owned = owned_by([h.job_id for h in handles], jobs, pods)
+        warnings = {}
+        for uid in all_events_needed(owned, time.time()):
+            field = warning_selector(uid)
+            events = await self._acall("core", "list_namespaced_event", self.namespace, field_selector=field)
+            warnings[uid] = oldest_first(events["items"])
+        return self._statuses_from(handles, owned, warnings)
+
+    def _warnings_of(self, uid: str) -> list[dict[str, Any]]:
+        """The Warning events about one object, oldest first."""
+        field = warning_selector(uid)
+        return oldest_first(self._call("core", "list_namespaced_event", self.namespace, field_selector=field)["items"])
+
+    def _status_now(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> JobStatus:
+        """One Job's status, with the events it needs (see :func:`events_needed`)."""
+        now = time.time()
+        return job_status(job, pods, now, {uid: self._warnings_of(uid) for uid in events_needed(job, pods, now)})
 
     def _statuses_from(
-        self, handles: Sequence[JobHandle], jobs: list[dict[str, Any]], pods: list[dict[str, Any]]
+        self,
+        handles: Sequence[JobHandle],
+        owned: Owned,
+        warnings: dict[str, list[dict[str, Any]]],
     ) -> dict[str, JobStatus]:
-        by_id = {(j["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID): j for j in jobs}
-        pods_by_id: dict[str, list[dict[str, Any]]] = {}
-        for pod in pods:
-            pods_by_id.setdefault((pod["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID, ""), []).append(pod)
         statuses = {}
         for handle in handles:
-            job = by_id.get(handle.job_id)
-            own = pods_by_id.get(handle.job_id, [])
+            job, own = owned[handle.job_id]
             if rank0 := _rank0(own):
                 self._log_pods[handle.job_id] = rank0["metadata"]["name"]
             statuses[handle.job_id] = (
-                job_status(job, own, time.time())
+                job_status(job, own, time.time(), warnings)
                 if job is not None
                 else JobStatus.missing(
                     f"Job {handle.name} no longer exists in namespace {self.namespace}: it was deleted outside Airflow "
@@ -663,54 +692,41 @@ class TAOKubernetesHook(TAOPlatformHook):
 
     # ----------------------------------------------------------------- logs
 
-    def _log_params(self, cursor: str, tail: int | None) -> dict[str, Any]:
-        params: dict[str, Any] = {"container": CONTAINER, "timestamps": True}
-        last, _ = ct.parse_log_cursor(cursor)
-        if tail is not None:
-            params["tail_lines"] = tail
-        elif last:
-            params["since_time"] = f"{last[:19]}Z"
-        return params
-
     def get_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
-        """The log of the job's pod (rank 0 of a multi-node job), by timestamp cursor."""
-        from kubernetes.client.exceptions import ApiException
-
-        cursor = cursor if tail is None else ""
+        """The log of the job's pod (rank 0 of a multi-node job): bounded reads by timestamp cursor (see
+        :mod:`~airflow_provider_tao.hooks.kubernetes_logs`)."""
         pod = self._log_pods.get(handle.job_id) or _name_of(_rank0(self._pods_of(handle.name)))
-        if not pod:
-            return "", cursor
-        try:
-            data = self._call("core", "read_namespaced_pod_log", pod, self.namespace, **self._log_params(cursor, tail))
-        except ApiException as exc:
-            if exc.status in (400, 404):  # not started yet, or gone
-                return "", cursor
-            raise
-        return ct.read_after(ct.timestamped_lines([data]), cursor)
+        read = PodLogRead(cursor, tail, time.time())
+        params = read.request() if pod else None
+        while params is not None:
+            try:
+                data = self._call("core", "read_namespaced_pod_log", pod, self.namespace, **params)
+            except Exception as exc:
+                if log_refusal_expected(exc, handle.job_id, self.log, self._log_warned):
+                    break
+                raise
+            params = read.feed(data)
+        return read.result
 
     async def aget_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        cursor = cursor if tail is None else ""
         pod = self._log_pods.get(handle.job_id)
         if pod is None:
             selector = f"{ct.LABEL_NAME}={handle.name}"
-            pod = _name_of(
-                _rank0(
-                    (await self._acall("core", "list_namespaced_pod", self.namespace, label_selector=selector))["items"]
-                )
-            )
-        if not pod:
-            return "", cursor
-        self._log_pods[handle.job_id] = pod  # a running job's pods are not listed by the poll: ask once
-        try:
-            params = self._log_params(cursor, tail)
-            data = await self._acall("core", "read_namespaced_pod_log", pod, self.namespace, **params)
-        except ApiException as exc:
-            if exc.status in (400, 404):
-                return "", cursor
-            raise
-        return ct.read_after(ct.timestamped_lines([data]), cursor)
+            pods = await self._acall("core", "list_namespaced_pod", self.namespace, label_selector=selector)
+            pod = _name_of(_rank0(pods["items"]))
+            if pod:
+                self._log_pods[handle.job_id] = pod  # a running job's pods are not listed by the poll: ask once
+        read = PodLogRead(cursor, tail, time.time())
+        params = read.request() if pod else None
+        while params is not None:
+            try:
+                data = await self._acall("core", "read_namespaced_pod_log", pod, self.namespace, **params)
+            except Exception as exc:
+                if log_refusal_expected(exc, handle.job_id, self.log, self._log_warned):
+                    break
+                raise
+            params = read.feed(data)
+        return read.result
 
     # ----------------------------------------------------------------- cancel, failure analysis, cleanup
 
@@ -753,19 +769,14 @@ class TAOKubernetesHook(TAOPlatformHook):
     def failure_facts(self, handle: JobHandle) -> FailureFacts:
         job = self._read_job(handle.name)
         pods = [p for p in self._pods_of(handle.name) if _labels(p).get(ct.LABEL_JOB_ID) == handle.job_id]
-        status = job_status(job, pods, time.time()) if job else JobStatus.missing("the Job is gone")
+        warnings = {obj["metadata"]["uid"]: self._warnings_of(obj["metadata"]["uid"]) for obj in [job, *pods] if obj}
+        status = job_status(job, pods, time.time(), warnings) if job else JobStatus.missing("the Job is gone")
         culprit = _culprit(pods)
-        events: list[str] = []
-        for obj in [job, *pods]:
-            if obj is not None:
-                selector = f"involvedObject.uid={obj['metadata']['uid']}"
-                for event in self._call("core", "list_namespaced_event", self.namespace, field_selector=selector)[
-                    "items"
-                ]:
-                    if event.get("type") == "Warning":
-                        events.append(
-                            f"{event['involvedObject']['name']}: {event.get('reason')}: {event.get('message')}"
-                        )
+        events = [
+            f"{e['involvedObject']['name']}: {e.get('reason')}: {e.get('message')}"
+            for w in warnings.values()
+            for e in w
+        ]
         tail: list[str] = []
         if culprit is not None and _terminated(culprit):
             try:
@@ -776,6 +787,7 @@ class TAOKubernetesHook(TAOPlatformHook):
                     self.namespace,
                     container=CONTAINER,
                     tail_lines=200,
+                    limit_bytes=TAIL_READ_BYTES,
                 )
                 tail = data.decode(errors="replace").splitlines()
             except Exception as exc:  # the log is evidence, not a requirement
@@ -815,7 +827,7 @@ class TAOKubernetesHook(TAOPlatformHook):
             job = self._read_job(handle.name)
             if job is None or (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) != handle.job_id:
                 return
-            if not _finished(job) and job_status(job, self._pods_of(handle.name), time.time()).state.is_terminal:
+            if not _finished(job) and self._status_now(job, self._pods_of(handle.name)).state.is_terminal:
                 self.log.info("Deleting Job %s: it was given up on (%s)", handle.name, handle.job_id)
                 self._delete(handle.name, job["metadata"]["uid"])
         except Exception as exc:  # best effort
@@ -912,34 +924,3 @@ def _decode(data: bytes | None) -> Any:
     import msgspec
 
     return msgspec.json.decode(data or b"null")
-
-
-def kubernetes_problem(exc: Exception, namespace: str) -> ConnectionProblem:
-    """The words for an API call the server refused."""
-    status = getattr(exc, "status", None)
-    if status == 401:
-        return ConnectionProblem("auth", "the API server refused the credentials (401); check the kubeconfig's user")
-    if status == 403:
-        return ConnectionProblem(
-            "permission", f"the credentials may not list Jobs in namespace {namespace} (403): {_explain(exc)}"
-        )
-    if status == 404:
-        return ConnectionProblem("not_found", f"namespace {namespace} does not exist (404); create it or fix the name")
-    return ConnectionProblem("unreachable", f"the API server answered {status}: {_explain(exc)}")
-
-
-def _explain(exc: Exception) -> str:
-    body = getattr(exc, "body", None)
-    try:
-        return str(json.loads(body)["message"]) if body else str(exc)
-    except (ValueError, KeyError, TypeError):
-        return str(exc)
-
-
-def _refusal_class(exc: Exception) -> ErrClass:
-    """The API server refusing a job: 401/403 are credentials, 422/400 the job's configuration, the rest (quota
-    409s, 5xx) the platform's."""
-    status = int(getattr(exc, "status", 0) or 0)
-    if status in (401, 403):
-        return ErrClass.ERR_AUTH
-    return ErrClass.ERR_CONFIG if status in (400, 404, 422) else ErrClass.ERR_INFRA

@@ -1,10 +1,15 @@
 """The ``kubernetes`` platform's status rule: a ``batch/v1`` Job's state in the shared vocabulary from the Job and its
 pods (API JSON), and what a poll needs to know about the pods. Pure functions, no I/O.
 
-A Job is Running only while one of its pods runs its container. Pending pods say why (unschedulable, pulling,
-ContainerCreating, a config error); a pod that stays unschedulable past ``unschedulable_timeout_seconds`` or cannot
-start past ``start_timeout_seconds`` (both carried as annotations of the Job, so any hook judges it alike) makes the
-job an Error, and so does a Job left suspended by a worker that died mid-submission.
+A Job is Running only while one of its pods runs its container. No wait is without a bound: a pod that stays
+unschedulable or scheduling-gated past ``unschedulable_timeout_seconds``, a Job whose pods are never created
+(``FailedCreate``: quota, PodSecurity, LimitRange, a webhook's denial) or a pod that cannot start (a waiting reason
+such as ``ErrImagePull``, ``ErrImageNeverPull`` or a config error, or ``ContainerCreating`` with a Warning event such
+as ``FailedMount`` / a ``Multi-Attach`` of a ReadWriteOnce claim) past ``start_timeout_seconds`` (both bounds carried
+as annotations of the Job, so any hook judges it alike) makes the job an Error, and so does a Job left suspended by a
+worker that died mid-submission. What only events say (why pods are not created, why a pod stays in
+``ContainerCreating``) is read for the objects :func:`events_needed` names. A Job suspended again after we resumed it
+(Kueue, which suspends Jobs it has not admitted or has preempted) is queued for capacity, not dead.
 """
 
 from __future__ import annotations
@@ -22,17 +27,22 @@ CONTAINER = "tao"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 ANNOTATION_UNSCHEDULABLE = f"{ct.LABEL_DOMAIN}/unschedulable-timeout"
 ANNOTATION_START = f"{ct.LABEL_DOMAIN}/start-timeout"
+#: Set with the resume: a Job suspended and carrying it was suspended by someone else (a queue such as Kueue).
+ANNOTATION_RESUMED = f"{ct.LABEL_DOMAIN}/resumed"
 DEFAULT_UNSCHEDULABLE_TIMEOUT = 15 * 60
 DEFAULT_START_TIMEOUT = 10 * 60
 #: A Job still suspended after this long was left behind by a worker that died mid-submission.
 SETUP_TIMEOUT_SECONDS = 60.0
-_WAITING_FATAL = {
-    "ErrImagePull",
-    "ImagePullBackOff",
-    "InvalidImageName",
-    "CreateContainerConfigError",
-    "CreateContainerError",
-}
+#: Waiting reasons of a container that can last while all is well (an image pull shows as ContainerCreating);
+#: every other one is bounded by the start timeout, and so is ContainerCreating once a Warning event explains it.
+_WAITING_BENIGN = {"ContainerCreating", "PodInitializing"}
+#: How long a wait goes before the events that explain it are read.
+EVENTS_AFTER_SECONDS = 10.0
+_QUOTA = "exceeded quota"
+_MULTI_ATTACH_HINT = (
+    " (a ReadWriteOnce volume, such as the connection's results_pvc, is in use on another node: use a "
+    "ReadWriteMany claim)"
+)
 
 
 # ----------------------------------------------------------------------------- the status rule
@@ -40,11 +50,14 @@ _WAITING_FATAL = {
 
 @dataclass(frozen=True)
 class _Waiting:
-    """Why a pod does not run yet, and since when (epoch seconds)."""
+    """Why a pod does not run yet, since when (epoch seconds), the annotation that bounds it (None: no bound of
+    ours) and whether it waits for capacity."""
 
     reason: str
     message: str
     since: float
+    bound: str | None = None
+    capacity: bool = False
 
 
 def pods_needed(jobs: list[dict[str, Any]], watched: set[str]) -> bool:
@@ -63,9 +76,36 @@ def pods_needed(jobs: list[dict[str, Any]], watched: set[str]) -> bool:
     return False
 
 
-def job_status(job: dict[str, Any], pods: list[dict[str, Any]], now: float) -> JobStatus:
-    """A Job's state from the Job and its pods (API JSON). Running only while a pod runs its container; a pod
-    that cannot be scheduled or started past its bound makes the job an Error."""
+def events_needed(job: dict[str, Any], pods: list[dict[str, Any]], now: float) -> list[str]:
+    """The uids of the objects whose Warning events alone say why the job waits, once it has waited a while: the
+    Job when it has no pod (``FailedCreate``), a pod in ``ContainerCreating`` (``FailedMount``, ``Multi-Attach``)."""
+    if is_finished(job) or job["spec"].get("suspend") or job["metadata"].get("deletionTimestamp"):
+        return []
+    if not pods and ((job.get("status") or {}).get("ready") or 0):  # running: the poll did not list its pods
+        return []
+    if not pods:
+        return [job["metadata"]["uid"]] if now - _started(job, now) > EVENTS_AFTER_SECONDS else []
+    needed = []
+    for pod in pods:
+        item = _waiting(pod, [])
+        if item is not None and item.reason in _WAITING_BENIGN and now - item.since > EVENTS_AFTER_SECONDS:
+            needed.append(pod["metadata"]["uid"])
+    return needed
+
+
+def job_status(
+    job: dict[str, Any],
+    pods: list[dict[str, Any]],
+    now: float,
+    warnings: dict[str, list[dict[str, Any]]] | None = None,
+) -> JobStatus:
+    """A Job's state from the Job and its pods (API JSON). Running only while a pod runs its container; a wait
+    past its bound makes the job an Error.
+
+    :param warnings: Warning events by the uid of the object they are about, oldest first, for the objects
+        :func:`events_needed` named.
+    """
+    warnings = warnings or {}
     meta = job["metadata"]
     name = meta["name"]
     if meta.get("deletionTimestamp"):
@@ -76,46 +116,93 @@ def job_status(job: dict[str, Any], pods: list[dict[str, Any]], now: float) -> J
     failed = conditions.get("Failed") or conditions.get("FailureTarget")
     if failed is not None:
         return _failed_status(name, failed, pods)
+    annotations = meta.get("annotations") or {}
     if job["spec"].get("suspend"):
-        if now - (epoch(meta.get("creationTimestamp")) or now) > SETUP_TIMEOUT_SECONDS:
-            return JobStatus(
-                JobState.ERROR,
-                f"Job {name} was created but never started (the submitting worker died?)",
-                raw_state="Suspended",
-            )
-        return JobStatus(JobState.PENDING, f"Job {name} is being set up", raw_state="Suspended")
+        return _suspended_status(job, conditions.get("Suspended"), now)
     if not pods and (ready := (job.get("status") or {}).get("ready") or 0):  # the poll did not list the pods
         active_count = (job.get("status") or {}).get("active") or ready
         return JobStatus(JobState.RUNNING, f"{ready}/{active_count} pod(s) of Job {name} running", raw_state="Running")
+    if not pods:
+        return _podless_status(job, warnings.get(meta.get("uid", ""), []), now)
     active = [p for p in pods if p["status"].get("phase") in ("Pending", "Running")]
     running = [p for p in active if _running(p)]
     if running:
         return JobStatus(
             JobState.RUNNING, f"{len(running)}/{len(active)} pod(s) of Job {name} running", raw_state="Running"
         )
-    waiting = [w for w in (_waiting(p) for p in active) if w is not None]
+    waiting = [
+        w for w in (_waiting(p, warnings.get(p["metadata"].get("uid", ""), [])) for p in active) if w is not None
+    ]
     if not waiting:
         return JobStatus(JobState.PENDING, f"Job {name} is waiting for its pods", raw_state="Pending")
-    annotations = meta.get("annotations") or {}
     for item in waiting:
-        fatal = item.reason == "Unschedulable" or item.reason in _WAITING_FATAL
-        key = ANNOTATION_UNSCHEDULABLE if item.reason == "Unschedulable" else ANNOTATION_START
-        default = DEFAULT_UNSCHEDULABLE_TIMEOUT if item.reason == "Unschedulable" else DEFAULT_START_TIMEOUT
-        bound = float(annotations.get(key) or default)
-        if fatal and now - item.since > bound:
+        if item.bound is not None and now - item.since > (bound := _bound(annotations, item.bound)):
             return JobStatus(
                 JobState.ERROR,
                 f"Job {name}: {item.reason} for {now - item.since:.0f} s (more than {bound:.0f} s): {item.message}",
                 raw_state=item.reason,
             )
     first = waiting[0]
-    unschedulable = [item.since for item in waiting if item.reason == "Unschedulable"]
     return JobStatus(
         JobState.PENDING,
         f"Job {name}: {first.reason}: {first.message}".rstrip(": "),
         raw_state=first.reason,
-        # a pod the scheduler cannot place waits for resources, since the scheduler said so
-        capacity_wait_since=min(unschedulable, default=None),
+        # a pod the scheduler cannot place (or a gate holds) waits for resources, since it was said so
+        capacity_wait_since=min((item.since for item in waiting if item.capacity), default=None),
+    )
+
+
+def _bound(annotations: dict[str, str], key: str) -> float:
+    default = DEFAULT_UNSCHEDULABLE_TIMEOUT if key == ANNOTATION_UNSCHEDULABLE else DEFAULT_START_TIMEOUT
+    return float(annotations.get(key) or default)
+
+
+def _started(job: dict[str, Any], now: float) -> float:
+    """When the Job controller started the Job (``status.startTime``, set at the resume), else its creation."""
+    return epoch((job.get("status") or {}).get("startTime")) or epoch(job["metadata"].get("creationTimestamp")) or now
+
+
+def _suspended_status(job: dict[str, Any], condition: dict[str, Any] | None, now: float) -> JobStatus:
+    """A suspended Job: ours while being set up (past a minute: its worker died), or -- resumed by us, suspended
+    again -- held by a queue such as Kueue (not admitted yet, or preempted): queued for capacity."""
+    meta = job["metadata"]
+    name = meta["name"]
+    resumed = (meta.get("annotations") or {}).get(ANNOTATION_RESUMED)
+    if resumed:
+        since = epoch((condition or {}).get("lastTransitionTime")) or float(resumed)
+        return JobStatus(
+            JobState.PENDING,
+            f"Job {name} was suspended after its submission by a queue controller such as Kueue: it waits to be "
+            f"admitted ({(condition or {}).get('message') or 'suspended'})",
+            raw_state="Queued",
+            capacity_wait_since=since,
+        )
+    if now - (epoch(meta.get("creationTimestamp")) or now) > SETUP_TIMEOUT_SECONDS:
+        return JobStatus(
+            JobState.ERROR,
+            f"Job {name} was created but never started (the submitting worker died?)",
+            raw_state="Suspended",
+        )
+    return JobStatus(JobState.PENDING, f"Job {name} is being set up", raw_state="Suspended")
+
+
+def _podless_status(job: dict[str, Any], warnings: list[dict[str, Any]], now: float) -> JobStatus:
+    """A started Job without a pod: the Job controller's ``FailedCreate`` events say why (a quota is a wait for
+    capacity; PodSecurity, a LimitRange or a webhook's denial are not), bounded either way."""
+    name = job["metadata"]["name"]
+    annotations = job["metadata"].get("annotations") or {}
+    since = _started(job, now)
+    refused = [e for e in warnings if e.get("reason") == "FailedCreate"]
+    why = str(refused[-1].get("message") or "") if refused else ""
+    quota = _QUOTA in why
+    raw = "ExceededQuota" if quota else "FailedCreate" if refused else "PodsNotCreated"
+    text = f"its pods cannot be created: {why}" if refused else "no pod has been created yet"
+    bound = _bound(annotations, ANNOTATION_UNSCHEDULABLE if quota else ANNOTATION_START)
+    if now - since > bound:
+        text = f"{text} ({now - since:.0f} s, more than {bound:.0f} s)"
+        return JobStatus(JobState.ERROR, f"Job {name}: {text}", raw_state=raw)
+    return JobStatus(
+        JobState.PENDING, f"Job {name}: {text}", raw_state=raw, capacity_wait_since=since if quota else None
     )
 
 
@@ -140,6 +227,40 @@ def _failed_status(name: str, condition: dict[str, Any], pods: list[dict[str, An
     raw = str(terminated.get("reason") or reason)
     what = "was killed by the out-of-memory killer" if raw == "OOMKilled" else f"exited with code {code}"
     return JobStatus(JobState.ERROR, f"Job {name}: pod {pod} container {CONTAINER} {what}", code, raw)
+
+
+# ----------------------------------------------------------------------------- what a poll reads
+
+
+def was_resumed(job: dict[str, Any]) -> bool:
+    """Whether its submission finished: resumed by us (it may be suspended again since, by a queue)."""
+    return not job["spec"].get("suspend") or ANNOTATION_RESUMED in (job["metadata"].get("annotations") or {})
+
+
+Owned = dict[str, tuple[dict[str, Any] | None, list[dict[str, Any]]]]
+
+
+def owned_by(job_ids: list[str], jobs: list[dict[str, Any]], pods: list[dict[str, Any]]) -> Owned:
+    """Each watched job's Job (None when gone) and its own pods, by job id."""
+    by_id = {(j["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID): j for j in jobs}
+    pods_by_id: dict[str, list[dict[str, Any]]] = {}
+    for pod in pods:
+        pods_by_id.setdefault((pod["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID, ""), []).append(pod)
+    return {job_id: (by_id.get(job_id), pods_by_id.get(job_id, [])) for job_id in job_ids}
+
+
+def all_events_needed(owned: Owned, now: float) -> list[str]:
+    """:func:`events_needed` over every watched job."""
+    return [uid for job, pods in owned.values() if job is not None for uid in events_needed(job, pods, now)]
+
+
+def warning_selector(uid: str) -> str:
+    """The field selector of the Warning events about one object."""
+    return f"involvedObject.uid={uid},type=Warning"
+
+
+def oldest_first(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
 
 # ----------------------------------------------------------------------------- pods
@@ -180,19 +301,29 @@ def culprit_of(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
     return min(failed, key=lambda p: (termination_of(p) or {}).get("finishedAt") or "", default=None) or rank0_pod(pods)
 
 
-def _waiting(pod: dict[str, Any]) -> _Waiting | None:
-    """Why a pending pod does not run: the scheduler's verdict first, then its container's waiting reason."""
+def _waiting(pod: dict[str, Any], warnings: list[dict[str, Any]]) -> _Waiting | None:
+    """Why a pending pod does not run: the scheduler's verdict first (unschedulable, gated: a wait for capacity),
+    then its container's waiting reason; ``ContainerCreating`` says more through the pod's newest Warning event."""
     conditions = {c["type"]: c for c in pod["status"].get("conditions") or []}
     scheduled = conditions.get("PodScheduled")
     created = epoch(pod["metadata"].get("creationTimestamp")) or time.time()
     if scheduled is not None and scheduled.get("status") == "False":
         since = epoch(scheduled.get("lastTransitionTime")) or created
-        return _Waiting(str(scheduled.get("reason") or "Unschedulable"), str(scheduled.get("message") or ""), since)
+        reason = str(scheduled.get("reason") or "Unschedulable")
+        return _Waiting(reason, str(scheduled.get("message") or ""), since, ANNOTATION_UNSCHEDULABLE, capacity=True)
     waiting = ((_container(pod).get("state")) or {}).get("waiting")
     if waiting is None:
         return None
     since = epoch((scheduled or {}).get("lastTransitionTime")) or created
-    return _Waiting(str(waiting.get("reason") or "Waiting"), str(waiting.get("message") or ""), since)
+    reason = str(waiting.get("reason") or "Waiting")
+    if reason not in _WAITING_BENIGN:
+        return _Waiting(reason, str(waiting.get("message") or ""), since, ANNOTATION_START)
+    if warnings:
+        event = warnings[-1]
+        message = str(event.get("message") or "")
+        hint = _MULTI_ATTACH_HINT if "Multi-Attach" in message else ""
+        return _Waiting(str(event.get("reason") or reason), f"{reason}: {message}{hint}", since, ANNOTATION_START)
+    return _Waiting(reason, str(waiting.get("message") or ""), since)  # an image pull: the kubelet bounds it
 
 
 # ----------------------------------------------------------------------------- usage (GPU-hours)

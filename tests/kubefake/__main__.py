@@ -1,4 +1,5 @@
-"""``python -m tests.kubefake --port 0 --ready-file F [--runtime docker|sim] [--docker-host URL]``.
+"""``python -m tests.kubefake --port 0 --ready-file F [--runtime docker|sim] [--docker-host URL]
+[--owner-references-permission-enforcement]``.
 
 Writes ``{"port": N, "pid": P}`` to the ready file once it answers, and runs until SIGTERM / SIGINT, then removes the
 containers its kubelet made. SIGUSR1 prints every thread's stack (a test that waits for it to stop says why it did not).
@@ -31,6 +32,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
     parser.add_argument("--gpus-per-node", type=int, default=1)
     parser.add_argument("--tick", type=float, default=0.2, help="seconds between two controller passes")
     parser.add_argument("--token", default=None, help="bearer token the API wants (default: none checked)")
+    parser.add_argument(
+        "--owner-references-permission-enforcement",
+        action="store_true",
+        help="admission refuses new blocking owner references (the user may not update <owner>/finalizers)",
+    )
     args = parser.parse_args(argv)
 
     workdir = workdir_for()
@@ -40,6 +46,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     cluster.tick_seconds = args.tick
     server = FakeApiServer(("127.0.0.1", args.port), store, cluster)
     server.token = args.token
+    server.owner_references_enforcement = args.owner_references_permission_enforcement
     hold_stop_signals()
     cluster.start()
     threading.Thread(target=server.serve_forever, name="kubefake-http", daemon=True).start()

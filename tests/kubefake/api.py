@@ -4,7 +4,8 @@
 while; ``/fake/evict`` (POST ``{"namespace", "pod", "message"}``) has the kubelet evict a pod for node pressure;
 ``/fake/objects`` (GET) lists the names of every object by resource (events apart); ``/fake/created`` (GET) lists
 every object ever created, deleted ones too (``resource``, ``namespace``, ``name``, ``uid``, ``labels``, ``created``);
-``/fake/stats`` (GET, and POST to reset) counts the API requests by verb and resource.
+``/fake/stats`` (GET, and POST to reset) counts the API requests by verb and resource and lists the log reads (their
+options and the bytes served).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tests.kubefake.cluster import Cluster
-from tests.kubefake.store import RESOURCES, ApiError, Store, not_found
+from tests.kubefake.store import RESOURCES, ApiError, Store, not_found, quota_refusal
 
 VERSION = {
     "major": "1",
@@ -46,6 +47,11 @@ class FakeApiServer(ThreadingHTTPServer):
         self.stats_lock = threading.Lock()
         #: When set, the Kubernetes API wants ``Authorization: Bearer <token>`` (401 otherwise, as the real server).
         self.token: str | None = None
+        #: OwnerReferencesPermissionEnforcement on, for a user without ``update`` on any ``<owner>/finalizers`` (the
+        #: usual job-submitting role): a new blocking owner reference is refused (403), as on OpenShift.
+        self.owner_references_enforcement = False
+        #: The options and size of every log read (``/fake/stats``).
+        self.log_reads: list[dict[str, Any]] = []
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -164,14 +170,21 @@ class _Handler(BaseHTTPRequestHandler):
                 ),
             )
         elif method == "POST" and not name:
-            self._send(201, store.create(resource, ns, self._json_body()))
+            body = self._json_body()
+            self._admit_owner_references(resource, None, body)
+            if resource == "pods" and (refusal := quota_refusal(store, ns, body)):
+                raise ApiError(
+                    403, "Forbidden", refusal, {"name": (body.get("metadata") or {}).get("name", ""), "kind": "pods"}
+                )
+            self._send(201, store.create(resource, ns, body))
         elif method == "GET" and sub == "log":
             self._log(ns, name, query)
         elif method == "GET":
             self._send(200, store.get(resource, ns, name))
         elif method == "PATCH":
             content_type = self.headers.get("Content-Type", "")
-            self._send(200, store.patch(resource, ns, name, content_type, self._body()))
+            admit = lambda old, new: self._admit_owner_references(resource, old, new)  # noqa: E731
+            self._send(200, store.patch(resource, ns, name, content_type, self._body(), admit=admit))
         elif method == "DELETE":
             options = self._json_body() or {}
             for key in ("propagationPolicy", "gracePeriodSeconds"):
@@ -183,16 +196,54 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
 
+    def _admit_owner_references(self, resource: str, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+        """The OwnerReferencesPermissionEnforcement admission plugin (k8s.io/kubernetes
+        plugin/pkg/admission/gc/gc_admission.go, ``newBlockingOwnerDeletionRefs``): setting ``blockOwnerDeletion``
+        on a reference (new, or not blocking before) needs ``update`` on the owner's ``finalizers``; refused here."""
+        if not self.server.owner_references_enforcement:
+            return
+        before = {r.get("uid"): r for r in ((old or {}).get("metadata") or {}).get("ownerReferences") or []}
+        for ref in (new.get("metadata") or {}).get("ownerReferences") or []:
+            if (
+                ref.get("blockOwnerDeletion") is True
+                and before.get(ref.get("uid"), {}).get("blockOwnerDeletion") is not True
+            ):
+                name = (new.get("metadata") or {}).get("name", "")
+                raise ApiError(
+                    403,
+                    "Forbidden",
+                    f'{resource} "{name}" is forbidden: cannot set blockOwnerDeletion if an ownerReference refers to '
+                    "a resource you can't set finalizers on: , <nil>",
+                    {"name": name, "kind": resource},
+                )
+
     def _log(self, namespace: str, name: str, query: dict[str, str]) -> None:
+        """``GET pods/{name}/log``: the options checked as ``ValidatePodLogOptions`` does (422), the container as
+        ``LogLocation`` picks it (400), an unscheduled pod's log empty, a waiting container refused as the kubelet
+        refuses it (400), the text cut at ``limitBytes`` (timestamps count, as they do through the kubelet)."""
         pod = self.server.store.get("pods", namespace, name)
+        options = _log_options(name, query)
+        names = [c["name"] for c in pod["spec"]["containers"]]
+        container = query.get("container") or (names[0] if len(names) == 1 else "")
+        if container not in names:
+            problem = (
+                f"container {container} is not valid for pod {name}"
+                if container
+                else (f"a container name must be specified for pod {name}, choose one of: [{' '.join(names)}]")
+            )
+            raise ApiError(400, "BadRequest", problem)
         statuses = pod["status"].get("containerStatuses") or []
-        container = query.get("container") or pod["spec"]["containers"][0]["name"]
-        if not statuses or "waiting" in statuses[0]["state"]:
+        if not pod["spec"].get("nodeName"):
+            text = b""  # LogLocation: no host assigned yet, an empty location (an empty answer)
+        elif not statuses or "waiting" in statuses[0]["state"]:
             reason = statuses[0]["state"]["waiting"]["reason"] if statuses else "ContainerCreating"
             raise ApiError(400, "BadRequest", f'container "{container}" in pod "{name}" is waiting to start: {reason}')
-        text = self.server.cluster.runtime.logs(pod["metadata"]["uid"], query)
-        if query.get("limitBytes"):
-            text = text[: int(query["limitBytes"])]
+        else:
+            text = self.server.cluster.runtime.logs(pod["metadata"]["uid"], query)
+        if "limitBytes" in options:
+            text = text[: options["limitBytes"]]
+        with self.server.stats_lock:
+            self.server.log_reads.append({"bytes": len(text), **options})
         self._send(200, text, "text/plain")
 
     # ------------------------------------------------------------------ the tests' controls
@@ -226,9 +277,44 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, history)
         elif parts == ["stats"]:
             with server.stats_lock:
-                counts = dict(server.requests)
+                counts, logs = dict(server.requests), list(server.log_reads)
                 if method == "POST":
                     server.requests.clear()
-            self._send(200, {"total": sum(counts.values()), "by": counts})
+                    server.log_reads.clear()
+            self._send(200, {"total": sum(counts.values()), "by": counts, "log_reads": logs})
         else:
             raise not_found("pods", "/".join(parts))
+
+
+_LOG_INTEGERS = ("sinceSeconds", "tailLines", "limitBytes")
+
+
+def _log_options(name: str, query: dict[str, str]) -> dict[str, Any]:
+    """The integer options of a log read, checked as ``ValidatePodLogOptions`` (k8s.io/kubernetes
+    pkg/apis/core/validation) checks them: an Invalid ``PodLogOptions`` (422) otherwise."""
+    options: dict[str, Any] = {}
+    for key in _LOG_INTEGERS:
+        if key in query:
+            try:
+                options[key] = int(query[key])
+            except ValueError as exc:
+                raise ApiError(400, "BadRequest", f'strconv.ParseInt: parsing "{query[key]}": invalid syntax') from exc
+    problems = []
+    if options.get("tailLines", 0) < 0:
+        problems.append(f"tailLines: Invalid value: {options['tailLines']}: must be greater than or equal to 0")
+    if options.get("limitBytes", 1) < 1:
+        problems.append(f"limitBytes: Invalid value: {options['limitBytes']}: must be greater than 0")
+    if "sinceSeconds" in options and "sinceTime" in query:
+        problems.append("Forbidden: at most one of `sinceTime` or `sinceSeconds` may be specified")
+    elif options.get("sinceSeconds", 1) < 1:
+        problems.append(f"sinceSeconds: Invalid value: {options['sinceSeconds']}: must be greater than 0")
+    if problems:
+        raise ApiError(
+            422,
+            "Invalid",
+            f'PodLogOptions "{name}" is invalid: {", ".join(problems)}',
+            {"name": name, "kind": "PodLogOptions"},
+        )
+    if "sinceTime" in query:
+        options["sinceTime"] = query["sinceTime"]
+    return options

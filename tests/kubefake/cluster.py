@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from tests.kubefake.store import Store, age_of, iter_owned, now_rfc3339, parse_time
+from tests.kubefake.store import Store, age_of, iter_owned, now_rfc3339, parse_time, quota_refusal
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 BACKOFF_SECONDS = 2.0  # between ErrImagePull and ImagePullBackOff reports
@@ -169,10 +169,8 @@ class DockerRuntime:
         if cid is None:
             return b""
         kwargs: dict[str, Any] = {"timestamps": True}
-        if params.get("sinceTime"):
-            kwargs["since"] = int(parse_time(params["sinceTime"]))
-        elif params.get("sinceSeconds"):
-            kwargs["since"] = int(time.time() - int(params["sinceSeconds"]))
+        if since := log_since(params):
+            kwargs["since"] = since  # docker: lines stamped at or after it, as the kubelet's since
         if params.get("tailLines"):
             kwargs["tail"] = int(params["tailLines"])
         text = bytes(self.client.logs(cid, stdout=True, stderr=True, **kwargs))
@@ -235,12 +233,16 @@ class SimRuntime:
         start = self.started.get(pod_uid)
         if start is None:
             return b""
-        since = parse_time(params["sinceTime"]) if params.get("sinceTime") else 0.0
+        since = log_since(params)
         lines = [
             f"{_stamp(start + n, nanos=True)} step {n}\n"
             for n in range(int(min(time.time(), self._end(pod_uid)) - start) + 1)
             if start + n >= since
         ]
+        if params.get("tailLines"):
+            lines = lines[-int(params["tailLines"]) :] if int(params["tailLines"]) else []
+        if params.get("timestamps", "false").lower() not in ("true", "1"):
+            lines = [line.split(" ", 1)[1] for line in lines]
         return "".join(lines).encode()
 
     def remove(self, pod_uid: str) -> None:
@@ -249,6 +251,16 @@ class SimRuntime:
 
     def remove_all(self) -> None:
         self.started.clear()
+
+
+def log_since(params: dict[str, str]) -> float:
+    """The time a log read starts at (0: the beginning), as the kubelet's ``NewLogOptions`` computes it: ``sinceTime``
+    as given, ``sinceSeconds`` back from now on the node's clock."""
+    if params.get("sinceTime"):
+        return parse_time(params["sinceTime"])
+    if params.get("sinceSeconds"):
+        return time.time() - int(params["sinceSeconds"])
+    return 0.0
 
 
 def _stamp(epoch: float, nanos: bool = False) -> str:
@@ -386,12 +398,12 @@ class Cluster:
                 elif indexed:
                     busy = {int(p["metadata"]["annotations"][INDEX_KEY]) for p in active} | done_indexes
                     for index in range(completions):
-                        if index not in busy:
-                            active.append(self._create_pod(job, index))
+                        if index not in busy and (pod := self._create_pod(job, index)) is not None:
+                            active.append(pod)
                 else:
                     wanted = min(int(spec.get("parallelism") or 1), completions - len(succeeded))
-                    while len(active) < wanted:
-                        active.append(self._create_pod(job, None))
+                    while len(active) < wanted and (pod := self._create_pod(job, None)) is not None:
+                        active.append(pod)
             status.update(
                 active=len(active),
                 ready=sum(1 for p in active if p["status"]["phase"] == "Running"),
@@ -424,7 +436,9 @@ class Cluster:
         for pod in pods:
             self.store.delete("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], {})
 
-    def _create_pod(self, job: dict[str, Any], index: int | None) -> dict[str, Any]:
+    def _create_pod(self, job: dict[str, Any], index: int | None) -> dict[str, Any] | None:
+        """A pod of the Job, through the API server's admission (None when refused: a ``FailedCreate`` event on the
+        Job, as the controller's ``CreatePods`` records it, and the next pass tries again)."""
         template = job["spec"]["template"]
         meta = job["metadata"]
         name = meta["name"] if index is None else f"{meta['name']}-{index}"
@@ -457,6 +471,9 @@ class Cluster:
             },
             "spec": spec,
         }
+        if refusal := quota_refusal(self.store, meta["namespace"], pod):
+            self.store.record_event(job, "Warning", "FailedCreate", f"Error creating: {refusal}", "job-controller")
+            return None
         created = self.store.create("pods", meta["namespace"], pod)
         self.store.record_event(
             job, "Normal", "SuccessfulCreate", f"Created pod: {created['metadata']['name']}", "job-controller"

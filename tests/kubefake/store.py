@@ -29,6 +29,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "services": ("Service", "v1", True),
     "events": ("Event", "v1", True),
     "persistentvolumeclaims": ("PersistentVolumeClaim", "v1", True),
+    "resourcequotas": ("ResourceQuota", "v1", True),
     "jobs": ("Job", "batch/v1", True),
     "nodes": ("Node", "v1", False),
     "namespaces": ("Namespace", "v1", False),
@@ -153,13 +154,56 @@ def _field(obj: dict[str, Any], path: str) -> str:
     return "" if value is None else str(value)
 
 
-def field_matcher(text: str) -> Callable[[dict[str, Any]], bool]:
-    """Field selectors: ``involvedObject.name=x,status.phase!=Running`` (equality only, as the API)."""
+#: The field labels each resource can be selected by (any other: 400), from each registry's ``ToSelectableFields`` /
+#: ``GetAttrs`` (k8s.io/kubernetes pkg/registry/core/{event,pod}/strategy.go, pkg/registry/batch/job/strategy.go).
+SELECTABLE_FIELDS: dict[str, frozenset[str]] = {
+    "events": frozenset(
+        {
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        }
+    ),
+    "pods": frozenset(
+        {
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.podIPs",
+            "status.nominatedNodeName",
+        }
+    ),
+    "jobs": frozenset({"status.successful"}),
+    "secrets": frozenset({"type"}),
+}
+
+
+def field_matcher(text: str, resource: str = "") -> Callable[[dict[str, Any]], bool]:
+    """Field selectors: ``involvedObject.name=x,status.phase!=Running`` (equality only, as the API), on the labels
+    the resource supports (plus ``metadata.name`` / ``metadata.namespace``)."""
     tests: list[tuple[str, bool, str]] = []
     for part in filter(None, (p.strip() for p in (text or "").split(","))):
         negate = "!=" in part
         key, value = re.split(r"!=|==?", part, maxsplit=1)
-        tests.append((key.strip(), negate, value.strip()))
+        key = key.strip()
+        if resource and key not in SELECTABLE_FIELDS.get(resource, frozenset()) | {
+            "metadata.name",
+            "metadata.namespace",
+        }:
+            raise ApiError(400, "BadRequest", f"field label not supported: {key}")
+        tests.append((key, negate, value.strip()))
     return lambda obj: all((_field(obj, key) == value) != negate for key, negate, value in tests)
 
 
@@ -277,7 +321,7 @@ class Store:
 
     def select(self, resource: str, namespace: str | None, labels: str = "", fields: str = "") -> dict[str, Any]:
         requirements = parse_label_selector(labels)
-        field_ok = field_matcher(fields)
+        field_ok = field_matcher(fields, resource)
         with self.lock:
             items = [
                 copy.deepcopy(obj)
@@ -293,7 +337,17 @@ class Store:
             "items": items,
         }
 
-    def patch(self, resource: str, namespace: str, name: str, content_type: str, body: bytes) -> dict[str, Any]:
+    def patch(
+        self,
+        resource: str,
+        namespace: str,
+        name: str,
+        content_type: str,
+        body: bytes,
+        *,
+        admit: Callable[[dict[str, Any] | None, dict[str, Any]], None] = lambda old, new: None,
+    ) -> dict[str, Any]:
+        """A patch; ``admit(old, new)`` is the admission chain's say on the result (raises to refuse)."""
         try:
             patch = json.loads(body or b"null")
         except ValueError as exc:
@@ -330,6 +384,7 @@ class Store:
             if resource == "jobs" and updated["spec"].get("template") != current["spec"].get("template"):
                 raise invalid(resource, name, "spec.template", "Invalid value: field is immutable")
             _validate(resource, updated)
+            admit(current, updated)
             self.objects[(resource, namespace, name)] = self._stamp(updated)
             result = copy.deepcopy(updated)
         self.on_change()
@@ -658,6 +713,37 @@ _DEFAULTS: dict[str, Callable[[dict[str, Any]], None]] = {
     "persistentvolumeclaims": _default_pvc,
     "secrets": _default_secret,
 }
+
+
+#: The one quota resource modelled: GPUs asked for by a namespace's live pods (extended resources are quota'd by
+#: their ``requests.`` name; a limit-only extended resource defaults its request to the limit).
+GPU_QUOTA = "requests.nvidia.com/gpu"
+
+
+def quota_refusal(store: Store, namespace: str, pod: dict[str, Any]) -> str | None:
+    """The ResourceQuota admission's verdict on a new pod (k8s plugin/pkg/admission/resourcequota/controller.go
+    ``CheckRequest``): the ``exceeded quota`` message when it would take the namespace's pods past a quota's hard
+    ``requests.nvidia.com/gpu``, else None."""
+
+    def gpus(spec: dict[str, Any]) -> int:
+        limits = [((c.get("resources") or {}).get("limits") or {}) for c in spec.get("containers") or []]
+        return sum(int(limit.get("nvidia.com/gpu") or 0) for limit in limits)
+
+    requested = gpus(pod.get("spec") or {})
+    if not requested:
+        return None
+    with store.lock:
+        used = sum(
+            gpus(p["spec"]) for p in store.all("pods", namespace) if p["status"].get("phase") in ("Pending", "Running")
+        )
+        for quota in store.all("resourcequotas", namespace):
+            hard = ((quota.get("spec") or {}).get("hard") or {}).get(GPU_QUOTA)
+            if hard is not None and used + requested > int(hard):
+                return (
+                    f'pods "{pod["metadata"]["name"]}" is forbidden: exceeded quota: {quota["metadata"]["name"]}, '
+                    f"requested: {GPU_QUOTA}={requested}, used: {GPU_QUOTA}={used}, limited: {GPU_QUOTA}={hard}"
+                )
+    return None
 
 
 def iter_owned(store: Store, uid: str, resource: str) -> Iterable[dict[str, Any]]:

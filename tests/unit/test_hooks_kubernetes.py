@@ -24,6 +24,7 @@ from airflow_provider_tao.hooks.kubernetes import (
     label_value,
     pods_needed,
 )
+from airflow_provider_tao.hooks.kubernetes_status import ANNOTATION_RESUMED, events_needed
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 
 NOW = time.time()
@@ -156,6 +157,117 @@ def test_a_poll_lists_pods_only_when_a_jobs_own_status_cannot_settle_its_state()
     assert (status.state, status.message) == (JobState.RUNNING, "1/2 pod(s) of Job j running")
 
 
+def _warning(reason: str, message: str) -> dict[str, Any]:
+    return {"type": "Warning", "reason": reason, "message": message, "involvedObject": {"name": "j"}}
+
+
+def _verdict(status: Any) -> ErrClass:
+    return classify(FailureFacts(raw_state=status.raw_state, message=status.message)).err_class
+
+
+@pytest.mark.parametrize(
+    ("message", "raw_state", "err_class", "bound"),
+    [
+        (
+            'Error creating: pods "j-x" is forbidden: violates PodSecurity "restricted:latest": privileged',
+            "FailedCreate",
+            ErrClass.ERR_CONFIG,
+            120,
+        ),
+        (
+            'Error creating: admission webhook "policy.example.com" denied the request',
+            "FailedCreate",
+            ErrClass.ERR_CONFIG,
+            120,
+        ),
+        (
+            'Error creating: pods "j-x" is forbidden: exceeded quota: gpus, requested: requests.nvidia.com/gpu=2, '
+            "used: requests.nvidia.com/gpu=8, limited: requests.nvidia.com/gpu=8",
+            "ExceededQuota",
+            ErrClass.ERR_CAPACITY,
+            60,
+        ),
+    ],
+)
+def test_pods_never_created_say_why_from_the_jobs_events_and_are_bounded(
+    message: str, raw_state: str, err_class: ErrClass, bound: int
+) -> None:
+    job = _job(active=0, startTime=_stamp(20))
+    assert events_needed(job, [], NOW) == ["u"] and events_needed(job, [], NOW - 15) == []  # only after a while
+    warnings = {"u": [_warning("FailedCreate", message)]}
+    pending = job_status(job, [], NOW, warnings)
+    assert pending.state is JobState.PENDING and message in pending.message and pending.raw_state == raw_state
+    assert (pending.capacity_wait_since is not None) is (err_class is ErrClass.ERR_CAPACITY)  # a quota frees up
+    assert job_status(job, [], NOW + bound - 30, warnings).state is JobState.PENDING
+    late = job_status(job, [], NOW + bound, warnings)
+    assert late.state is JobState.ERROR and message in late.message and _verdict(late) is err_class
+    assert job_status(job, [], NOW + 120).state is JobState.ERROR  # no event at all: still bounded
+
+
+def test_a_pod_stuck_in_container_creating_says_why_and_is_bounded_but_an_image_pull_is_not() -> None:
+    multi_attach = 'Multi-Attach error for volume "pvc-0d1e" Volume is already used by pod(s) other-job-abcde on node-2'
+    pod = _pod("Pending", {"waiting": {"reason": "ContainerCreating"}})
+    assert events_needed(_job(active=1), [pod], NOW) == ["p"]
+    warnings = {
+        "p": [
+            _warning("FailedMount", "timed out waiting for the condition"),
+            _warning("FailedAttachVolume", multi_attach),
+        ]
+    }
+    pending = job_status(_job(active=1), [pod], NOW, warnings)
+    assert pending.state is JobState.PENDING and multi_attach in pending.message and "ReadWriteMany" in pending.message
+    late = job_status(_job(active=1), [pod], NOW + 100, warnings)
+    assert (late.state, late.raw_state) == (JobState.ERROR, "FailedAttachVolume") and _verdict(
+        late
+    ) is ErrClass.ERR_CONFIG
+    # no Warning: a (large) image being pulled; the kubelet turns a stalled pull into ErrImagePull itself
+    assert job_status(_job(active=1), [pod], NOW + 3600).state is JobState.PENDING
+
+
+def test_a_scheduling_gate_is_a_bounded_wait_for_capacity() -> None:
+    gated = {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated", "lastTransitionTime": _stamp(20)}
+    pod = _pod(
+        "Pending", {}, conditions=[{**gated, "message": "Scheduling is blocked due to non-empty scheduling gates"}]
+    )
+    pending = job_status(_job(active=1), [pod], NOW)
+    assert pending.state is JobState.PENDING and pending.capacity_wait_since == pytest.approx(NOW - 20, abs=1)
+    late = job_status(_job(active=1), [pod], NOW + 60)
+    assert (late.state, late.raw_state) == (JobState.ERROR, "SchedulingGated") and _verdict(
+        late
+    ) is ErrClass.ERR_CAPACITY
+
+
+def test_an_image_that_may_never_be_pulled_is_an_image_pull_error_past_the_start_bound() -> None:
+    pod = _pod("Pending", {"waiting": {"reason": "ErrImageNeverPull", "message": 'Container image "x" is not present'}})
+    assert job_status(_job(active=1), [pod], NOW).state is JobState.PENDING
+    late = job_status(_job(active=1), [pod], NOW + 100)
+    assert late.state is JobState.ERROR and _verdict(late) is ErrClass.ERR_IMAGE_PULL
+
+
+def _kueue_held() -> dict[str, Any]:
+    job = _job(suspend=True, conditions=[{"type": "Suspended", "status": "True", "lastTransitionTime": _stamp(30)}])
+    job["metadata"]["annotations"][ANNOTATION_RESUMED] = str(int(NOW - 90))
+    job["metadata"]["labels"] = {ct.LABEL_JOB_ID: "abc"}
+    return job
+
+
+def test_a_job_a_queue_suspended_after_our_resume_is_queued_capacity_not_a_dead_submission() -> None:
+    status = job_status(_kueue_held(), [], NOW + 86400)
+    assert status.state is JobState.PENDING and status.raw_state == "Queued"
+    assert status.capacity_wait_since == pytest.approx(NOW - 30, abs=1)  # the operator's capacity_timeout bounds it
+    assert events_needed(_kueue_held(), [], NOW) == []
+
+
+def test_a_retry_reattaches_to_a_job_a_queue_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = TAOKubernetesHook("k8s_unit")
+    monkeypatch.setenv("AIRFLOW_CONN_K8S_UNIT", '{"conn_type": "tao_kubernetes"}')
+    deleted: list[str] = []
+    monkeypatch.setattr(hook, "_read_job", lambda name: _kueue_held())
+    monkeypatch.setattr(hook, "_delete", lambda name, uid: deleted.append(name))
+    handle = hook.find_job("j")
+    assert handle is not None and handle.job_id == "abc" and not deleted
+
+
 # --------------------------------------------------------------------------- the Job it builds
 
 
@@ -253,6 +365,21 @@ def test_a_multi_node_job_is_indexed_with_the_rendezvous_contract(hook: TAOKuber
         ({"gpu_count": -1}, "gpu_count"),
         ({"backend_details": {"memory": "lots"}}, "backend_details['memory']"),
         ({"backend_details": {"node_selector": ["a"]}}, "backend_details['node_selector']"),
+        ({"backend_details": {"node_selector": "gpu=a100"}}, "backend_details['node_selector']"),
+        ({"backend_details": {"node_selector": {"gpu": 8}}}, "backend_details['node_selector']"),
+        ({"backend_details": {"node_selector": {"bad key!": "x"}}}, "backend_details['node_selector']"),
+        (
+            {"backend_details": {"tolerations": '[{"key": "gpu", "operator": "Sometimes"}]'}},
+            "backend_details['tolerations'][0]",
+        ),
+        (
+            {"backend_details": {"tolerations": [{"key": "gpu", "effect": "NoSchedul"}]}},
+            "backend_details['tolerations'][0]",
+        ),
+        (
+            {"backend_details": {"tolerations": [{"operator": "Exists", "tolerationSeconds": 30}]}},
+            "backend_details['tolerations'][0]",
+        ),
         ({"backend_details": {"unschedulable_timeout_seconds": 0}}, "backend_details['unschedulable_timeout_seconds']"),
         ({"backend_details": {"gpus": 1}}, "backend_details['gpus']"),
         ({"results_uri": "/mnt/out"}, "results_uri"),
@@ -263,6 +390,14 @@ def test_bad_input_names_the_parameter(hook: TAOKubernetesHook, changes: dict[st
     with pytest.raises(JobValidationError) as error:
         hook.validate_spec(_spec(**changes))
     assert error.value.parameter == parameter
+
+
+def test_node_selector_text_in_the_connection_is_checked_before_submission(monkeypatch: pytest.MonkeyPatch) -> None:
+    extra = {"node_selector": "gpu=a100", "tolerations": '[{"key": "nvidia.com/gpu", "operator": "Exists"}]'}
+    monkeypatch.setenv("AIRFLOW_CONN_K8S_TEXT", json.dumps({"conn_type": "tao_kubernetes", "extra": extra}))
+    with pytest.raises(JobValidationError) as error:
+        TAOKubernetesHook("k8s_text").validate_spec(_spec())
+    assert error.value.parameter == "the k8s_text extra 'node_selector'" and "JSON" in error.value.fix
 
 
 def test_names_fit_the_kubernetes_rules(hook: TAOKubernetesHook) -> None:

@@ -162,7 +162,8 @@ def kubernetes_connection(fake: KubeFake, **extra: Any) -> str:
 def kubefake(docker_engine: DockerEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeFake]:  # noqa: F811
     """The fake API server (pods on the real engine), its results PVC and the connection ``tao_k8s_ci``."""
     tmp = tmp_path_factory.mktemp("kubefake")
-    proc, fake = start_kubefake(docker_engine.host, tmp)
+    # OpenShift's default admission chain: a hook that sets blockOwnerDeletion cannot submit anything
+    proc, fake = start_kubefake(docker_engine.host, tmp, "--owner-references-permission-enforcement")
     try:
         fake.api().create_namespaced_persistent_volume_claim(
             NAMESPACE,
@@ -181,3 +182,24 @@ def kubefake(docker_engine: DockerEngine, tmp_path_factory: pytest.TempPathFacto
 def triggerer(kubefake: KubeFake, triggerer: Triggerer) -> Triggerer:
     """The session's triggerer loop, with the Kubernetes connection defined first."""
     return triggerer
+
+
+@pytest.fixture(autouse=True)
+def client_signatures_kept(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every call our code makes goes through the clients' public signatures: a keyword argument a generated API
+    method does not declare raises ``ApiTypeError`` before any request (so the fake never sees it), and the log and
+    status paths may catch it -- any such error raised during a test, in the worker or the triggerer, fails it."""
+    import kubernetes.client.exceptions as sync_errors
+    import kubernetes_asyncio.client.exceptions as async_errors
+
+    raised: list[str] = []
+    for module in (sync_errors, async_errors):
+        original = module.ApiTypeError.__init__
+
+        def recording(self: Any, msg: str, *args: Any, __original: Any = original, **kwargs: Any) -> None:
+            raised.append(msg)
+            __original(self, msg, *args, **kwargs)
+
+        monkeypatch.setattr(module.ApiTypeError, "__init__", recording)
+    yield
+    assert not raised, f"a client call outside the client's signature: {raised}"

@@ -15,13 +15,16 @@ import signal
 import time
 import uuid
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
+from kubernetes.client.exceptions import ApiException
 
+from airflow_provider_tao.hooks.base import LOG_READ_LIMIT
 from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook, mark_annotation
-from airflow_provider_tao.jobs import JobHandle, JobState
+from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
 from airflow_provider_tao.triggers.job import StatusPoller
 from tests.integration.docker.conftest import DockerEngine
@@ -66,11 +69,16 @@ def _name(run: TaskRun) -> str:
 def test_success_streams_the_log_and_writes_outputs_to_the_results_pvc(
     docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer, capfd: Any
 ) -> None:
+    """The log is followed over several reads (bounded, by ``since_seconds``: the clients have no ``since_time``),
+    each line once; the Job's Secret and ConfigMaps are owned without ``blockOwnerDeletion`` (the fake enforces
+    OwnerReferencesPermissionEnforcement, as OpenShift does)."""
     op = _op(
         docker_engine.python,
-        "mkdir -p /work/out && echo model of $TAO_JOB_ID > /work/out/model.txt && echo epoch-1 && echo epoch-2",
+        "mkdir -p /work/out && echo model of $TAO_JOB_ID > /work/out/model.txt && "
+        "for i in 1 2 3 4 5 6; do echo epoch-$i; sleep 0.6; done",
         outputs=["/work/out"],
     )
+    kubefake.stats(reset=True)
     run = start(triggerer, op)
     result = finish(run)
 
@@ -82,11 +90,27 @@ def test_success_streams_the_log_and_writes_outputs_to_the_results_pvc(
     assert (written / "model.txt").read_text() == f"model of {run.job_id}\n"
     assert json.loads((written / MANIFEST_NAME).read_text())["files"][0]["path"] == "model.txt"
     logged = capfd.readouterr()
-    assert "[job] epoch-1" in logged.out + logged.err and "[job] epoch-2" in logged.out + logged.err
+    shown = [
+        line.split("[job] ")[1].split()[0] for line in (logged.out + logged.err).splitlines() if "[job] epoch-" in line
+    ]
+    assert shown == [f"epoch-{i}" for i in range(1, 7)], shown
+    reads = kubefake.stats()["log_reads"]
+    assert len(reads) >= 3 and any("sinceSeconds" in r for r in reads), reads
+    assert all(0 < r["limitBytes"] <= LOG_READ_LIMIT for r in reads), reads
     (job,) = kubefake.jobs_named(_name(run))
     assert job.metadata.uid == result["backend_job_id"] and job.spec.backoff_limit == 0
     assert job.metadata.annotations["tao.nvidia.com/run-id"] == run.context["ti"].run_id  # not a valid label value
     assert job.spec.template.spec.restart_policy == "Never" and job.spec.ttl_seconds_after_finished == 86400
+    owned = kubefake.api().list_namespaced_config_map(NAMESPACE, label_selector=f"tao.nvidia.com/job-id={run.job_id}")
+    refs = [ref for item in owned.items for ref in item.metadata.owner_references]
+    assert refs and all(ref.uid == job.metadata.uid and not ref.block_owner_deletion for ref in refs)
+    blocking = {"apiVersion": "batch/v1", "kind": "Job", "name": job.metadata.name, "uid": job.metadata.uid}
+    body = {
+        "metadata": {"name": f"blocking-{run.job_id}", "ownerReferences": [{**blocking, "blockOwnerDeletion": True}]}
+    }
+    with pytest.raises(ApiException) as refused:  # the admission plugin is on: the old owner references fail here
+        kubefake.api().create_namespaced_config_map(NAMESPACE, body)
+    assert refused.value.status == 403 and "blockOwnerDeletion" in str(refused.value.body)
 
 
 def test_non_zero_exit_is_a_program_error_not_retried(
@@ -120,6 +144,57 @@ def test_unschedulable_is_pending_with_the_reason_then_err_capacity_and_deleted(
         finish(run, timeout=60)
     assert not isinstance(failed.value, AirflowFailException)  # capacity is retriable
     kubefake.wait_gone(run.job_id)  # given up: the Job and its pending pod are deleted, nothing waits for a node
+
+
+def test_pods_a_quota_refuses_wait_with_the_reason_then_err_capacity_and_the_job_is_deleted(
+    docker_engine: DockerEngine,
+    kubefake: KubeFake,
+    triggerer: Triggerer,
+    hook: TAOKubernetesHook,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ResourceQuota refuses the Job's pod: the Job controller records FailedCreate events, the status reads them
+    (``involvedObject.uid`` and ``type`` field selectors, both accepted by the strict fake) once the job has waited a
+    while -- here the hook's clock runs ahead instead of the test waiting -- and the bound makes it ERR_CAPACITY."""
+    from airflow_provider_tao.hooks import kubernetes as module
+
+    ahead = {"seconds": 0.0}
+    clock = SimpleNamespace(time=lambda: time.time() + ahead["seconds"], monotonic=time.monotonic, sleep=time.sleep)
+    monkeypatch.setattr(module, "time", clock)
+    quota = {"metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "0"}}}
+    kubefake.api().create_namespaced_resource_quota(NAMESPACE, quota)
+    try:
+        job_id = uuid.uuid4().hex[:12]
+        spec = JobSpec(
+            name=f"quota-{job_id[:8]}",
+            job_id=job_id,
+            command="true",
+            image=docker_engine.busybox,
+            gpu_count=1,
+            backend_details={"unschedulable_timeout_seconds": 60},
+        )
+        handle = hook.create_job(spec)
+        deadline = time.monotonic() + 30
+        while (
+            not kubefake.api()
+            .list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={handle.name},reason=FailedCreate")
+            .items
+        ):
+            assert time.monotonic() < deadline, "no FailedCreate event"
+            time.sleep(0.2)
+        ahead["seconds"] = 30
+        waiting = hook.get_job_status(handle)
+        assert (waiting.state, waiting.raw_state) == (JobState.PENDING, "ExceededQuota"), waiting
+        assert "exceeded quota: gpus" in waiting.message and waiting.capacity_wait_since is not None
+        ahead["seconds"] = 100
+        late = triggerer.call(hook.aget_job_statuses([handle]))[handle.job_id]
+        assert (late.state, late.raw_state) == (JobState.ERROR, "ExceededQuota"), late
+        analysis = hook.get_failure_analysis(handle)
+        assert analysis is not None and analysis.err_class is ErrClass.ERR_CAPACITY
+        hook.cleanup_job(handle)
+        kubefake.wait_gone(job_id)
+    finally:
+        kubefake.api().delete_namespaced_resource_quota("gpus", NAMESPACE)
 
 
 def test_image_pull_backoff_is_err_image_pull_not_retried(kubefake: KubeFake, triggerer: Triggerer) -> None:
@@ -351,6 +426,10 @@ def test_bad_input_is_refused_before_anything_is_created(kubefake: KubeFake, hoo
         ({"backend_details": {"memory": "lots"}}, "backend_details['memory']"),
         ({"results_uri": "/mnt/results"}, "results_uri"),
         ({"backend_details": {"gpus": 2}}, "backend_details['gpus']"),
+        (
+            {"backend_details": {"tolerations": '[{"key": "gpu", "operator": "Sometimes"}]'}},
+            "backend_details['tolerations'][0]",
+        ),
     ):
         op = _op("local/busybox:ci", "true", deferrable=False, **kwargs)
         with pytest.raises(AirflowFailException, match=f"nothing was submitted: {re.escape(parameter)}"):
