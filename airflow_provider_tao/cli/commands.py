@@ -29,6 +29,7 @@ from airflow_provider_tao.jobindex import (
 )
 from airflow_provider_tao.jobs import JobHandle
 from airflow_provider_tao.sweeper import describe, sweep_connection, sweep_machines, task_resumes
+from airflow_provider_tao.triggers.joblog import readable_log
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +116,11 @@ def job_logs(args: Namespace) -> None:
             size += len(chunk)
             cursor = next_cursor
         text = "".join(parts)
-    text = redact(text, secrets_of(job.record.secret_conn_ids))  # no task-log masker out here
-    if args.output in ("json", "yaml"):
-        _print([{"job_id": job.job_id, "platform": job.platform, "log": text}], args.output)
-    else:
+    secrets = secrets_of(job.record.secret_conn_ids)  # no task-log masker out here
+    if args.output in ("json", "yaml"):  # for machines: the log as the job wrote it
+        _print([{"job_id": job.job_id, "platform": job.platform, "log": redact(text, secrets)}], args.output)
+    else:  # for people: progress bars at their last state, the runner's heartbeats collapsed into words
+        text = readable_log(text, secrets)
         sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
 
 

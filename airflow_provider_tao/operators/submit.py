@@ -50,6 +50,8 @@ from airflow_provider_tao.operators.failover import CapacityFailoverMixin, secon
 from airflow_provider_tao.operators.staging import S3StagingMixin
 from airflow_provider_tao.outage import OutageLog
 from airflow_provider_tao.records import STATE_KEY, XCOM_RECORD, JobRecord
+from airflow_provider_tao.triggers.joblog import JobLogWriter
+from airflow_provider_tao.waiting import WaitLog
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -577,6 +579,8 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
             return self._payload("misplaced", handle, JobStatus.unknown(problem), "")
         cursor = ""
         outage = OutageLog(self.log, hook.platform, settings.outage_report_seconds())
+        waiting = WaitLog(self.log, handle.job_id, settings.outage_report_seconds())
+        writer = JobLogWriter()  # the worker's masker already knows the job's secrets
         not_found = 0
         capacity_timeout = self._capacity_timeout_for(handle)
         while True:
@@ -585,6 +589,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
             except Exception as exc:  # the platform could not be asked: an outage, not a verdict on the job
                 status = JobStatus.unknown(f"status call failed: {exc}")
             outage.update(status)
+            waiting.update(status)
             not_found = not_found + 1 if status.not_found else 0
             if not_found >= NOT_FOUND_POLLS:
                 message = f"job {handle.job_id} no longer exists on the {hook.platform} platform ({status.message})"
@@ -592,19 +597,21 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
             if reason := status.capacity_wait_over(capacity_timeout, time.time()):
                 return self._payload("capacity", handle, status, cursor) | {"message": reason}
             if status.state is not JobState.UNKNOWN and self.streaming:
-                cursor = self._copy_logs(hook, handle, cursor)
+                cursor = self._copy_logs(hook, handle, cursor, writer, final=status.state.is_terminal)
             if status.state.is_terminal:
                 outcome = {JobState.COMPLETE: "complete", JobState.ERROR: "error", JobState.CANCELED: "canceled"}
                 return self._payload(outcome[status.state], handle, status, cursor)
             time.sleep(self.interval)
 
-    def _copy_logs(self, hook: TAOPlatformHook, handle: JobHandle, cursor: str) -> str:
+    def _copy_logs(
+        self, hook: TAOPlatformHook, handle: JobHandle, cursor: str, writer: JobLogWriter, final: bool
+    ) -> str:
         try:
             text, cursor = hook.get_job_logs(handle, cursor)
         except Exception as exc:  # logs are best effort
             self.log.debug("Reading the job log failed: %s", exc)
             return cursor
-        for line in text.splitlines():
+        for line in writer.feed(text, final):
             self.log.info("[job] %s", line)
         return cursor
 
@@ -639,9 +646,10 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
             hook.cleanup_job(handle)
             self._keep_end(context, handle, JobState.CANCELED.value, ErrClass.ERR_TIMEOUT.value)
             fate = "it was canceled" if self.cancel_on_kill else "it runs on (cancel_on_kill=False)"
+            waited = f"; {event['waiting']}" if event.get("waiting") else ""
             raise AirflowTaskTimeout(
                 f"Job {handle.job_id} passed the task's execution_timeout (or [tao] lease_hours): "
-                f"{ErrClass.ERR_TIMEOUT.value}, {fate}"
+                f"{ErrClass.ERR_TIMEOUT.value}, {fate}{waited}"
             )
         if outcome == "canceled":
             if who := hook.canceled_by(handle):
