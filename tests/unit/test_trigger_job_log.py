@@ -51,7 +51,7 @@ async def test_a_waiting_job_says_why_again_and_again_and_names_it_in_the_timeou
     out = capsys.readouterr().out
     assert f"Job {handle.job_id} is pending: Job is waiting for its pods" in out  # each change, with its reason
     assert f"Job {handle.job_id} is pending: {UNSCHEDULABLE}" in out
-    assert out.count(f"is still pending after") >= 2  # the reminder while it lasts, not one line per poll
+    assert out.count("is still pending after") >= 2  # the reminder while it lasts, not one line per poll
     assert out.count(UNSCHEDULABLE) < 8
     assert payload["status"] == "timeout"
     assert payload["waiting"].startswith("the job was still pending after ")
@@ -119,7 +119,7 @@ def test_runner_heartbeats_read_as_words_and_collapse() -> None:
 
 
 @pytest.mark.parametrize(
-    ("conn", "env", "secret"),
+    "case",
     [
         # a platform key the worker took from its environment (no field of the connection holds it)
         (
@@ -149,10 +149,9 @@ async def test_a_secret_the_job_received_outside_its_connections_fields_is_maske
     fake_platform: type[FakeHook],
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    conn: dict[str, Any],
-    env: dict[str, str],
-    secret: str,
+    case: tuple[dict[str, Any], dict[str, str], str],
 ) -> None:
+    conn, env, secret = case  # the connection, the worker's (and triggerer's) environment, the secret the job got
     monkeypatch.setenv("AIRFLOW_CONN_JOB_SECRETS", json.dumps(conn))
     for name, value in env.items():
         monkeypatch.setenv(name, value)
