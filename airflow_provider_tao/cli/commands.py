@@ -91,7 +91,8 @@ def list_jobs(args: Namespace) -> None:
     rows = [
         job.row(now)
         for job in jobs
-        if (not args.platform or job.platform == args.platform) and (not args.state or job.state == args.state)
+        if (not args.platform or job.platform == args.platform.lower())
+        and (not args.state or job.state.lower() == args.state.lower())  # `-s error` finds the Error jobs
     ][: max(0, args.limit)]
     if args.output == "table":
         keys = ("job_id", "platform", "state", "dag_id", "task_id", "try_number", "gpus", "nodes", "gpu_hours")

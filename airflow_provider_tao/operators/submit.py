@@ -215,11 +215,32 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
             raise JobValidationError("num_nodes", f"{self.num_nodes} is not allowed", "Use 1 or more")
         if self.poll_interval is not None and self.poll_interval <= 0:
             raise JobValidationError("poll_interval", f"{self.poll_interval} is not allowed", "Use seconds > 0")
+        self._check_env_and_image()
         if self.metrics_file is not None and (self.metrics_file.startswith("/") or ".." in self.metrics_file):
             raise JobValidationError(
                 "metrics_file", f"{self.metrics_file!r} is not inside the results folder", "Give a relative path"
             )
         self._check_chain_arguments()
+
+    def _check_env_and_image(self) -> None:
+        """``env`` and ``image`` as far as they are known before rendering (a template or an XComArg is checked
+        when the task runs): a number where a string belongs, a mistyped versions.yaml key."""
+        if isinstance(self.env, dict):
+            for key, value in self.env.items():
+                if value is None or isinstance(value, (bool, int, float)):
+                    raise JobValidationError(f"env[{key!r}]", f"{value!r} is not a string", f"Quote it: {str(value)!r}")
+        elif isinstance(self.env, (str, list, tuple, int, float)) and "{{" not in str(self.env):
+            raise JobValidationError("env", f"{self.env!r} is not a mapping", "Pass a dict of strings")
+        if isinstance(self.image, str) and "{{" not in self.image:
+            self._resolved_image()
+
+    def _resolved_image(self) -> str | None:
+        from airflow_provider_tao.images import resolve_container_image
+
+        try:
+            return resolve_container_image(self.image) if self.image else None
+        except (KeyError, ValueError) as exc:
+            raise JobValidationError("image", str(exc), "") from exc
 
     @property
     def interval(self) -> float:
@@ -297,14 +318,9 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         return name
 
     def _job_spec(self, context: Context, hook: TAOPlatformHook, name: str) -> JobSpec:
-        from airflow_provider_tao.images import resolve_container_image
-
         if not isinstance(self.env, dict):
             raise JobValidationError("env", f"{self.env!r} is not a mapping", "Pass a dict of strings")
-        try:
-            image = resolve_container_image(self.image) if self.image else None
-        except (KeyError, ValueError) as exc:
-            raise JobValidationError("image", str(exc), "Fix the image") from exc
+        image = self._resolved_image()
         spec = JobSpec(
             name=name,
             job_id=secrets.token_hex(6),
@@ -486,7 +502,9 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         if record is None or record.job_id != handle.job_id:
             record = self._record_for(context, handle, {})
         try:
-            self._keep(context, record.ended(state, err_class=err_class))
+            self._keep(
+                context, record.ended(state, err_class=err_class, run_seconds=self._run_seconds(context, handle))
+            )
         except Exception as exc:
             self.log.warning("Could not record the end of job %s: %s", handle.job_id, exc)
 
@@ -697,7 +715,9 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         record = self._stored(context)
         if record is None or record.job_id != handle.job_id:
             record = self._record_for(context, handle, outputs)
-        record = replace(record, outputs=outputs).ended(JobState.COMPLETE.value, consumed=True)
+        record = replace(record, outputs=outputs).ended(
+            JobState.COMPLETE.value, consumed=True, run_seconds=self._run_seconds(context, handle)
+        )
         self._keep(context, record)
         self.log.info("Job %s completed; results in %s", handle.job_id, handle.results_dir)
         result = {
