@@ -1,4 +1,5 @@
-"""The secrets a job received, found again in another process -- the triggerer -- to mask them in the task log.
+"""The secrets a job received, found again in another process -- the triggerer, a resumed worker -- to mask them in
+the task log.
 
 The worker registers every secret it hands a job with its own masker, but a deferred job's log lines are written by
 the triggerer, which never saw them; and trigger kwargs (stored in the metadata database) must never carry secrets.
@@ -47,6 +48,22 @@ async def asecrets_received(conn_ids: Sequence[str]) -> list[str]:
     return [v for v in dict.fromkeys(values) if v]
 
 
+def secrets_received(conn_ids: Sequence[str]) -> list[str]:
+    """:func:`asecrets_received` for a worker: a resumed task (``execute_complete``) or a reattached one is a new
+    process that never handed the job its secrets, yet writes the job's lines (its log, the failure evidence)."""
+    from airflow.sdk import BaseHook
+
+    values: list[str] = []
+    for conn_id in conn_ids:
+        try:
+            conn = BaseHook.get_connection(conn_id)
+            extras = conn.extra_dejson
+            values += _secrets_of(conn_id, conn, extras if isinstance(extras, dict) else {})
+        except Exception as exc:  # masking is best effort per connection; the others still count
+            log.warning("Could not find the secrets of connection %r to mask them: %s", conn_id, exc)
+    return [v for v in dict.fromkeys(values) if v]
+
+
 def _secrets_of(conn_id: str, conn: Any, extras: dict[str, Any]) -> list[str]:
     from airflow_provider_tao.hooks import get_platform_hook, platform_for_conn_type
     from airflow_provider_tao.hooks.base import connection_secrets
@@ -74,7 +91,10 @@ def _aws_chain_secrets(conn: Any) -> list[str]:
     from airflow.providers.amazon.aws.hooks.base_aws import BaseSessionFactory
     from airflow.providers.amazon.aws.utils.connection_wrapper import AwsConnectionWrapper
 
-    credentials = BaseSessionFactory(conn=AwsConnectionWrapper(conn=conn)).create_session().get_credentials()
+    wrapper = AwsConnectionWrapper(conn=conn)
+    if wrapper.role_arn:  # an STS call here would only issue other keys than the job's (see the module's limit)
+        return []
+    credentials = BaseSessionFactory(conn=wrapper).create_session().get_credentials()
     if credentials is None:
         return []
     frozen = credentials.get_frozen_credentials()

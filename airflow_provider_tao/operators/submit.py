@@ -196,6 +196,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         self.fallback_conn_ids = list(fallback_conn_ids or [])
         self.capacity_timeout = seconds_of(capacity_timeout)
         self._handle: JobHandle | None = None
+        self._secrets_registered = False  # this process handed the job its secrets (and so masks them)
         self._check_static_arguments()
 
     def _check_static_arguments(self) -> None:
@@ -420,6 +421,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         except JobValidationError as exc:
             raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
         register_secrets(list(spec.secret_env.values()))
+        self._secrets_registered = True
         self._warn_expiring_credentials(spec)
         self._write_ahead(context, hook, spec.name, spec.job_id)
         try:
@@ -464,8 +466,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
                     deadline=deadline,
                     stream_logs=self.streaming,
                     cancel_on_kill=self.cancel_on_kill,
-                    # the platform connection too: its extras may hold keys the job receives (NGC, HF tokens)
-                    secret_conn_ids=[c for c in (self.storage_conn_id, handle.conn_id) if c],
+                    secret_conn_ids=self._secret_conn_ids(handle),
                     capacity_timeout=self._capacity_timeout_for(handle),
                 ),
                 method_name="execute_complete",
@@ -474,6 +475,20 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
                 timeout=None,
             )
         return self.execute_complete(context, self._wait_on_worker(hook, handle))
+
+    def _secret_conn_ids(self, handle: JobHandle) -> list[str]:
+        """The connections whose secrets the job receives: the storage connection's keys, and the platform
+        connection's (its extras or environment fallbacks may hold keys the job gets: NGC, HF tokens)."""
+        return [c for c in dict.fromkeys((self.storage_conn_id, handle.conn_id)) if c]
+
+    def _mask_received_secrets(self, handle: JobHandle) -> None:
+        """Register the job's secrets with this worker's masker when this process did not submit the job (a resumed
+        or reattached try): the job's log lines and failure evidence it writes must not show them."""
+        if not self._secrets_registered:
+            from airflow_provider_tao.received_secrets import secrets_received
+
+            register_secrets(secrets_received(self._secret_conn_ids(handle)))
+            self._secrets_registered = True
 
     def _stored(self, context: Context) -> JobRecord | None:
         return JobRecord.from_json(context["task_state_store"].get(STATE_KEY))
@@ -595,6 +610,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         ``execution_timeout`` stops it (and calls ``on_kill``, which cancels the job)."""
         if problem := hook.watch_problem(handle):
             return self._payload("misplaced", handle, JobStatus.unknown(problem), "")
+        self._mask_received_secrets(handle)
         cursor = ""
         outage = OutageLog(self.log, hook.platform, settings.outage_report_seconds())
         waiting = WaitLog(self.log, handle.job_id, settings.outage_report_seconds())
@@ -658,6 +674,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         if self._fails_over(handle, outcome, analysis):  # no capacity here: the next connection of the chain
             return self._fail_over(context, hook, handle, analysis.summary() if analysis else message)
         self._close_attempt(context, hook, handle, outcome=outcome, reason=analysis.summary() if analysis else message)
+        self._mask_received_secrets(handle)  # before the job's own words (failure evidence) reach the log
         if outcome == "timeout":
             if self.cancel_on_kill:
                 hook.cancel_job(handle)

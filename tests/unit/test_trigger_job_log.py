@@ -164,3 +164,25 @@ async def test_a_secret_the_job_received_outside_its_connections_fields_is_maske
     out = capsys.readouterr().out
     assert "[job] the job prints *** and more" in out
     assert secret not in out
+
+
+def test_a_resumed_worker_masks_the_secrets_it_never_handed_the_job(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``execute_complete`` runs in a new process, which writes the job's failure evidence (its log's last lines)."""
+    from airflow_provider_tao.operators.submit import TAOSubmitOperator
+    from tests.unit.fakes import Store, make_context
+
+    monkeypatch.setattr(FakeHook, "env_fallbacks", {"ngc_api_key": "NGC_KEY"})
+    monkeypatch.setenv("NGC_KEY", "nvapi-worker-env-key-9")
+    masked: list[Any] = []
+    monkeypatch.setattr("airflow.sdk.log.mask_secret", lambda value, name=None: masked.append(value))
+    handle = _submit()
+    fake_platform.jobs[handle.job_id].update(state=JobState.ERROR, exit=1)
+    fake_platform.logs[handle.job_id] = "Traceback: login with nvapi-worker-env-key-9 refused\n"
+    resumed = TAOSubmitOperator(task_id="train", conn_id="fake_conn", image="img:1", command="x")
+    event = {"status": "error", "handle": handle.to_json(), "log_cursor": "", "message": ""}
+    event["job_status"] = FakeHook().get_job_status(handle).to_json()
+    with pytest.raises(Exception, match="failed"):
+        resumed.execute_complete(make_context(Store()), event)
+    assert "nvapi-worker-env-key-9" in masked
