@@ -197,6 +197,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         self.capacity_timeout = seconds_of(capacity_timeout)
         self._handle: JobHandle | None = None
         self._secrets_registered = False  # this process handed the job its secrets (and so masks them)
+        self._waiting: WaitLog | None = None  # why the job waits, while the worker waits for it
         self._check_static_arguments()
 
     def _check_static_arguments(self) -> None:
@@ -613,7 +614,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         self._mask_received_secrets(handle)
         cursor = ""
         outage = OutageLog(self.log, hook.platform, settings.outage_report_seconds())
-        waiting = WaitLog(self.log, handle.job_id, settings.outage_report_seconds())
+        waiting = self._waiting = WaitLog(self.log, handle.job_id, settings.outage_report_seconds())
         writer = JobLogWriter()  # the worker's masker already knows the job's secrets
         not_found = 0
         capacity_timeout = self._capacity_timeout_for(handle)
@@ -817,6 +818,8 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
 
     def on_kill(self) -> None:
         """Worker-side kill (and Airflow's timeout on the worker): cancel the job this try owns."""
+        if self._waiting is not None and (why := self._waiting.summary()):
+            self.log.error("Job %s was killed while waiting: %s", self._waiting.job_id, why)
         if self._handle is None or not self.cancel_on_kill:
             return
         hook = get_platform_hook(self._handle.platform, self._handle.conn_id)

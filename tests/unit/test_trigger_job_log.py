@@ -186,3 +186,34 @@ def test_a_resumed_worker_masks_the_secrets_it_never_handed_the_job(
     with pytest.raises(Exception, match="failed"):
         resumed.execute_complete(make_context(Store()), event)
     assert "nvapi-worker-env-key-9" in masked
+
+
+def test_a_worker_killed_while_its_job_waits_says_why_the_job_waited(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The worker-side wait: Airflow's execution_timeout (or a kill) lands in it and calls on_kill."""
+    from airflow.sdk.exceptions import AirflowTaskTimeout
+
+    from airflow_provider_tao.operators.submit import TAOSubmitOperator
+    from tests.unit.fakes import Store, make_context
+
+    fake_platform.queueing = {"fake_conn"}
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:  # Airflow's timeout signal arrives during the second wait
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            raise AirflowTaskTimeout("Timeout, PID: 1")
+
+    monkeypatch.setattr("time.sleep", sleep)
+    op = TAOSubmitOperator(
+        task_id="train", conn_id="fake_conn", image="img:1", command="x", deferrable=False, poll_interval=1
+    )
+    with pytest.raises(AirflowTaskTimeout):
+        op.execute(make_context(Store()))
+    op.on_kill()
+    out = capsys.readouterr().out
+    (job,) = fake_platform.jobs.values()
+    assert f"Job {job['handle'].job_id} is pending: fake Pending" in out
+    assert f"Job {job['handle'].job_id} was killed while waiting: the job was still pending after " in out
+    assert job["state"] is JobState.CANCELED
