@@ -27,9 +27,9 @@ from airflow_provider_tao.jobindex import (
     task_instance_state,
     task_state_lookup,
 )
+from airflow_provider_tao.joblog import readable_log
 from airflow_provider_tao.jobs import JobHandle
 from airflow_provider_tao.sweeper import describe, sweep_connection, sweep_machines, task_resumes
-from airflow_provider_tao.triggers.joblog import readable_log
 
 log = logging.getLogger(__name__)
 

@@ -36,6 +36,7 @@ from airflow_provider_tao import settings
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook, platform_for_conn_type
 from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError, register_secrets
+from airflow_provider_tao.joblog import JobLogWriter
 from airflow_provider_tao.jobs import (
     NOT_FOUND_POLLS,
     ErrClass,
@@ -50,7 +51,6 @@ from airflow_provider_tao.operators.failover import CapacityFailoverMixin, secon
 from airflow_provider_tao.operators.staging import S3StagingMixin
 from airflow_provider_tao.outage import OutageLog
 from airflow_provider_tao.records import STATE_KEY, XCOM_RECORD, JobRecord
-from airflow_provider_tao.triggers.joblog import JobLogWriter
 from airflow_provider_tao.waiting import WaitLog
 
 if TYPE_CHECKING:

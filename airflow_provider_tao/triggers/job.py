@@ -27,10 +27,10 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
+from airflow_provider_tao.joblog import JobLogWriter
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobState, JobStatus
 from airflow_provider_tao.outage import OutageLog
 from airflow_provider_tao.settings import outage_report_seconds, trigger_event_hold_seconds
-from airflow_provider_tao.triggers.joblog import JobLogWriter
 from airflow_provider_tao.waiting import WaitLog
 
 #: Upper bound of one batched status call; a hung backend must not hang the trigger.
@@ -310,7 +310,7 @@ class TAOJobTrigger(BaseTrigger):
         )
 
     async def _stream_logs(self, hook: TAOPlatformHook, final: bool = False) -> None:
-        """Copy new log lines into the task log (as :class:`~airflow_provider_tao.triggers.joblog.JobLogWriter`
+        """Copy new log lines into the task log (as :class:`~airflow_provider_tao.joblog.JobLogWriter`
         shapes them: whole lines, a progress bar's latest state, secrets masked). The new cursor is stored before
         the lines are written: a triggerer dying in between loses lines rather than writing them twice."""
         try:

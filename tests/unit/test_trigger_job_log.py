@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_tao.joblog import JobLogWriter, readable_log
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
 from airflow_provider_tao.triggers.job import TAOJobTrigger
-from airflow_provider_tao.triggers.joblog import JobLogWriter, readable_log
 from tests.unit.fakes import FakeHook
 
 UNSCHEDULABLE = "Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu"
