@@ -237,6 +237,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
             self._resolved_image()
 
     def _resolved_image(self) -> str | None:
+        """``image`` as an image reference (a versions.yaml key resolved); a key that does not exist is bad input."""
         from airflow_provider_tao.images import resolve_container_image
 
         try:

@@ -10,8 +10,9 @@ The event contract (a plain dict, see :class:`TriggerOutcome`): ``status`` is on
 ``canceled``, ``timeout`` (the task's deadline passed), ``capacity`` (the job waited for resources past the task's
 ``capacity_timeout``: the operator fails over) or ``misplaced`` (this triggerer cannot see the job), plus
 ``handle``, ``job_status``, ``log_cursor`` and ``message`` (and for ``timeout``, ``waiting``: the job's last waiting
-reason when it was still pending). An unanswerable platform is never an outcome: the
-trigger keeps waiting (and says so in the task log) until the job ends or the task's deadline passes.
+reason when it was still pending). An unanswerable platform is never an outcome: the trigger keeps waiting (and says
+so in the task log) until the job ends or the task's deadline passes. While the job waits, the task log says why in
+the platform's words (:mod:`~airflow_provider_tao.waiting`).
 """
 
 from __future__ import annotations
