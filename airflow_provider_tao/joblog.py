@@ -22,10 +22,7 @@ PROGRESS_PREFIX = "TAO_PROGRESS "
 
 def latest_state(line: str) -> str:
     """What a terminal shows of ``line``: the text after its last ``\\r`` that is followed by anything."""
-    if "\r" not in line:
-        return line
-    parts = [part for part in line.split("\r") if part]
-    return parts[-1] if parts else ""
+    return line.rstrip("\r").rpartition("\r")[2]
 
 
 def render_progress(line: str) -> str:
