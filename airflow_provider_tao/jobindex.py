@@ -88,6 +88,10 @@ class IndexedJob:
         return None if self.state == "Running" else self.ti_end
 
     def runtime_seconds(self, now: float | None = None) -> float:
+        """The platform's run time once the job ended (:meth:`JobRecord.runtime_seconds`), else the time since its
+        submission until its task ended (or ``now``)."""
+        if self.record.run_seconds is not None:
+            return self.record.run_seconds
         end = self.ended_at or now or time.time()
         return max(0.0, end - self.started_at)
 

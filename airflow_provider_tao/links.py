@@ -1,7 +1,8 @@
 """Operator extra links: the job on its platform, and its results.
 
 Airflow 3 computes a link on the worker after each run of the task -- also the one that ends in DEFERRED -- and
-keeps it as an XCom; the operator pushes what the links need before it defers, so both work while the job runs.
+keeps it as an XCom; the operator pushes what the links need before it defers, so both work while the job runs. A
+run that submitted nothing has no link, and looks up nothing (a missing XCom is an error line in the task log).
 A platform with a web console (Lepton, Brev, a Kubernetes dashboard) gives its job page through
 ``TAOPlatformHook.job_url``; the others link to the provider's job page in Airflow (the TAO plugin), which says
 where the job is on its platform and shows its log.
@@ -32,6 +33,12 @@ def job_page_path(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -
     return path if map_index < 0 else f"{path}?map_index={map_index}"
 
 
+def _nothing_submitted(operator: BaseOperator) -> bool:
+    """The task's run that just ended submitted no job (bad input, a refused submission): none of the XComs the
+    links read exists, and every lookup of a missing XCom is an error line in the task log."""
+    return getattr(operator, "_handle", False) is None
+
+
 def _job_page(ti_key: TaskInstanceKey) -> str:
     from airflow.sdk import conf
 
@@ -47,6 +54,8 @@ class TAOJobLink(BaseOperatorLink):
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         from airflow.sdk.execution_time.xcom import XCom
 
+        if _nothing_submitted(operator):
+            return ""
         if url := XCom.get_value(key=XCOM_CONSOLE_URL, ti_key=ti_key):
             return str(url)
         return _job_page(ti_key) if XCom.get_value(key=XCOM_JOB_ID, ti_key=ti_key) else ""
@@ -62,6 +71,8 @@ class TAOResultsLink(BaseOperatorLink):
 
         from airflow_provider_tao.hooks.base import results_link
 
+        if _nothing_submitted(operator):
+            return ""
         results_dir = XCom.get_value(key=XCOM_RESULTS_DIR, ti_key=ti_key)
         if not results_dir:
             return ""

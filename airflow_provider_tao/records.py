@@ -39,6 +39,8 @@ class JobRecord(_JsonValue):
     :param state: ``Submitted`` while the task waits, then the job's end state (``Complete``, ``Error``, ``Canceled``).
     :param err_class: the failure class of a job that did not complete.
     :param ended_at: epoch seconds the task saw the job end.
+    :param run_seconds: the job's run time as its platform reports it (the attempt's ``run_seconds``: program start
+        to end, no queue, no trigger hold) -- THE run time every view shows once the job has ended.
     :param history: earlier jobs of this task instance (their records without history), newest last.
     :param secret_conn_ids: connections whose secrets the job received (``storage_conn_id``): the job page and
         ``airflow tao logs`` hide their values in the job's log.
@@ -54,6 +56,7 @@ class JobRecord(_JsonValue):
     state: str = SUBMITTED
     err_class: str = ""
     ended_at: float | None = None
+    run_seconds: float | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     secret_conn_ids: list[str] = field(default_factory=list)
 
@@ -78,7 +81,9 @@ class JobRecord(_JsonValue):
     def job_id(self) -> str:
         return str(self.handle["job_id"])
 
-    def ended(self, state: str, *, err_class: str = "", consumed: bool | None = None) -> JobRecord:
+    def ended(
+        self, state: str, *, err_class: str = "", consumed: bool | None = None, run_seconds: float | None = None
+    ) -> JobRecord:
         """The record of the job once the task saw it end."""
         return replace(
             self,
@@ -86,7 +91,15 @@ class JobRecord(_JsonValue):
             err_class=err_class,
             ended_at=time.time(),
             consumed=self.consumed if consumed is None else consumed,
+            run_seconds=run_seconds,
         )
+
+    def runtime_seconds(self, now: float | None = None) -> float:
+        """The job's run time: the platform's once it ended, else from submission to its end (or ``now``)."""
+        if self.run_seconds is not None:
+            return self.run_seconds
+        end = self.ended_at or now or time.time()
+        return max(0.0, end - self.job.submitted_at)
 
     def successor(self, handle: JobHandle, **fields: Any) -> JobRecord:
         """The record of a new job of the same task instance; this one moves into the history."""
@@ -99,5 +112,4 @@ class JobRecord(_JsonValue):
         """GPUs x nodes x hours from submission to the end (or ``now`` while it waits); None for "every GPU"."""
         if self.gpu_count < 0:
             return None
-        end = self.ended_at or now or time.time()
-        return self.gpu_count * self.num_nodes * max(0.0, end - self.job.submitted_at) / 3600
+        return self.gpu_count * self.num_nodes * self.runtime_seconds(now) / 3600

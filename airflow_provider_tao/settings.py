@@ -46,8 +46,8 @@ OPTIONS: dict[str, tuple[str, str | None, str]] = {
     "outage_report_seconds": (
         "float",
         "300",
-        "While a platform does not answer, the task log says so again every this many seconds. An outage never fails "
-        "a task: only its execution_timeout ends the wait.",
+        "While a platform does not answer, or a job waits (pending) with the platform's reason, the task log says so "
+        "again every this many seconds. An outage never fails a task: only its execution_timeout ends the wait.",
     ),
     "trigger_event_hold_seconds": (
         "float",
@@ -100,7 +100,7 @@ def lease_hours() -> float:
 
 
 def outage_report_seconds() -> float:
-    """``[tao] outage_report_seconds``: how often a continuing outage is logged again."""
+    """``[tao] outage_report_seconds``: how often a continuing outage, or a job's wait, is logged again."""
     return float(_raw("outage_report_seconds") or 300)
 
 

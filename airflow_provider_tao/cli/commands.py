@@ -27,6 +27,7 @@ from airflow_provider_tao.jobindex import (
     task_instance_state,
     task_state_lookup,
 )
+from airflow_provider_tao.joblog import readable_log
 from airflow_provider_tao.jobs import JobHandle
 from airflow_provider_tao.sweeper import describe, sweep_connection, sweep_machines, task_resumes
 
@@ -90,7 +91,8 @@ def list_jobs(args: Namespace) -> None:
     rows = [
         job.row(now)
         for job in jobs
-        if (not args.platform or job.platform == args.platform) and (not args.state or job.state == args.state)
+        if (not args.platform or job.platform == args.platform.lower())
+        and (not args.state or job.state.lower() == args.state.lower())  # `-s error` finds the Error jobs
     ][: max(0, args.limit)]
     if args.output == "table":
         keys = ("job_id", "platform", "state", "dag_id", "task_id", "try_number", "gpus", "nodes", "gpu_hours")
@@ -115,10 +117,11 @@ def job_logs(args: Namespace) -> None:
             size += len(chunk)
             cursor = next_cursor
         text = "".join(parts)
-    text = redact(text, secrets_of(job.record.secret_conn_ids))  # no task-log masker out here
-    if args.output in ("json", "yaml"):
-        _print([{"job_id": job.job_id, "platform": job.platform, "log": text}], args.output)
-    else:
+    secrets = secrets_of(job.record.secret_conn_ids)  # no task-log masker out here
+    if args.output in ("json", "yaml"):  # for machines: the log as the job wrote it
+        _print([{"job_id": job.job_id, "platform": job.platform, "log": redact(text, secrets)}], args.output)
+    else:  # for people: progress bars at their last state, the runner's heartbeats collapsed into words
+        text = readable_log(text, secrets)
         sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
 
 

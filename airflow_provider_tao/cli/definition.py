@@ -10,7 +10,9 @@ ARG_JOB_ID = Arg(("job_id",), help="The job's id (TAO_JOB_ID, the task's XCom jo
 ARG_DAG_ID = Arg(("-d", "--dag-id"), help="Only jobs of this DAG")
 ARG_RUN_ID = Arg(("-r", "--run-id"), help="Only jobs of this DAG run")
 ARG_PLATFORM = Arg(("-p", "--platform"), help="Only jobs on this platform (local, slurm, docker, kubernetes, ...)")
-ARG_STATE = Arg(("-s", "--state"), help="Only jobs in this state (Running, Complete, Error, Canceled, Unknown)")
+ARG_STATE = Arg(
+    ("-s", "--state"), help="Only jobs in this state (Running, Complete, Error, Canceled, Unknown; any case)"
+)
 ARG_LIMIT = Arg(("--limit",), type=int, default=100, help="At most this many jobs, newest first (default 100)")
 ARG_TAIL = Arg(("--tail",), type=int, default=None, help="Only the last N lines of the log")
 ARG_DRY_RUN = Arg(("--dry-run",), action="store_true", help="Say what would be canceled; cancel nothing")

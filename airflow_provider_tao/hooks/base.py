@@ -128,7 +128,8 @@ class JobValidationError(ValueError):
 
     def __init__(self, parameter: str, problem: str, fix: str) -> None:
         self.parameter, self.problem, self.fix = parameter, problem, fix
-        super().__init__(f"{parameter}: {problem}. {fix}")
+        # a problem that is a sentence of its own (an exception's text) keeps its one full stop
+        super().__init__(f"{parameter}: {problem.rstrip('. ')}" + (f". {fix}" if fix else "."))
 
 
 class JobSubmitError(RuntimeError):
@@ -193,6 +194,8 @@ class TAOPlatformHook(BaseHook):
     supports_multi_node: ClassVar[bool] = False
     #: Environment variable fallbacks for connection fields, e.g. {"login": "SLURM_USER"}.
     env_fallbacks: ClassVar[dict[str, str]] = {}
+    #: Connection extras that are seconds (read only when a job is canceled: checked before it is submitted).
+    seconds_settings: ClassVar[tuple[str, ...]] = ("cancel_grace_seconds",)
 
     def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -253,6 +256,7 @@ class TAOPlatformHook(BaseHook):
         """
         try:
             self.load_connection()
+            self.check_settings()
             return True, self.probe_connection()
         except ConnectionProblem as problem:
             message = f"{_KIND_WORDS[problem.kind]}: {problem}"
@@ -356,8 +360,23 @@ class TAOPlatformHook(BaseHook):
                 f"Use {self.name_rule}, or leave job_name unset for a deterministic one",
             )
 
+    def check_settings(self) -> None:
+        """The connection's settings that are read late (at cancel) have the right type, checked early."""
+        self.load_connection()
+        for name in self.seconds_settings:
+            value = self.setting(name)
+            try:
+                ok = value is None or (not isinstance(value, bool) and float(value) >= 0)
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise JobValidationError(
+                    name, f"{value!r} is not a number of seconds", f"Set the connection's {name} extra to one, e.g. 10"
+                )
+
     def validate_spec(self, spec: JobSpec) -> None:
         """Reject what this platform cannot run, before anything is submitted. Subclasses extend it."""
+        self.check_settings()
         self.validate_name(spec.name)
         if spec.gpu_count < -1:
             raise JobValidationError(
@@ -381,8 +400,8 @@ class TAOPlatformHook(BaseHook):
             if not isinstance(value, str):
                 raise JobValidationError(
                     f"env[{key!r}]",
-                    f"value {value!r} is a {type(value).__name__}, not a string",
-                    f"Write it as {str(value)!r}",
+                    f"{value!r} is not a string",
+                    f"Quote it: {str(value)!r}",
                 )
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
                 raise JobValidationError(

@@ -148,6 +148,10 @@ class LocalHook(TAOPlatformHook):
                 folder.mkdir(parents=True, exist_ok=True)
             except PermissionError as exc:
                 raise ConnectionProblem("permission", f"cannot create the {label} {folder}: {exc.strerror}") from exc
+            except OSError as exc:  # a missing or read-only mount, a file on the way: the folder cannot be
+                raise ConnectionProblem(
+                    "not_found", f"cannot create the {label} {folder}: {exc.strerror} ({exc.filename})"
+                ) from exc
             if not os.access(folder, os.W_OK | os.X_OK):
                 raise ConnectionProblem("permission", f"the {label} {folder} is not writable by the worker user")
         return f"jobs in {self.jobs_dir}, results in {self.results_root}; {len(visible_gpus())} GPU(s) visible"

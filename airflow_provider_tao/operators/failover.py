@@ -447,6 +447,13 @@ class CapacityFailoverMixin:
         self.log.info(describe(len(attempts), attempt))
         self._emit(lambda tags: emit_metrics(attempt, tags), context)
 
+    def _run_seconds(self, context: Context, handle: JobHandle) -> float | None:
+        """The run time the platform reported for ``handle`` (its closed attempt's), or None."""
+        for attempt in self._chain_record(context).get("attempts") or []:
+            if attempt.get("job_id") == handle.job_id and attempt.get("run_seconds") is not None:
+                return float(attempt["run_seconds"])
+        return None
+
     def _close_left_behind(self, context: Context, stored: Any) -> None:
         """The attempt of the task instance's last job when it ended while no try watched it (its try was killed,
         cleared or marked failed while the job ran): the next try closes it, so its GPU time counts too. Best

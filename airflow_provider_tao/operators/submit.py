@@ -36,6 +36,7 @@ from airflow_provider_tao import settings
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook, platform_for_conn_type
 from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError, register_secrets
+from airflow_provider_tao.joblog import JobLogWriter
 from airflow_provider_tao.jobs import (
     NOT_FOUND_POLLS,
     ErrClass,
@@ -50,6 +51,7 @@ from airflow_provider_tao.operators.failover import CapacityFailoverMixin, secon
 from airflow_provider_tao.operators.staging import S3StagingMixin
 from airflow_provider_tao.outage import OutageLog
 from airflow_provider_tao.records import STATE_KEY, XCOM_RECORD, JobRecord
+from airflow_provider_tao.waiting import WaitLog
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -194,6 +196,8 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         self.fallback_conn_ids = list(fallback_conn_ids or [])
         self.capacity_timeout = seconds_of(capacity_timeout)
         self._handle: JobHandle | None = None
+        self._secrets_registered = False  # this process handed the job its secrets (and so masks them)
+        self._waiting: WaitLog | None = None  # why the job waits, while the worker waits for it
         self._check_static_arguments()
 
     def _check_static_arguments(self) -> None:
@@ -213,11 +217,33 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
             raise JobValidationError("num_nodes", f"{self.num_nodes} is not allowed", "Use 1 or more")
         if self.poll_interval is not None and self.poll_interval <= 0:
             raise JobValidationError("poll_interval", f"{self.poll_interval} is not allowed", "Use seconds > 0")
+        self._check_env_and_image()
         if self.metrics_file is not None and (self.metrics_file.startswith("/") or ".." in self.metrics_file):
             raise JobValidationError(
                 "metrics_file", f"{self.metrics_file!r} is not inside the results folder", "Give a relative path"
             )
         self._check_chain_arguments()
+
+    def _check_env_and_image(self) -> None:
+        """``env`` and ``image`` as far as they are known before rendering (a template or an XComArg is checked
+        when the task runs): a number where a string belongs, a mistyped versions.yaml key."""
+        if isinstance(self.env, dict):
+            for key, value in self.env.items():
+                if value is None or isinstance(value, (bool, int, float)):
+                    raise JobValidationError(f"env[{key!r}]", f"{value!r} is not a string", f"Quote it: {str(value)!r}")
+        elif isinstance(self.env, (str, list, tuple, int, float)) and "{{" not in str(self.env):
+            raise JobValidationError("env", f"{self.env!r} is not a mapping", "Pass a dict of strings")
+        if isinstance(self.image, str) and "{{" not in self.image:
+            self._resolved_image()
+
+    def _resolved_image(self) -> str | None:
+        """``image`` as an image reference (a versions.yaml key resolved); a key that does not exist is bad input."""
+        from airflow_provider_tao.images import resolve_container_image
+
+        try:
+            return resolve_container_image(self.image) if self.image else None
+        except (KeyError, ValueError) as exc:
+            raise JobValidationError("image", str(exc), "") from exc
 
     @property
     def interval(self) -> float:
@@ -295,14 +321,9 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         return name
 
     def _job_spec(self, context: Context, hook: TAOPlatformHook, name: str) -> JobSpec:
-        from airflow_provider_tao.images import resolve_container_image
-
         if not isinstance(self.env, dict):
             raise JobValidationError("env", f"{self.env!r} is not a mapping", "Pass a dict of strings")
-        try:
-            image = resolve_container_image(self.image) if self.image else None
-        except (KeyError, ValueError) as exc:
-            raise JobValidationError("image", str(exc), "Fix the image") from exc
+        image = self._resolved_image()
         spec = JobSpec(
             name=name,
             job_id=secrets.token_hex(6),
@@ -402,6 +423,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         except JobValidationError as exc:
             raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
         register_secrets(list(spec.secret_env.values()))
+        self._secrets_registered = True
         self._warn_expiring_credentials(spec)
         self._write_ahead(context, hook, spec.name, spec.job_id)
         try:
@@ -446,8 +468,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
                     deadline=deadline,
                     stream_logs=self.streaming,
                     cancel_on_kill=self.cancel_on_kill,
-                    # the platform connection too: its extras may hold keys the job receives (NGC, HF tokens)
-                    secret_conn_ids=[c for c in (self.storage_conn_id, handle.conn_id) if c],
+                    secret_conn_ids=self._secret_conn_ids(handle),
                     capacity_timeout=self._capacity_timeout_for(handle),
                 ),
                 method_name="execute_complete",
@@ -456,6 +477,20 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
                 timeout=None,
             )
         return self.execute_complete(context, self._wait_on_worker(hook, handle))
+
+    def _secret_conn_ids(self, handle: JobHandle) -> list[str]:
+        """The connections whose secrets the job receives: the storage connection's keys, and the platform
+        connection's (its extras or environment fallbacks may hold keys the job gets: NGC, HF tokens)."""
+        return [c for c in dict.fromkeys((self.storage_conn_id, handle.conn_id)) if c]
+
+    def _mask_received_secrets(self, handle: JobHandle) -> None:
+        """Register the job's secrets with this worker's masker when this process did not submit the job (a resumed
+        or reattached try): the job's log lines and failure evidence it writes must not show them."""
+        if not self._secrets_registered:
+            from airflow_provider_tao.received_secrets import secrets_received
+
+            register_secrets(secrets_received(self._secret_conn_ids(handle)))
+            self._secrets_registered = True
 
     def _stored(self, context: Context) -> JobRecord | None:
         return JobRecord.from_json(context["task_state_store"].get(STATE_KEY))
@@ -484,7 +519,9 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         if record is None or record.job_id != handle.job_id:
             record = self._record_for(context, handle, {})
         try:
-            self._keep(context, record.ended(state, err_class=err_class))
+            self._keep(
+                context, record.ended(state, err_class=err_class, run_seconds=self._run_seconds(context, handle))
+            )
         except Exception as exc:
             self.log.warning("Could not record the end of job %s: %s", handle.job_id, exc)
 
@@ -575,8 +612,11 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         ``execution_timeout`` stops it (and calls ``on_kill``, which cancels the job)."""
         if problem := hook.watch_problem(handle):
             return self._payload("misplaced", handle, JobStatus.unknown(problem), "")
+        self._mask_received_secrets(handle)
         cursor = ""
         outage = OutageLog(self.log, hook.platform, settings.outage_report_seconds())
+        waiting = self._waiting = WaitLog(self.log, handle.job_id, settings.outage_report_seconds())
+        writer = JobLogWriter()  # the worker's masker already knows the job's secrets
         not_found = 0
         capacity_timeout = self._capacity_timeout_for(handle)
         while True:
@@ -585,6 +625,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
             except Exception as exc:  # the platform could not be asked: an outage, not a verdict on the job
                 status = JobStatus.unknown(f"status call failed: {exc}")
             outage.update(status)
+            waiting.update(status)
             not_found = not_found + 1 if status.not_found else 0
             if not_found >= NOT_FOUND_POLLS:
                 message = f"job {handle.job_id} no longer exists on the {hook.platform} platform ({status.message})"
@@ -592,19 +633,21 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
             if reason := status.capacity_wait_over(capacity_timeout, time.time()):
                 return self._payload("capacity", handle, status, cursor) | {"message": reason}
             if status.state is not JobState.UNKNOWN and self.streaming:
-                cursor = self._copy_logs(hook, handle, cursor)
+                cursor = self._copy_logs(hook, handle, cursor, writer, final=status.state.is_terminal)
             if status.state.is_terminal:
                 outcome = {JobState.COMPLETE: "complete", JobState.ERROR: "error", JobState.CANCELED: "canceled"}
                 return self._payload(outcome[status.state], handle, status, cursor)
             time.sleep(self.interval)
 
-    def _copy_logs(self, hook: TAOPlatformHook, handle: JobHandle, cursor: str) -> str:
+    def _copy_logs(
+        self, hook: TAOPlatformHook, handle: JobHandle, cursor: str, writer: JobLogWriter, final: bool
+    ) -> str:
         try:
             text, cursor = hook.get_job_logs(handle, cursor)
         except Exception as exc:  # logs are best effort
             self.log.debug("Reading the job log failed: %s", exc)
             return cursor
-        for line in text.splitlines():
+        for line in writer.feed(text, final):
             self.log.info("[job] %s", line)
         return cursor
 
@@ -633,15 +676,17 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         if self._fails_over(handle, outcome, analysis):  # no capacity here: the next connection of the chain
             return self._fail_over(context, hook, handle, analysis.summary() if analysis else message)
         self._close_attempt(context, hook, handle, outcome=outcome, reason=analysis.summary() if analysis else message)
+        self._mask_received_secrets(handle)  # before the job's own words (failure evidence) reach the log
         if outcome == "timeout":
             if self.cancel_on_kill:
                 hook.cancel_job(handle)
             hook.cleanup_job(handle)
             self._keep_end(context, handle, JobState.CANCELED.value, ErrClass.ERR_TIMEOUT.value)
             fate = "it was canceled" if self.cancel_on_kill else "it runs on (cancel_on_kill=False)"
+            waited = f"; {event['waiting']}" if event.get("waiting") else ""
             raise AirflowTaskTimeout(
                 f"Job {handle.job_id} passed the task's execution_timeout (or [tao] lease_hours): "
-                f"{ErrClass.ERR_TIMEOUT.value}, {fate}"
+                f"{ErrClass.ERR_TIMEOUT.value}, {fate}{waited}"
             )
         if outcome == "canceled":
             if who := hook.canceled_by(handle):
@@ -689,7 +734,9 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         record = self._stored(context)
         if record is None or record.job_id != handle.job_id:
             record = self._record_for(context, handle, outputs)
-        record = replace(record, outputs=outputs).ended(JobState.COMPLETE.value, consumed=True)
+        record = replace(record, outputs=outputs).ended(
+            JobState.COMPLETE.value, consumed=True, run_seconds=self._run_seconds(context, handle)
+        )
         self._keep(context, record)
         self.log.info("Job %s completed; results in %s", handle.job_id, handle.results_dir)
         result = {
@@ -772,6 +819,8 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
 
     def on_kill(self) -> None:
         """Worker-side kill (and Airflow's timeout on the worker): cancel the job this try owns."""
+        if self._waiting is not None and (why := self._waiting.summary()):
+            self.log.error("Job %s was killed while waiting: %s", self._waiting.job_id, why)
         if self._handle is None or not self.cancel_on_kill:
             return
         hook = get_platform_hook(self._handle.platform, self._handle.conn_id)

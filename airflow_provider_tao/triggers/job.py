@@ -9,8 +9,10 @@ that it keeps as an XCom of its task instance, so a restarted triggerer resumes 
 The event contract (a plain dict, see :class:`TriggerOutcome`): ``status`` is one of ``complete``, ``error``,
 ``canceled``, ``timeout`` (the task's deadline passed), ``capacity`` (the job waited for resources past the task's
 ``capacity_timeout``: the operator fails over) or ``misplaced`` (this triggerer cannot see the job), plus
-``handle``, ``job_status``, ``log_cursor`` and ``message``. An unanswerable platform is never an outcome: the
-trigger keeps waiting (and says so in the task log) until the job ends or the task's deadline passes.
+``handle``, ``job_status``, ``log_cursor`` and ``message`` (and for ``timeout``, ``waiting``: the job's last waiting
+reason when it was still pending). An unanswerable platform is never an outcome: the trigger keeps waiting (and says
+so in the task log) until the job ends or the task's deadline passes. While the job waits, the task log says why in
+the platform's words (:mod:`~airflow_provider_tao.waiting`).
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
+from airflow_provider_tao.joblog import JobLogWriter
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobState, JobStatus
 from airflow_provider_tao.outage import OutageLog
 from airflow_provider_tao.settings import outage_report_seconds, trigger_event_hold_seconds
+from airflow_provider_tao.waiting import WaitLog
 
 #: Upper bound of one batched status call; a hung backend must not hang the trigger.
 STATUS_CALL_TIMEOUT = 60.0
@@ -180,8 +184,8 @@ class TAOJobTrigger(BaseTrigger):
         cursor stored later by a trigger of the same task instance wins.
     :param stream_logs: copy new log lines into the task log while deferred (False reads no log at all).
     :param cancel_on_kill: cancel the job when the task is marked failed/success or cleared while deferred.
-    :param secret_conn_ids: connections whose secrets the job receives; registered with the triggerer's secrets
-        masker so a job that prints them never puts them into the task log.
+    :param secret_conn_ids: connections whose secrets the job receives: the trigger finds those secrets again (the
+        kwargs never hold them) and masks them, so a job that prints them never puts them into the task log.
     :param capacity_timeout: seconds the job may wait for resources (``JobStatus.capacity_wait_since``, the
         backend's clock) before the trigger ends with ``capacity``; None = no bound (the last of a chain).
     """
@@ -207,7 +211,7 @@ class TAOJobTrigger(BaseTrigger):
         self.cancel_on_kill = bool(cancel_on_kill)
         self.secret_conn_ids = list(secret_conn_ids or [])
         self.capacity_timeout = None if capacity_timeout is None else float(capacity_timeout)
-        self._partial_line = ""
+        self._writer = JobLogWriter()
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -242,6 +246,7 @@ class TAOJobTrigger(BaseTrigger):
         self.log.info("Watching %s job %s (%s)", hook.platform, self.handle.job_id, self.handle.name)
         status = JobStatus.unknown("no status yet")
         outage = OutageLog(self.log, hook.platform, outage_report_seconds())
+        waiting = WaitLog(self.log, self.handle.job_id, outage_report_seconds())
         not_found = 0
         async with poller.watch(self.handle, self.poll_interval) as watch:
             if problem := hook.watch_problem(self.handle):
@@ -259,12 +264,15 @@ class TAOJobTrigger(BaseTrigger):
                     if status.state is not JobState.UNKNOWN:
                         status = JobStatus.unknown(f"no status from the {hook.platform} platform for {wait:.1f} s")
                 outage.update(status)
+                waiting.update(status)
                 not_found = not_found + 1 if status.not_found else 0
                 # An ended job's log is read once, by the final read below.
                 if self.stream_logs and status.state is not JobState.UNKNOWN and not status.state.is_terminal:
                     await self._stream_logs(hook)
                 if self.deadline is not None and time.time() >= self.deadline:
-                    yield self._event(TriggerOutcome.TIMEOUT, status, "the task's execution_timeout passed")
+                    event = self._event(TriggerOutcome.TIMEOUT, status, "the task's execution_timeout passed")
+                    event.payload["waiting"] = waiting.summary()  # why the job had not run yet, if it had not
+                    yield event
                     return
                 if not_found >= NOT_FOUND_POLLS:
                     message = f"job {self.handle.job_id} no longer exists on the {hook.platform} platform"
@@ -303,9 +311,9 @@ class TAOJobTrigger(BaseTrigger):
         )
 
     async def _stream_logs(self, hook: TAOPlatformHook, final: bool = False) -> None:
-        """Copy complete new log lines into the task log; a trailing partial line waits for its newline. The new
-        cursor is stored before the lines are written: a triggerer dying in between loses lines rather than
-        writing them twice."""
+        """Copy new log lines into the task log (as :class:`~airflow_provider_tao.joblog.JobLogWriter`
+        shapes them: whole lines, a progress bar's latest state, secrets masked). The new cursor is stored before
+        the lines are written: a triggerer dying in between loses lines rather than writing them twice."""
         try:
             text, cursor = await hook.aget_job_logs(self.handle, self.log_cursor)
         except asyncio.CancelledError:
@@ -313,10 +321,7 @@ class TAOJobTrigger(BaseTrigger):
         except Exception as exc:  # logs are best effort: never fail the watch over them
             self.log.debug("Reading the job log failed: %s", exc)
             return
-        lines = (self._partial_line + text).split("\n")
-        self._partial_line = lines.pop()  # the text after the last newline: an unfinished line, or ""
-        if final and self._partial_line:
-            lines.append(self._partial_line)
+        lines = self._writer.feed(text, final)
         try:
             if cursor != self.log_cursor:
                 self.log_cursor = cursor
@@ -362,24 +367,18 @@ class TAOJobTrigger(BaseTrigger):
             self.log.debug("Storing the log cursor failed: %s", exc)
 
     async def _mask_secrets(self) -> None:
-        """Register the secrets of ``secret_conn_ids`` with this triggerer's secrets masker: the password and
-        every extra whose name Airflow treats as sensitive (``aws_session_token``, ``*secret*``, ...)."""
+        """Mask every secret the job received -- found again here, never carried in the kwargs (see
+        :mod:`~airflow_provider_tao.received_secrets`) -- in the job's lines and this triggerer's own log."""
         if not self.secret_conn_ids:
             return
-        from airflow.sdk import BaseHook
-        from airflow.sdk._shared.secrets_masker import should_hide_value_for_key
         from airflow.sdk.log import amask_secret
 
-        for conn_id in self.secret_conn_ids:
-            try:
-                conn = await BaseHook.aget_connection(conn_id)  # masks the password itself
-                extras = conn.extra_dejson
-            except Exception as exc:
-                self.log.warning("Could not load connection %r to mask its secrets: %s", conn_id, exc)
-                continue
-            for key, value in (extras if isinstance(extras, dict) else {}).items():
-                if isinstance(value, str) and should_hide_value_for_key(key):
-                    await amask_secret(value, key)
+        from airflow_provider_tao.received_secrets import asecrets_received
+
+        values = await asecrets_received(self.secret_conn_ids)
+        self._writer.mask(values)
+        for value in values:
+            await amask_secret(value)
 
     async def on_kill(self) -> None:
         """The task was marked failed/success or cleared while deferred: cancel the job this try owns."""

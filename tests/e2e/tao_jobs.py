@@ -20,6 +20,7 @@ E2E_DAG_IDS = (
     "tao_e2e_outputs",
     "tao_e2e_outage",
     "tao_e2e_outage_sync",
+    "tao_e2e_bad_input",
 )
 
 

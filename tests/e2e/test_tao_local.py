@@ -8,6 +8,7 @@ kills are the fault matrix's cases (``tests/e2e/matrix``), on this platform and 
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -16,7 +17,7 @@ import pytest
 
 from airflow_provider_tao.hooks.local import LocalHook
 from airflow_provider_tao.links import job_page_path
-from tests.e2e.airflow_harness import AirflowClient, wait_until
+from tests.e2e.airflow_harness import AirflowClient, AirflowStandalone, wait_until
 from tests.e2e.tao_jobs import (
     TASK,
     job_ids,
@@ -78,3 +79,22 @@ def test_mark_success_with_cancel_on_kill_false_leaves_the_job_running(dags: Air
         handle = local_handle(dags, "tao_e2e_keep", run_id)
         LocalHook("tao_e2e").cancel_job(handle)
     assert not job_processes([job_id])
+
+
+def test_a_task_that_fails_before_submitting_says_why_without_noise(
+    airflow_standalone: AirflowStandalone, dags: AirflowClient
+) -> None:
+    """Issue 23.8: the operator's links look up no XCom of a job that was never submitted (each missing one was an
+    ``[error] XCom not found`` line of ``airflow dags test``)."""
+    proc = subprocess.run(
+        [airflow_standalone.airflow_bin, "dags", "test", "tao_e2e_bad_input"],
+        env=airflow_standalone.env,
+        cwd=airflow_standalone.home,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    out = proc.stdout + proc.stderr
+    assert "Bad input, nothing was submitted: conn_id: there is no Airflow connection" in out, out
+    assert "XCom not found" not in out, out

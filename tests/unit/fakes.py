@@ -92,7 +92,7 @@ class FakeHook(TAOPlatformHook):
             return JobStatus.missing("not found")
         return JobStatus(
             job["state"],
-            f"fake {job['state'].value}",
+            job.get("message") or f"fake {job['state'].value}",
             exit_code=job["exit"],
             raw_state=job.get("raw", ""),
             capacity_wait_since=job.get("capacity_wait_since") if job["state"] is JobState.PENDING else None,

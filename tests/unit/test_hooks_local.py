@@ -512,7 +512,7 @@ def test_num_nodes_message_says_single_node(hook):
 
 
 def test_env_value_error_suggests_the_string(hook):
-    with pytest.raises(JobValidationError, match=r"Write it as '3'"):
+    with pytest.raises(JobValidationError, match=r"env\['EPOCHS'\]: 3 is not a string. Quote it: '3'"):
         hook.validate_spec(make_spec("true", env={"EPOCHS": 3}))
 
 

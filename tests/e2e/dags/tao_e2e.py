@@ -48,3 +48,7 @@ for dag_id, deferrable, cancel_on_kill, retries, outputs in (
             cancel_on_kill=cancel_on_kill,
             poll_interval=1,
         )
+
+# a task that fails before anything is submitted (its connection does not exist): its log says why, and nothing else
+with DAG(dag_id="tao_e2e_bad_input", schedule=None, start_date=datetime(2026, 1, 1), catchup=False):
+    TAOSubmitOperator(task_id="train", conn_id="tao_e2e_no_such_connection", command="true", gpu_count=0)

@@ -12,11 +12,12 @@ import json
 import shlex
 import time
 import uuid
+from datetime import timedelta
 from pathlib import PurePosixPath
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, AirflowTaskTimeout, TaskDeferred
 
 from airflow_provider_tao.hooks import slurm_ssh
 from airflow_provider_tao.hooks.base import JobValidationError
@@ -187,6 +188,24 @@ def test_trap_held_job_is_pending_with_its_reason_and_cancel_is_recognised(
     with pytest.raises(TaskDeferred) as again:  # canceled by this very try, which resumes: not the user's kill
         finish(run)
     assert hook.cancel_job(JobHandle.from_json(again.value.trigger.serialize()[1]["handle"]))
+
+
+def test_a_job_held_pending_says_why_in_the_task_log_and_in_its_timeout(
+    slurm_cluster: Any, triggerer: Any, hook: SlurmHook, capfd: Any
+) -> None:
+    """Issue 23.5: squeue's reason reaches the task log while the job waits, and the timeout error names it."""
+    op = make_operator(
+        image=_py(slurm_cluster),
+        command="true",
+        backend_details={"partition": "held"},
+        execution_timeout=timedelta(seconds=6),
+    )
+    run = start(triggerer, op)
+    with pytest.raises(AirflowTaskTimeout, match=r"still pending after \d+ s: PENDING \(PartitionDown\)"):
+        finish(run)
+    logged = capfd.readouterr()
+    assert f"Job {run.job_id} is pending: PENDING (PartitionDown)" in logged.out + logged.err
+    assert slurm_cluster.wait_terminal(run.backend_job_id, timeout=30).raw_state.startswith("CANCELLED")
 
 
 def test_trap_log_folder_exists_so_the_job_runs(slurm_cluster: Any, triggerer: Any, hook: SlurmHook) -> None:

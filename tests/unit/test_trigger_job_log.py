@@ -1,0 +1,219 @@
+"""What a deferred task's log says while its job waits and runs: why it waits (issue 23.5), progress bars and lines
+that never end (23.6), and the secrets the job received, masked though the triggerer never got them (23.7)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from airflow_provider_tao.joblog import JobLogWriter, readable_log
+from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
+from airflow_provider_tao.triggers.job import TAOJobTrigger
+from tests.unit.fakes import FakeHook
+
+UNSCHEDULABLE = "Unschedulable: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu"
+
+
+def _submit(conn_id: str = "fake_conn") -> JobHandle:
+    job_id = uuid.uuid4().hex[:12]
+    spec = JobSpec(name=f"job-{job_id}", job_id=job_id, command="x", image="i")
+    return FakeHook(conn_id=conn_id).create_job(spec)
+
+
+def _job_lines(out: str) -> list[str]:
+    """The job's lines in the (console-rendered) log output, without the logger's trailing fields."""
+    lines = [line.split("[job] ", 1)[1] for line in out.splitlines() if "[job] " in line]
+    return [re.sub(r"\s+\[airflow_provider_tao\.\S+\] loc=\S+$", "", line) for line in lines]
+
+
+async def test_a_waiting_job_says_why_again_and_again_and_names_it_in_the_timeout(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("AIRFLOW__TAO__OUTAGE_REPORT_SECONDS", "0.3")
+    handle = _submit()
+    job = fake_platform.jobs[handle.job_id]
+    job.update(state=JobState.PENDING, message="Job is waiting for its pods")
+
+    async def schedule_fails() -> None:
+        await asyncio.sleep(0.2)
+        job["message"] = UNSCHEDULABLE
+
+    asyncio.get_running_loop().create_task(schedule_fails())
+    trigger = TAOJobTrigger(handle=handle.to_json(), poll_interval=0.05, deadline=time.time() + 1.2)
+    payload = (await asyncio.wait_for(trigger.run().__anext__(), 10)).payload
+
+    out = capsys.readouterr().out
+    assert f"Job {handle.job_id} is pending: Job is waiting for its pods" in out  # each change, with its reason
+    assert f"Job {handle.job_id} is pending: {UNSCHEDULABLE}" in out
+    assert out.count("is still pending after") >= 2  # the reminder while it lasts, not one line per poll
+    assert out.count(UNSCHEDULABLE) < 8
+    assert payload["status"] == "timeout"
+    assert payload["waiting"].startswith("the job was still pending after ")
+    assert payload["waiting"].endswith(UNSCHEDULABLE)
+
+
+async def test_the_state_change_that_ends_a_wait_is_logged(
+    fake_platform: type[FakeHook], capsys: pytest.CaptureFixture[str]
+) -> None:
+    handle = _submit()
+    job = fake_platform.jobs[handle.job_id]
+    job.update(state=JobState.PENDING, message="PENDING (Resources)")
+
+    async def run_then_end() -> None:
+        await asyncio.sleep(0.2)
+        job.update(state=JobState.RUNNING, message="RUNNING on node1")
+        await asyncio.sleep(0.2)
+        job.update(state=JobState.COMPLETE, message="COMPLETED")
+
+    asyncio.get_running_loop().create_task(run_then_end())
+    trigger = TAOJobTrigger(handle=handle.to_json(), poll_interval=0.05)
+    assert (await asyncio.wait_for(trigger.run().__anext__(), 10)).payload["status"] == "complete"
+    out = capsys.readouterr().out
+    assert f"Job {handle.job_id} is pending: PENDING (Resources)" in out
+    assert f"Job {handle.job_id} is Running after " in out and "s pending: RUNNING on node1" in out
+
+
+async def test_a_progress_bar_shows_its_latest_state_and_a_line_without_end_never_grows_without_bound(
+    fake_platform: type[FakeHook], capsys: pytest.CaptureFixture[str]
+) -> None:
+    handle = _submit()
+    log = fake_platform.logs
+    log[handle.job_id] = "starting\n"
+    trigger = TAOJobTrigger(handle=handle.to_json(), poll_interval=0.03)
+    task = asyncio.ensure_future(trigger.run().__anext__())
+    for percent in range(0, 101, 10):  # tqdm: one line rewritten with \r, its newline only at the very end
+        log[handle.job_id] += f"\rtrain: {percent:3d}%|" + "#" * (percent // 10)
+        await asyncio.sleep(0.08)
+    shown = _job_lines(capsys.readouterr().out)
+    assert shown[0] == "starting"
+    assert "train: 100%|##########" in shown  # shown while the job runs, not only when it ends
+    assert not any("\r" in line for line in shown)
+    assert len(shown) == len(set(shown))  # each state once
+
+    log[handle.job_id] += "\n" + "x" * 100_000  # a line that never ends (no newline, no \r)
+    await asyncio.sleep(0.2)
+    assert len(trigger._writer.partial) < 20_000  # capped, not held without bound
+    assert any(line.startswith("xxxx") for line in _job_lines(capsys.readouterr().out))  # flushed at the limit
+    fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
+    assert (await asyncio.wait_for(task, 10)).payload["status"] == "complete"
+    assert "train: 100%|##########" not in _job_lines(capsys.readouterr().out)  # its newline did not repeat it
+
+
+def test_runner_heartbeats_read_as_words_and_collapse() -> None:
+    beats = ["TAO_PROGRESS " + json.dumps({"phase": "run", "files": 0, "bytes": 0, "step": step}) for step in (1, 2, 3)]
+    text = "\n".join(["loading", *beats, "epoch done", beats[0]]) + "\n"
+    assert readable_log(text).splitlines() == [
+        "loading",
+        "progress: run, step 3",
+        "epoch done",
+        "progress: run, step 1",
+    ]
+    writer = JobLogWriter()
+    assert writer.feed(text) == readable_log(text).splitlines()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        # a platform key the worker took from its environment (no field of the connection holds it)
+        (
+            {"conn_type": "tao_lepton", "extra": {"workspace_id": "w"}},
+            {"NGC_KEY": "nvapi-ngc-from-env-1"},
+            "nvapi-ngc-from-env-1",
+        ),
+        # a kubeconfig extra: its user token (Airflow's masker does not know the name kube_config)
+        (
+            {
+                "conn_type": "tao_kubernetes",
+                "extra": {"kube_config": "users:\n- name: u\n  user:\n    token: kt-secret-42\n"},
+            },
+            {},
+            "kt-secret-42",
+        ),
+        # storage credentials from the boto chain's environment, not from the connection
+        (
+            {"conn_type": "aws"},
+            {"AWS_ACCESS_KEY_ID": "AKIAFROMENV0000", "AWS_SECRET_ACCESS_KEY": "chain-secret-key-77"},
+            "chain-secret-key-77",
+        ),
+    ],
+    ids=["env-fallback", "kube_config", "boto-chain"],
+)
+async def test_a_secret_the_job_received_outside_its_connections_fields_is_masked_in_the_task_log(
+    fake_platform: type[FakeHook],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    case: tuple[dict[str, Any], dict[str, str], str],
+) -> None:
+    conn, env, secret = case  # the connection, the worker's (and triggerer's) environment, the secret the job got
+    monkeypatch.setenv("AIRFLOW_CONN_JOB_SECRETS", json.dumps(conn))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    handle = _submit()
+    fake_platform.logs[handle.job_id] = f"the job prints {secret} and more\n"
+    fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
+    trigger = TAOJobTrigger(handle=handle.to_json(), poll_interval=0.02, secret_conn_ids=["job_secrets"])
+    assert secret not in json.dumps(trigger.serialize())  # the kwargs (stored in the database) never hold it
+    await asyncio.wait_for(trigger.run().__anext__(), 10)
+    out = capsys.readouterr().out
+    assert "[job] the job prints *** and more" in out
+    assert secret not in out
+
+
+def test_a_resumed_worker_masks_the_secrets_it_never_handed_the_job(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``execute_complete`` runs in a new process, which writes the job's failure evidence (its log's last lines)."""
+    from airflow_provider_tao.operators.submit import TAOSubmitOperator
+    from tests.unit.fakes import Store, make_context
+
+    monkeypatch.setattr(FakeHook, "env_fallbacks", {"ngc_api_key": "NGC_KEY"})
+    monkeypatch.setenv("NGC_KEY", "nvapi-worker-env-key-9")
+    masked: list[Any] = []
+    monkeypatch.setattr("airflow.sdk.log.mask_secret", lambda value, name=None: masked.append(value))
+    handle = _submit()
+    fake_platform.jobs[handle.job_id].update(state=JobState.ERROR, exit=1)
+    fake_platform.logs[handle.job_id] = "Traceback: login with nvapi-worker-env-key-9 refused\n"
+    resumed = TAOSubmitOperator(task_id="train", conn_id="fake_conn", image="img:1", command="x")
+    event = {"status": "error", "handle": handle.to_json(), "log_cursor": "", "message": ""}
+    event["job_status"] = FakeHook().get_job_status(handle).to_json()
+    with pytest.raises(Exception, match="failed"):
+        resumed.execute_complete(make_context(Store()), event)
+    assert "nvapi-worker-env-key-9" in masked
+
+
+def test_a_worker_killed_while_its_job_waits_says_why_the_job_waited(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The worker-side wait: Airflow's execution_timeout (or a kill) lands in it and calls on_kill."""
+    from airflow.sdk.exceptions import AirflowTaskTimeout
+
+    from airflow_provider_tao.operators.submit import TAOSubmitOperator
+    from tests.unit.fakes import Store, make_context
+
+    fake_platform.queueing = {"fake_conn"}
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:  # Airflow's timeout signal arrives during the second wait
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            raise AirflowTaskTimeout("Timeout, PID: 1")
+
+    monkeypatch.setattr("time.sleep", sleep)
+    op = TAOSubmitOperator(
+        task_id="train", conn_id="fake_conn", image="img:1", command="x", deferrable=False, poll_interval=1
+    )
+    with pytest.raises(AirflowTaskTimeout):
+        op.execute(make_context(Store()))
+    op.on_kill()
+    out = capsys.readouterr().out
+    (job,) = fake_platform.jobs.values()
+    assert f"Job {job['handle'].job_id} is pending: fake Pending" in out
+    assert f"Job {job['handle'].job_id} was killed while waiting: the job was still pending after " in out
+    assert job["state"] is JobState.CANCELED
