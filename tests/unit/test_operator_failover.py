@@ -67,7 +67,9 @@ def _jobs_on(fake: type[FakeHook], conn_id: str) -> list[dict[str, Any]]:
 
 
 def _fail(fake: type[FakeHook], handle: JobHandle, raw: str = "", exit_code: int | None = None) -> None:
-    fake.jobs[handle.job_id].update(state=JobState.ERROR, raw=raw, exit=exit_code)
+    job = fake.jobs[handle.job_id]
+    # It ends the moment it started: no wall-clock milliseconds leak into the GPU-hours the tests compare.
+    job.update(state=JobState.ERROR, raw=raw, exit=exit_code, ended=job.get("started"))
 
 
 def _complete(fake: type[FakeHook], handle: JobHandle, run_seconds: float = 36.0) -> None:
