@@ -35,6 +35,7 @@ from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_tao.hooks import brev_ssh
 from airflow_provider_tao.hooks.base import ConnectionProblem
 from airflow_provider_tao.hooks.cli import (
     CliNotFoundError,
@@ -205,7 +206,8 @@ class BrevSession:
 
     def environment(self) -> dict[str, str]:
         """The environment of every call: the worker's without its secrets (:func:`cli_environment`), with a
-        private HOME (and XDG folders inside it)."""
+        private HOME (and XDG folders inside it) and the ``ssh`` / ``scp`` that find brev's aliases there first on
+        ``PATH`` (:mod:`~airflow_provider_tao.hooks.brev_ssh`)."""
         home = str(self.home)
         env = cli_environment(
             HOME=home,
@@ -215,6 +217,7 @@ class BrevSession:
             # `brev exec` starts an ssh-agent per call when none is set, and never stops it.
             SSH_AUTH_SOCK=f"{home}/no-agent",
         )
+        env["PATH"] = brev_ssh.search_path(self.home, env.get("PATH", ""))
         return env
 
     # ----------------------------------------------------------------- login
@@ -243,6 +246,7 @@ class BrevSession:
             _sweep_dead_homes(self.home.parent)
             atexit.register(shutil.rmtree, self.home, True)
         private_folder(self.home / ".brev")
+        brev_ssh.install(self.home, cli_environment().get("PATH", ""))
         credentials = json.dumps(credentials_for(self._token), indent=2).encode()
         write_private_file(self.home / ".brev" / "credentials.json", credentials)
         if self.org and not (self.home / ".brev" / "active_org.json").exists():
