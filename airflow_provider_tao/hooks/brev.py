@@ -61,6 +61,7 @@ from airflow_provider_tao.hooks.base import (
     TAOPlatformHook,
     register_secrets,
 )
+from airflow_provider_tao.hooks.brev_auth import is_api_key
 from airflow_provider_tao.hooks.brev_cli import BrevError, BrevSession, connection_problem
 from airflow_provider_tao.hooks.cli import write_private_file
 from airflow_provider_tao.jobindex import WAITING_TI_STATES
@@ -91,6 +92,8 @@ FINISHED_TASK_STATES = frozenset({"success", "failed", "skipped", "upstream_fail
 #: ``backend_details`` keys of this platform: the container's (as on the docker platform) and the instance's.
 DETAIL_KEYS = ct.CONTAINER_DETAIL_KEYS | {"instance_id", "instance_type", "lease_hours", "network"}
 _TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+#: How the instance of a task ends: its job name's digest (operators/submit.py); a reused instance may not.
+_TASK_INSTANCE = re.compile(r"-[0-9a-f]{10}$")
 # Instance states: the instance has failed under its jobs, or is still coming up / paused.
 _INSTANCE_FAILED = {"FAILURE": "has FAILED", "UNHEALTHY": "is UNHEALTHY", "DELETING": "is being deleted"}
 _INSTANCE_WAITING = {
@@ -123,9 +126,10 @@ class ReapDecision:
 class BrevHook(TAOPlatformHook):
     """Runs jobs as containers on NVIDIA Brev GPU instances, through the ``brev`` CLI.
 
-    Connection type ``tao_brev``: ``password`` = the Brev API token (``BREV_API_TOKEN``). Extras: ``brev_path``
-    (default ``brev`` on ``PATH``), ``org`` (default: the account's), ``instance_type`` (the default fallback chain of
-    the instances this provider creates, e.g. ``g5.xlarge,g6.xlarge``; unset = the CLI's own choice),
+    Connection type ``tao_brev``: ``password`` = the Brev token or API key (``bak-...``; ``BREV_API_TOKEN``). Extras:
+    ``brev_path`` (default ``brev`` on ``PATH``), ``org`` (default: the account's), ``org_id`` (an API key's org),
+    ``instance_type`` (the default fallback chain of the instances this provider creates, e.g.
+    ``g5.xlarge,g6.xlarge``; unset = the CLI's own choice),
     ``lease_hours`` (default 8: an instance this provider created is reaped after that long), ``ngc_api_key``
     (``NGC_KEY``; for pulls from ``registry``, default ``nvcr.io``), ``network`` (the Docker network of the
     containers on the instance), ``shm_size`` (16g), ``cancel_grace_seconds`` (10), ``boot_timeout_seconds`` (1200),
@@ -194,6 +198,7 @@ class BrevHook(TAOPlatformHook):
             executable=str(self.setting("brev_path", "brev")),
             token=str(token),
             org=self.org,
+            org_id=str(self.setting("org_id") or "") or None,
             identity=self.conn_id or "",
             log=self.log,
         )
@@ -324,11 +329,11 @@ class BrevHook(TAOPlatformHook):
                 raise JobValidationError(
                     "backend_details['instance_id']", f"{reuse!r} is not a Brev instance name or id", "Use `brev ls`"
                 )
-            if reuse == spec.name:
+            if reuse == spec.name or _TASK_INSTANCE.search(reuse):
                 raise JobValidationError(
                     "backend_details['instance_id']",
-                    f"{reuse!r} is the name this provider gives the instance it creates for this task",
-                    "Leave instance_id unset for an instance of the task's own, or name an instance you made",
+                    f"{reuse!r} is named like the instances this provider creates for tasks (<name>-<10 hex digits>)",
+                    "Leave instance_id unset for an instance of the task's own, or name an instance you made otherwise",
                 )
             if "instance_type" in details or "lease_hours" in details:
                 raise JobValidationError(
@@ -347,11 +352,16 @@ class BrevHook(TAOPlatformHook):
                 "Use s3:// with storage_conn_id (an ephemeral instance's disk is deleted with it)",
             )
         self.load_connection()
-        if not self.setting("password"):
+        token = str(self.setting("password") or "")
+        if not token:
             raise JobValidationError(
                 "conn_id",
                 "the tao_brev connection has no Brev API token",
                 "Put the token in the connection's password (or set BREV_API_TOKEN)",
+            )
+        if is_api_key(token) and not self.setting("org_id"):
+            raise JobValidationError(
+                "org_id", "a Brev API key (bak-...) works in one org", "Set org_id on the tao_brev connection"
             )
 
     def _types(self, details: Mapping[str, Any]) -> list[str]:
@@ -623,20 +633,18 @@ class BrevHook(TAOPlatformHook):
     # ----------------------------------------------------------------- find and status
 
     def find_job(self, name: str) -> JobHandle | None:
-        """The newest container of this job name: on the task's own instance if it exists, else on every running
-        instance (a reused one). A launch still going on (its worker died mid-submission, the CLI call did not) is
-        waited for; a container created but never started is removed (it never ran anything)."""
-        try:
-            instances = self.session.instances()
-        except BrevError as exc:
-            if exc.err_class is ErrClass.ERR_INFRA:
-                raise  # cannot tell whether the job exists: the operator submits nothing
-            self.log.info("Cannot look for job %s (%s): the submission will say why", name, exc)
-            return None  # a refused token or a missing CLI: nothing can be submitted either
+        """The newest container of this job name: on the task's own instance if it exists, else on the running
+        instances that can hold it -- reused ones, never another task's own instance (named like a job). A launch
+        still going on (its worker died mid-submission, the CLI call did not) is waited for; a container created
+        but never started is removed (it never ran anything). Any failure to ask (auth, network, an instance that
+        does not answer) raises: "no job" would let the operator start a second one."""
+        instances = self.session.instances()
         if name in instances:
             candidates = [name] if instances[name].get("status") in _EXEC_STATES else []
         else:
-            candidates = sorted(n for n, e in instances.items() if e.get("status") in _EXEC_STATES)
+            candidates = sorted(
+                n for n, e in instances.items() if e.get("status") in _EXEC_STATES and not _TASK_INSTANCE.search(n)
+            )
         found: list[tuple[str, remote.FoundContainer]] = []
         for instance in candidates:
             found += [(instance, c) for c in self._containers_named(instance, name)]
@@ -734,11 +742,12 @@ class BrevHook(TAOPlatformHook):
     ) -> JobStatus:
         instance = handle.backend_job_id
         name = ct.container_name(handle.job_id)
-        if entry is None:
+        if entry is None:  # one answer is not yet "lost": the poller's two-answers rule decides (not_found)
             return JobStatus(
-                JobState.ERROR,
-                f"instance {instance} no longer exists (deleted outside this task, or lost by Brev)",
+                JobState.UNKNOWN,
+                f"instance {instance} is not in brev ls (deleted outside this task, or lost by Brev)",
                 raw_state="LOST",
+                not_found=True,
             )
         state = str(entry.get("status"))
         if state in _INSTANCE_WAITING:

@@ -53,6 +53,6 @@ def install(home: Path, path: str) -> None:
         if real is None:
             continue
         wrapper = bin_dir / program
-        script = f"#!/bin/sh\nexec {shlex.quote(real)} -F {shlex.quote(str(config))} \"$@\"\n"
+        script = f'#!/bin/sh\nexec {shlex.quote(real)} -F {shlex.quote(str(config))} "$@"\n'
         write_private_file(wrapper, script.encode())
         os.chmod(wrapper, 0o700)

@@ -685,9 +685,7 @@ def _ssh(ctx: Context, alias: str, command: str, connect_timeout: float) -> int:
     def relay(stream: int, chunk: bytes) -> None:
         (ctx.io.write_out if stream == 1 else ctx.io.write_err)(chunk)
 
-    return instances.ssh_run(
-        ctx.world, alias, command, connect_timeout=connect_timeout, on_output=relay
-    )
+    return instances.ssh_run(ctx.world, alias, command, connect_timeout=connect_timeout, on_output=relay)
 
 
 def _collect(into: list[bytes]) -> Callable[[int, bytes], None]:
@@ -701,9 +699,7 @@ def _ssh_probe(ctx: Context, alias: str) -> str | None:
 
     for attempt in range(41):
         output: list[bytes] = []
-        code = instances.ssh_run(
-            ctx.world, alias, 'echo " "', connect_timeout=10, on_output=_collect(output)
-        )
+        code = instances.ssh_run(ctx.world, alias, 'echo " "', connect_timeout=10, on_output=_collect(output))
         if code == 0:
             return None
         lines = b"".join(output).decode(errors="replace").split("\n")

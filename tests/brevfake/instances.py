@@ -11,8 +11,8 @@ job containers started on it; deleting it removes them, as a VM takes its contai
 (the real ``ssh -G`` of the ``ssh`` on PATH: the passwd home's ``~/.ssh/config`` and the files it includes, or the
 ``-F`` a wrapper gives), fails the way ssh fails (exit 255 and ssh's own messages) when the alias is unknown or the
 instance is not up, and otherwise runs ``bash -c <command>`` as ``ubuntu`` in the container with output streamed.
-``scp_resolve`` is the same for ``scp``, whose ssh is ``/usr/bin/ssh`` with scp's own ``-F`` / ``-o``. ``scp_upload`` / ``scp_download`` copy with ``scp -r`` semantics through the
-engine's archive API.
+``scp_resolve`` is the same for ``scp``, whose ssh is ``/usr/bin/ssh`` with scp's own ``-F`` / ``-o``.
+``scp_upload`` / ``scp_download`` copy with ``scp -r`` semantics through the engine's archive API.
 """
 
 from __future__ import annotations

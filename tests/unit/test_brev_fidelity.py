@@ -8,13 +8,21 @@ program), exactly as the fake ``brev`` resolves an alias (``tests/brevfake/insta
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from airflow_provider_tao.hooks.brev_cli import BrevSession
+from airflow_provider_tao.hooks import brev as bv
+from airflow_provider_tao.hooks import brev_auth
+from airflow_provider_tao.hooks.base import JobValidationError
+from airflow_provider_tao.hooks.brev_auth import credentials_for
+from airflow_provider_tao.hooks.brev_cli import BrevError, BrevSession, create_failure
+from airflow_provider_tao.jobs import ErrClass
 from tests.brevfake import instances
+from tests.unit.test_hooks_brev import ScriptedSession, _hook, _result, _spec
 
 TOKEN = "brev-secret-token-0123456789"
 
@@ -63,3 +71,94 @@ def test_the_wrappers_hold_no_secret_and_only_their_user_reads_them(tmp_path: Pa
     wrapper = session.home / ".tao-bin" / program
     assert wrapper.stat().st_mode & 0o777 == 0o700
     assert TOKEN not in wrapper.read_text()
+
+
+# --------------------------------------------------------------------------- credentials (brev_auth)
+
+
+def test_an_api_key_is_stored_as_brev_login_api_key_does_and_needs_its_org_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = "bak-0123456789abcdef"
+    assert credentials_for(key, "org-42") == {
+        "access_token": "",
+        "refresh_token": "",
+        "api_key": key,
+        "api_key_org_id": "org-42",
+    }
+    with pytest.raises(BrevError) as refused:
+        _session(tmp_path, token=key).login()
+    assert refused.value.err_class is ErrClass.ERR_CONFIG and "org_id" in str(refused.value)
+    hook = _hook(monkeypatch)
+    monkeypatch.setenv("AIRFLOW_CONN_BREV_T", json.dumps({"conn_type": "tao_brev", "password": key}))
+    with pytest.raises(JobValidationError, match="org_id"):
+        bv.BrevHook("brev_t").validate_spec(_spec())
+    hook.validate_spec(_spec())  # a login token needs no org id
+
+
+def test_a_kubernetes_service_account_token_is_told_before_any_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mounted = tmp_path / "serviceaccount" / "token"
+    monkeypatch.setattr(brev_auth, "SERVICE_ACCOUNT_TOKEN", mounted)
+    assert brev_auth.service_account_problem() is None
+    mounted.parent.mkdir()
+    mounted.write_text("")
+    assert brev_auth.service_account_problem() is None  # empty: brev reads credentials.json (GetAuthTokens)
+    mounted.write_text("eyJhbGciOiJSUzI1NiJ9.eyJpc3MiOiJrdWJlcm5ldGVzIn0.c2ln")
+    with pytest.raises(BrevError) as told:
+        _session(tmp_path).login()
+    assert told.value.err_class is ErrClass.ERR_CONFIG
+    assert str(mounted) in str(told.value) and "automountServiceAccountToken: false" in str(told.value)
+
+
+# --------------------------------------------------------------------------- the CLI's words
+
+
+def test_an_invalid_or_unavailable_type_is_a_configuration_error_without_failover() -> None:
+    said = (
+        "Trying g5.xlarge for 1 instance(s)...\n[Worker 1] Trying g5.xlarge for instance 'x'...\n"
+        "[Worker 1] g5.xlarge Failed: instance type \"g5.xlarge\" is invalid or unavailable; run 'brev search' to "
+        "see available types\n\nWarning: Only created 0/1 instances\n"
+    )
+    failure = create_failure(_result(stderr=said, code=1), ["g5.xlarge"])
+    assert failure.err_class is ErrClass.ERR_CONFIG and "g5.xlarge" in str(failure)
+
+
+# --------------------------------------------------------------------------- find_job
+
+
+def _find_answer(instance: str, command: str) -> bytes | None:
+    return None if instance == "silent-box" else b""
+
+
+def test_find_job_asks_only_the_instances_that_can_hold_the_tasks_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    listing = {
+        "other-task-0123456789": {"status": "RUNNING"},  # another task's own instance: never its job
+        "shared-box": {"status": "RUNNING"},
+        "stopped-box": {"status": "STOPPED"},
+    }
+    session = ScriptedSession(listing, _find_answer)
+    assert _hook(monkeypatch, session).find_job("dag-train-abcdef0123") is None
+    assert [call for call in session.calls if call[0] == "exec"] == [("exec", "shared-box")]
+    with pytest.raises(JobValidationError, match="instance_id"):
+        _hook(monkeypatch).validate_spec(_spec(backend_details={"instance_id": "other-task-0123456789"}))
+
+
+def test_find_job_never_turns_an_error_into_no_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    silent = ScriptedSession({"shared-box": {"status": "RUNNING"}, "silent-box": {"status": "RUNNING"}}, _find_answer)
+    with pytest.raises(BrevError) as outage:
+        _hook(monkeypatch, silent).find_job("dag-train-abcdef0123")
+    assert outage.value.err_class is ErrClass.ERR_INFRA
+    for err_class in (ErrClass.ERR_AUTH, ErrClass.ERR_INFRA):
+        refused = ScriptedSession({}, _find_answer)
+        monkeypatch.setattr(refused, "instances", _raises(BrevError(err_class, "no answer")))
+        with pytest.raises(BrevError):
+            _hook(monkeypatch, refused).find_job("dag-train-abcdef0123")
+
+
+def _raises(exc: Exception) -> Any:
+    def call(*_args: Any, **_kwargs: Any) -> Any:
+        raise exc
+
+    return call

@@ -1,0 +1,68 @@
+"""The Brev platform against what the real ``brev`` CLI (v0.6.327) does, as the fake models it: an API key
+(``bak-...``) is a credential of its own, a Kubernetes service-account token on the worker is what brev
+authenticates with first, and a network error that ends in ``EOF`` is an outage, never a refused token.
+
+(OpenSSH's alias resolution from the private HOME is exercised by every test that runs a job here: the fake
+resolves each alias with the real ``ssh -G``.)
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_provider_tao.hooks import brev_auth
+from airflow_provider_tao.hooks.base import ConnectionProblem
+from airflow_provider_tao.hooks.brev import BrevHook
+from airflow_provider_tao.hooks.brev_cli import BrevError
+from airflow_provider_tao.jobs import ErrClass
+from tests.brevfake.control import BrevWorld
+from tests.integration.brev.conftest import CONN_ID, brev_connection
+
+pytestmark = [pytest.mark.integration]
+#: A Kubernetes service-account token's first two parts (RS256; iss kubernetes.default.svc, exp in 2100).
+_K8S_JWT_HEAD = "eyJhbGciOiJSUzI1NiIsImtpZCI6ImsifQ"
+_K8S_JWT_CLAIMS = "eyJpc3MiOiJodHRwczovL2t1YmVybmV0ZXMuZGVmYXVsdC5zdmMiLCJleHAiOjQxMDI0NDQ4MDB9"
+
+
+def test_an_api_key_connection_works_in_the_keys_org(brev_world: BrevWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    brev_world.create_instance("box")
+    conn = json.loads(brev_connection(brev_world, org_id=brev_world.org["id"]))
+    monkeypatch.setenv("AIRFLOW_CONN_TAO_BREV_KEY", json.dumps({**conn, "password": brev_world.api_key}))
+    hook = BrevHook("tao_brev_key")
+    assert hook.probe_connection() == f"brev answers: 1 instance(s) in org {brev_world.org['name']}, 1 running"
+    answer = hook.session.exec("box", "echo from-$(hostname -s)", 60)
+    assert answer.text.startswith("from-"), answer.describe()
+    seen = {call["credentials"]["state"] for call in brev_world.calls()}
+    assert seen == {"apikey"}, seen  # stored as brev login --api-key does; never `brev set` (the key has its org)
+    assert hook.session.relogins == 0
+
+
+def test_a_kubernetes_service_account_token_on_the_worker_is_told_before_any_call(
+    brev_world: BrevWorld, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    home = tmp_path_factory.mktemp("home")
+    brev_world.login(home)
+    assert brev_world.run("ls", "--json", home=home).returncode == 0
+    mounted = brev_world.mount_service_account_token(f"{_K8S_JWT_HEAD}.{_K8S_JWT_CLAIMS}.c2ln")
+    # the fake CLI now uses it before the credentials it was logged in with, as GetAuthTokens does
+    refused = brev_world.run("ls", "--json", home=home)
+    assert refused.returncode == 1, refused.stdout
+    monkeypatch.setattr(brev_auth, "SERVICE_ACCOUNT_TOKEN", mounted)
+    since = len(brev_world.calls())
+    with pytest.raises(ConnectionProblem) as told:
+        BrevHook(CONN_ID).probe_connection()
+    assert told.value.kind == "config" and "automountServiceAccountToken: false" in str(told.value)
+    assert brev_world.calls()[since:] == []  # nothing was called with the wrong token
+
+
+def test_a_network_eof_is_an_outage_never_a_refused_token(brev_world: BrevWorld) -> None:
+    hook = BrevHook(CONN_ID)
+    hook.session.instances()  # logged in, org selected
+    brev_world.api_errors(1, status=0, reason="EOF")
+    with pytest.raises(BrevError) as outage:
+        hook.session.instances()
+    assert outage.value.err_class is ErrClass.ERR_INFRA, outage.value
+    assert 'Get "https://' in str(outage.value) and hook.session.relogins == 0
+    assert brev_world.instances() == [] and hook.session.instances() == {}  # the next call after the blip works
