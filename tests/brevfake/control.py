@@ -296,6 +296,13 @@ class BrevWorld:
         with self.world.mutate() as state:
             state["auth"]["token_valid"] = False
 
+    def set_startup_user(self, user: str) -> None:
+        """Who runs the startup scripts of instances created from now on: ``ubuntu`` (the login user, in its home;
+        the default) or ``root`` (in ``/root``) -- Brev's choice is unknown, the tests run against each."""
+        assert user in ("ubuntu", "root"), user
+        with self.world.mutate() as state:
+            state["startup_user"] = user
+
     def mount_service_account_token(self, token: str) -> Path:
         """Give the world a root of its own (``<world>/root``) holding a Kubernetes service-account token, as an
         automounted pod has: the fake CLI reads it as ``GetAuthTokens`` does. Returns the file's path."""

@@ -105,6 +105,7 @@ def provision(world: World, state: dict[str, Any], instance: dict[str, Any]) -> 
             f"BREVFAKE_PATH_MAP={json.dumps(path_map)}",
             f"BREVFAKE_GPUS={gpus if instance_type.get('gpu_count') else ''}",
             f"BREVFAKE_NGC_KEY_SHA256={state['auth'].get('ngc_key_sha256', '')}",
+            f"BREVFAKE_STARTUP_USER={state.get('startup_user', 'ubuntu')}",
         ],
         "Labels": {
             LABEL: "1",

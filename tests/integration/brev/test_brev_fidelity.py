@@ -9,14 +9,16 @@ resolves each alias with the real ``ssh -G``.)
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from airflow_provider_tao.hooks import brev_auth
+from airflow_provider_tao.hooks import brev_remote as remote
 from airflow_provider_tao.hooks.base import ConnectionProblem
 from airflow_provider_tao.hooks.brev import BrevHook
 from airflow_provider_tao.hooks.brev_cli import BrevError
-from airflow_provider_tao.jobs import ErrClass
+from airflow_provider_tao.jobs import ErrClass, JobSpec
 from tests.brevfake.control import BrevWorld
 from tests.integration.brev.conftest import CONN_ID, brev_connection
 
@@ -24,6 +26,7 @@ pytestmark = [pytest.mark.integration]
 #: A Kubernetes service-account token's first two parts (RS256; iss kubernetes.default.svc, exp in 2100).
 _K8S_JWT_HEAD = "eyJhbGciOiJSUzI1NiIsImtpZCI6ImsifQ"
 _K8S_JWT_CLAIMS = "eyJpc3MiOiJodHRwczovL2t1YmVybmV0ZXMuZGVmYXVsdC5zdmMiLCJleHAiOjQxMDI0NDQ4MDB9"
+_ORIGIN = {"dag_id": "dag", "task_id": "train", "run_id": "manual__1", "map_index": "-1"}
 
 
 def test_an_api_key_connection_works_in_the_keys_org(brev_world: BrevWorld, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,3 +69,23 @@ def test_a_network_eof_is_an_outage_never_a_refused_token(brev_world: BrevWorld)
     assert outage.value.err_class is ErrClass.ERR_INFRA, outage.value
     assert 'Get "https://' in str(outage.value) and hook.session.relogins == 0
     assert brev_world.instances() == [] and hook.session.instances() == {}  # the next call after the blip works
+
+
+@pytest.mark.parametrize("startup_user", ["ubuntu", "root"])
+def test_an_instance_whose_worker_died_right_after_create_is_reaped_whoever_ran_its_startup_script(
+    brev_world: BrevWorld, startup_user: str
+) -> None:
+    # Which user Brev runs the startup script as is unknown: the fake does each.
+    brev_world.set_startup_user(startup_user)
+    hook = BrevHook(CONN_ID)
+    spec = JobSpec(name="dag-train-0a1b2c3d4e", job_id="j0a1b2c3d4", command="true", image="x:1", origin=_ORIGIN)
+    # What create_job does up to `brev create` -- and then its worker dies: no exec ever wrote the exec user's lease.
+    hook.session.create(spec.name, ["g5.xlarge"], remote.startup_script(hook._lease(spec, {}, 1)))
+    brev_world.wait_status(spec.name, "RUNNING")
+    deadline = time.monotonic() + 30
+    while brev_world.exec_in(spec.name, "test -f /var/lib/brevfake/startup-done", user="root")[0] != 0:
+        assert time.monotonic() < deadline, "the startup script did not run"
+        time.sleep(0.1)
+    decisions = {d.instance: d for d in hook.reap(task_state=lambda lease: "failed")}
+    assert decisions[spec.name].action == "deleted", decisions[spec.name]
+    assert "is failed" in decisions[spec.name].reason
