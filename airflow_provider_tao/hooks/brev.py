@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from typing import Any
 from airflow_provider_tao import settings
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
+from airflow_provider_tao.hooks import brev_lease as leases
 from airflow_provider_tao.hooks import brev_remote as remote
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
@@ -63,8 +64,8 @@ from airflow_provider_tao.hooks.base import (
 )
 from airflow_provider_tao.hooks.brev_auth import is_api_key
 from airflow_provider_tao.hooks.brev_cli import BrevError, BrevSession, connection_problem
+from airflow_provider_tao.hooks.brev_lease import ReapDecision
 from airflow_provider_tao.hooks.cli import write_private_file
-from airflow_provider_tao.jobindex import WAITING_TI_STATES
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
 #: The lease of an instance when neither the job, the connection nor ``[tao] lease_hours`` gives one.
@@ -85,10 +86,6 @@ PROBE_TIMEOUT = 30.0
 CALL_TIMEOUT = 60.0
 #: Parallel probes of the instances of one poll.
 PROBE_WORKERS = 8
-#: Who wrote a lease: only instances whose lease says so are ever reaped.
-LEASE_CREATOR = "airflow-provider-tao"
-#: Task-instance states after which a task's ephemeral instance has no use any more.
-FINISHED_TASK_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 #: ``backend_details`` keys of this platform: the container's (as on the docker platform) and the instance's.
 DETAIL_KEYS = ct.CONTAINER_DETAIL_KEYS | {"instance_id", "instance_type", "lease_hours", "network"}
 _TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
@@ -104,23 +101,6 @@ _INSTANCE_WAITING = {
 }
 _LIVE_JOB_STATES = (JobState.PENDING, JobState.RUNNING, JobState.PAUSED)
 _EXEC_STATES = ("RUNNING", "UNHEALTHY")  # states in which a probe may answer (never exec a stopped instance: it starts)
-
-
-@dataclass(frozen=True)
-class ReapDecision:
-    """What :meth:`BrevHook.reap` did with one instance.
-
-    :param instance: the instance name.
-    :param action: ``deleted``; ``jobs canceled`` (its lease expired while its task still watches it: the jobs on it
-        are canceled through the one cancel routine, the task fails with ERR_CANCELED and deletes the instance, or the
-        next reap does); ``kept``; ``skipped`` (its lease could not be read, or it is being deleted); ``failed``
-        (the delete failed); in a dry run ``would delete`` / ``would cancel jobs``.
-    :param reason: why, in words (also logged).
-    """
-
-    instance: str
-    action: str
-    reason: str
 
 
 class BrevHook(TAOPlatformHook):
@@ -262,7 +242,7 @@ class BrevHook(TAOPlatformHook):
         :meth:`list_active_jobs` read it); a job on a reused instance after ``[tao] lease_hours``."""
         with self._lock:
             lease = self._leases.get(handle.backend_job_id)
-        if _own_lease(lease, handle.backend_job_id):
+        if leases.own_lease(lease, handle.backend_job_id):
             assert lease is not None
             return (time.time() if now is None else now) >= float(lease.get("expires_at") or 0)
         return super().lease_expired(handle, now)
@@ -290,7 +270,7 @@ class BrevHook(TAOPlatformHook):
             console_url=self._console_url(entry),
         )
 
-    def _scan(self, instance: str) -> tuple[dict[str, Any] | None, list[remote.FoundContainer]] | str:
+    def _scan(self, instance: str) -> leases.Scan:
         """One exec: the instance's lease and this provider's containers still running on it; the error text when
         it did not answer."""
         try:
@@ -301,9 +281,7 @@ class BrevHook(TAOPlatformHook):
             return str(exc)
         return "did not answer brev exec" if answer is None else remote.parse_active(answer)
 
-    def _scan_all(
-        self, instances: Mapping[str, Mapping[str, Any]]
-    ) -> dict[str, tuple[dict[str, Any] | None, list[remote.FoundContainer]] | str]:
+    def _scan_all(self, instances: Mapping[str, Mapping[str, Any]]) -> dict[str, leases.Scan]:
         """:meth:`_scan` of every instance that may be exec'd (never a stopped one: exec would start it)."""
         readable = sorted(name for name, entry in instances.items() if entry.get("status") in _EXEC_STATES)
         if not readable:
@@ -482,19 +460,7 @@ class BrevHook(TAOPlatformHook):
             self.log.warning("brev create failed (%s), yet instance %s exists: using it", exc, name)
 
     def _lease(self, spec: JobSpec, details: Mapping[str, Any], try_number: int) -> dict[str, Any]:
-        hours = self._lease_hours(details)
-        now = time.time()
-        return {
-            "created_by": LEASE_CREATOR,
-            "instance": spec.name,
-            "job_name": spec.name,
-            "created_at": round(now, 3),
-            "expires_at": round(now + hours * 3600, 3),
-            "lease_hours": hours,
-            "conn_id": self.conn_id,
-            "try_number": try_number,
-            **{key: spec.origin.get(key, "") for key in ("dag_id", "task_id", "run_id", "map_index")},
-        }
+        return leases.new_lease(spec, self._lease_hours(details), self.conn_id, try_number)
 
     def _wait_gone(self, name: str) -> None:
         deadline = time.monotonic() + DEFAULT_BOOT_TIMEOUT
@@ -513,13 +479,14 @@ class BrevHook(TAOPlatformHook):
         ``brev ls`` entry."""
         boot_timeout = self._number("boot_timeout_seconds", DEFAULT_BOOT_TIMEOUT)
         deadline = time.monotonic() + boot_timeout
-        delay = 1.0
+        delay, missing = 1.0, 0
         while True:
             entry = self.session.instances().get(name)
             status = str((entry or {}).get("status"))
-            if entry is None:
+            missing = missing + 1 if entry is None else 0
+            if missing >= 2:  # one answer without it is not yet "gone"
                 raise BrevError(ErrClass.ERR_INFRA, f"instance {name} disappeared while it was starting")
-            if status == "RUNNING":
+            if entry is not None and status == "RUNNING":
                 running = dict(entry)
                 break
             if status in ("FAILURE", "DELETING", "STOPPED"):
@@ -968,8 +935,9 @@ class BrevHook(TAOPlatformHook):
         if the task did not.
         Every decision is logged with its reason. One ``brev ls --json`` and one exec per running instance.
 
-        :param task_state: the Airflow state of a lease's task instance (see :func:`task_state_lookup`); without it
-            only expired leases are reaped, and at once.
+        :param task_state: the Airflow state of a lease's task instance (see
+            :func:`~airflow_provider_tao.hooks.brev_lease.task_state_lookup`); without it only expired leases are
+            reaped, and at once.
         :param now: the time to judge leases by (epoch seconds; default now).
         :param dry_run: decide and report; delete and cancel nothing.
         """
@@ -988,109 +956,36 @@ class BrevHook(TAOPlatformHook):
         self,
         name: str,
         entry: Mapping[str, Any],
-        scan: tuple[dict[str, Any] | None, list[remote.FoundContainer]] | str,
+        scan: leases.Scan,
         task_state: Callable[[Mapping[str, Any]], str | None] | None,
         *,
         now: float,
         dry_run: bool,
     ) -> ReapDecision:
-        status = str(entry.get("status"))
-        if status == "DELETING":
-            return ReapDecision(name, "skipped", "it is being deleted already")
-        if scan == "unread":
-            return ReapDecision(name, "skipped", f"it is {status}: its lease cannot be read without starting it")
-        if isinstance(scan, str):
-            return ReapDecision(name, "skipped", f"its lease could not be read: {scan}")
-        lease, running = scan
-        if lease is None or not _own_lease(lease, name):
-            return ReapDecision(name, "kept", "not created by this provider (no lease of its own)")
-        owner = f"{lease.get('dag_id')}.{lease.get('task_id')} run {lease.get('run_id')}"
-        if lease.get("map_index") not in (None, "", "-1"):
-            owner += f" map index {lease.get('map_index')}"
-        expires = float(lease.get("expires_at") or 0)
-        state = task_state(lease) if task_state is not None else None
-        reason = None
-        if now >= expires:
-            reason = (
-                f"its lease expired at {_utc(expires)} (created {_utc(float(lease.get('created_at') or 0))} "
-                f"with lease_hours={lease.get('lease_hours')}) for task {owner}"
-            )
-            if state in WAITING_TI_STATES and running:  # the task sees the cancel and cleans up
-                jobs = ", ".join(c.job_id for c in running)
-                why = f"{reason}; its task is {state}: job(s) {jobs} canceled, the task deletes the instance"
-                return self._cancel_jobs(name, entry, running, why=why, dry_run=dry_run)
-        elif state in FINISHED_TASK_STATES and running:
-            # the jobs' own rule decides (the orphan sweep: canceled unless their task set cancel_on_kill=False);
-            # the instance goes once nothing runs on it, or with its lease
-            jobs = ", ".join(c.job_id for c in running)
-            return ReapDecision(name, "kept", f"leased until {_utc(expires)}; its task {owner} is {state} but "
-                                f"job(s) {jobs} still run on it")  # fmt: skip
-        elif state in FINISHED_TASK_STATES:
-            reason = f"its task {owner} is {state}"
-        if reason is None:
-            known = f"is {state}" if state else "is not finished (or unknown to this Airflow)"
-            return ReapDecision(name, "kept", f"leased until {_utc(expires)}; its task {owner} {known}")
+        """:func:`~airflow_provider_tao.hooks.brev_lease.judge`, then the act: delete the instance, or cancel the
+        jobs of an expired one whose task still watches it (the task deletes it; or the next reap once nothing runs
+        on it)."""
+        action, reason = leases.judge(name, entry, scan, task_state, now=now)
+        if action in ("kept", "skipped"):
+            return ReapDecision(name, action, reason)
         if dry_run:
-            return ReapDecision(name, "would delete", reason)
+            return ReapDecision(name, f"would {action}", reason)
+        if action == "cancel jobs":
+            assert not isinstance(scan, str)
+            for found in scan[1]:
+                self.cancel_job(self._handle_of(name, entry, found), requested_by="reap: lease expired")
+            return ReapDecision(name, "jobs canceled", reason)
         try:
             deleted = self.session.delete(name)
         except BrevError as exc:
             return ReapDecision(name, "failed", f"{reason}, but brev delete failed: {exc}")
         return ReapDecision(name, "deleted" if deleted else "kept", reason if deleted else f"{reason}; already gone")
 
-    def _cancel_jobs(
-        self,
-        name: str,
-        entry: Mapping[str, Any],
-        running: Sequence[remote.FoundContainer],
-        *,
-        why: str,
-        dry_run: bool,
-    ) -> ReapDecision:
-        """An expired instance whose task still watches it: cancel its running jobs as the reaper, keep it for the
-        task's cleanup (the next reap deletes it once nothing runs on it)."""
-        if dry_run:
-            return ReapDecision(name, "would cancel jobs", why)
-        for found in running:
-            self.cancel_job(self._handle_of(name, entry, found), requested_by="reap: lease expired")
-        return ReapDecision(name, "jobs canceled", why)
-
-
-def _own_lease(lease: Mapping[str, Any] | None, instance: str) -> bool:
-    """Whether ``lease`` is this provider's lease of ``instance`` (only such instances are ever reaped)."""
-    return lease is not None and lease.get("created_by") == LEASE_CREATOR and lease.get("instance") == instance
-
-
-def task_state_lookup(ti: Any) -> Callable[[Mapping[str, Any]], str | None]:
-    """For :meth:`BrevHook.reap` in a task: the Airflow state of a lease's task instance, asked through the running
-    task's ``ti`` (``get_task_states``); None when this Airflow does not know it.
-
-    :param ti: the reaping task's task instance (``context["ti"]``).
-    """
-
-    def lookup(lease: Mapping[str, Any]) -> str | None:
-        map_index = int(lease.get("map_index") or -1)
-        states = ti.get_task_states(
-            dag_id=str(lease["dag_id"]),
-            task_ids=[str(lease["task_id"])],
-            run_ids=[str(lease["run_id"])],
-            map_index=map_index,
-        )
-        key = str(lease["task_id"]) if map_index < 0 else f"{lease['task_id']}_{map_index}"
-        state = (states.get(str(lease["run_id"])) or {}).get(key)
-        return str(state) if state is not None else None
-
-    return lookup
-
 
 def _since(cursor: str) -> str:
     """What ``docker logs --since`` gets for a cursor: its exact timestamp, or ``all`` from the start."""
     stamp, _ = ct.parse_log_cursor(cursor)
     return stamp or "all"
-
-
-def _utc(epoch: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
 
 
 def _launch_failure_class(said: str) -> ErrClass:

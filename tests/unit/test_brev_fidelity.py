@@ -162,3 +162,20 @@ def _raises(exc: Exception) -> Any:
         raise exc
 
     return call
+
+
+def test_one_listing_without_a_starting_instance_is_not_yet_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = iter([{}, {"box": {"status": "RUNNING"}}])
+
+    class Flickering(ScriptedSession):
+        def instances(self, timeout: float = 0) -> dict[str, dict[str, Any]]:
+            self.listing = next(answers, self.listing)
+            return super().instances(timeout)
+
+    session = Flickering({}, lambda instance, command: b"DOCKER 20.10.24\n")
+    monkeypatch.setattr(bv.time, "sleep", lambda seconds: None)
+    assert _hook(monkeypatch, session)._wait_ready("box", None)["status"] == "RUNNING"
+    gone = Flickering({}, lambda instance, command: None)
+    answers = iter([{}, {}])
+    with pytest.raises(BrevError, match="disappeared"):
+        _hook(monkeypatch, gone)._wait_ready("box", None)

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tao.hooks import brev as bv
+from airflow_provider_tao.hooks import brev_lease
 from airflow_provider_tao.hooks import brev_remote as remote
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import JobValidationError
@@ -415,7 +416,7 @@ def test_a_launch_with_nothing_staged_says_so(instance: Instance) -> None:
 
 def test_the_probe_reads_states_exits_marks_logs_and_the_lease_in_one_call(instance: Instance) -> None:
     _staged(instance)
-    lease = {"created_by": bv.LEASE_CREATOR, "instance": "i-1", "expires_at": 1.0}
+    lease = {"created_by": brev_lease.LEASE_CREATOR, "instance": "i-1", "expires_at": 1.0}
     assert instance.run(remote.prepare(lease)) == b"DOCKER \n"  # the stub docker prints no version
     assert json.loads((instance.home / remote.LEASE_FILE).read_text()) == lease
     instance.run(remote.prepare({**lease, "expires_at": 2.0}))  # a retry never moves the lease
@@ -653,7 +654,7 @@ def test_reaper_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
     now = 1_800_000_000.0
 
     def lease(name: str, expires: float, run: str) -> bytes:
-        body = {"created_by": bv.LEASE_CREATOR, "instance": name, "created_at": expires - 8 * 3600,
+        body = {"created_by": brev_lease.LEASE_CREATOR, "instance": name, "created_at": expires - 8 * 3600,
                 "expires_at": expires, "lease_hours": 8, "dag_id": "d", "task_id": "t", "run_id": run,
                 "map_index": "-1"}  # fmt: skip
         return b"LEASE " + json.dumps(body).encode() + b"\n"
@@ -688,7 +689,7 @@ def test_reaper_dry_run_and_expired_leases_under_tasks_that_still_watch(monkeypa
     """An expired instance is never pulled from under a task that still watches a job on it: its jobs are canceled
     (here: would be) and the task deletes it; with nothing running on it any more, the next reap deletes it."""
     now = 1_800_000_000.0
-    lease = {"created_by": bv.LEASE_CREATOR, "created_at": now - 7200, "expires_at": now - 1, "lease_hours": 2,
+    lease = {"created_by": brev_lease.LEASE_CREATOR, "created_at": now - 7200, "expires_at": now - 1, "lease_hours": 2,
              "dag_id": "d", "task_id": "t", "map_index": "-1"}  # fmt: skip
     running = b"F a1b2c3 running 2026-01-01T00:00:00.5Z 1 d-t-0123456789 /results/a1b2c3\n"
     answers = {
@@ -755,7 +756,7 @@ def test_task_state_lookup_asks_airflow_for_the_leases_task_instance() -> None:
             asked.append(kwargs)
             return {"r1": {"train": "success", "sweep_3": "running"}}
 
-    lookup = bv.task_state_lookup(TI())
+    lookup = brev_lease.task_state_lookup(TI())
     assert lookup({"dag_id": "d", "task_id": "train", "run_id": "r1", "map_index": "-1"}) == "success"
     assert lookup({"dag_id": "d", "task_id": "sweep", "run_id": "r1", "map_index": "3"}) == "running"
     assert lookup({"dag_id": "d", "task_id": "gone", "run_id": "r9", "map_index": "-1"}) is None
