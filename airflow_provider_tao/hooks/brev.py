@@ -799,8 +799,11 @@ class BrevHook(TAOPlatformHook):
                 raise BrevError(
                     ErrClass.ERR_INFRA, f"instance {instance} did not answer the stop of job {handle.job_id}"
                 )
-            if answer is not None:
-                outside = remote.parse_probe(answer).marks.get(handle.job_id, {}).get(MARK_CANCELED_BY)
+            stopped = remote.parse_probe(answer) if answer is not None else None
+            if stopped is not None and handle.job_id in stopped.kept:
+                self.log.warning("Job %s is another try's now: not stopped, instance %s kept", handle.job_id, instance)
+                return False
+            outside = stopped.marks.get(handle.job_id, {}).get(MARK_CANCELED_BY) if stopped else None
         if self._ephemeral(handle) and outside:
             # Its task still watches the job: it must see "canceled by ..." (an instance deleted under it reads as
             # a lost instance, ERR_INFRA, and a retry). Its cleanup deletes the instance -- or `airflow tao reap`.

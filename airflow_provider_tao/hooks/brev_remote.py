@@ -103,8 +103,13 @@ _LOGS = (
     f"{{ {_LOGS_OF}; }}"
 )
 # Stop a job's container (SIGTERM, then SIGKILL after $2 s) and report its state and marks: $1 = job id.
+# Ownership is checked again right before the act, in the same shell: when a newer try claimed the job after this
+# cancel was decided (its cancel mark names another try than the owner mark), the container is left running.
 _STOP = (
-    'docker stop -t "$2" "tao-job-$1" >/dev/null 2>&1; '
+    'm="$HOME/.tao-brev/jobs/$1/marks"; o=$(head -c 20 "$m/owner_try" 2>/dev/null); '
+    'c=$(head -c 20 "$m/cancel_requested_by" 2>/dev/null); '
+    'if [ -n "$o" ] && [ -n "$c" ] && [ "$o" != "$c" ]; then printf \'KEPT %s %s\\n\' "$1" "$o"; '
+    'else docker stop -t "$2" "tao-job-$1" >/dev/null 2>&1; fi; '
     f'docker inspect -f {_STATE} "tao-job-$1" 2>/dev/null; {_LEASE_READ}; j="$1"; {_MARKS_OF}'
 )
 # Keep one mark with the job: $1 = job id, $2 = key, $3 = JSON value.
@@ -307,6 +312,7 @@ class InstanceProbe:
     :param exits: job id -> the exit code its waiter wrote.
     :param marks: job id -> its marks.
     :param logs: job id -> the log bytes read (timestamped lines).
+    :param kept: the jobs a stop left running: a newer try owns them now.
     """
 
     lease: dict[str, Any] | None = None
@@ -315,6 +321,7 @@ class InstanceProbe:
     exits: dict[str, int] = field(default_factory=dict)
     marks: dict[str, dict[str, Any]] = field(default_factory=dict)
     logs: dict[str, bytes] = field(default_factory=dict)
+    kept: set[str] = field(default_factory=set)
 
 
 def parse_probe(data: bytes) -> InstanceProbe:
@@ -340,6 +347,8 @@ def parse_probe(data: bytes) -> InstanceProbe:
                 found.containers[name.lstrip("/").removeprefix("tao-job-")] = (ct.docker_time(created) or 0.0, parsed)
         elif kind == "K":
             found.known.add(rest.strip())
+        elif kind == "KEPT":
+            found.kept.add(rest.partition(" ")[0])
         elif kind == "X":
             job, _, code = rest.partition(" ")
             if code.strip().lstrip("-").isdigit():

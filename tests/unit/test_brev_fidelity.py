@@ -17,12 +17,13 @@ import pytest
 
 from airflow_provider_tao.hooks import brev as bv
 from airflow_provider_tao.hooks import brev_auth
+from airflow_provider_tao.hooks import brev_remote as remote
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.brev_auth import credentials_for
 from airflow_provider_tao.hooks.brev_cli import BrevError, BrevSession, create_failure
-from airflow_provider_tao.jobs import ErrClass
+from airflow_provider_tao.jobs import ErrClass, JobHandle
 from tests.brevfake import instances
-from tests.unit.test_hooks_brev import ScriptedSession, _hook, _result, _spec
+from tests.unit.test_hooks_brev import Instance, ScriptedSession, _hook, _result, _spec, _staged, instance  # noqa: F401
 
 TOKEN = "brev-secret-token-0123456789"
 
@@ -179,3 +180,28 @@ def test_one_listing_without_a_starting_instance_is_not_yet_gone(monkeypatch: py
     answers = iter([{}, {}])
     with pytest.raises(BrevError, match="disappeared"):
         _hook(monkeypatch, gone)._wait_ready("box", None)
+
+
+# --------------------------------------------------------------------------- issue 22 hole 3: check, then act
+
+
+def test_a_stop_decided_by_an_older_try_leaves_the_newer_tries_job_running(instance: Instance) -> None:
+    """The old try's cancel passed its ownership check, then a clear's new try claimed the job before the stop
+    arrived: the stop re-reads the marks on the instance right before it acts, and leaves the container alone."""
+    _staged(instance, ngc_key=None)  # owner_try 2
+    instance.run(remote.launch("a1b2c3"))
+    instance.run(remote.write_mark("a1b2c3", "cancel_requested_by", 1))  # try 1's cancel, decided earlier
+    answer = instance.run(remote.stop("a1b2c3", 0))
+    assert answer is not None and remote.parse_probe(answer).kept == {"a1b2c3"}
+    assert not [call for call in instance.docker_calls() if call[:1] == ["stop"]]
+    instance.run(remote.write_mark("a1b2c3", "cancel_requested_by", 2))  # the owner's own cancel
+    answer = instance.run(remote.stop("a1b2c3", 0))
+    assert answer is not None and remote.parse_probe(answer).kept == set()
+    assert [call for call in instance.docker_calls() if call[:1] == ["stop"]]
+
+
+def test_a_cancel_the_instance_refuses_keeps_the_tasks_instance(monkeypatch: pytest.MonkeyPatch) -> None:
+    session = ScriptedSession({"dag-train-0123456789": {"status": "RUNNING"}}, lambda i, c: b"KEPT j1 3\n")
+    hook = _hook(monkeypatch, session)
+    assert hook._cancel(JobHandle("brev", "brev_t", "j1", "dag-train-0123456789", "dag-train-0123456789")) is False
+    assert not [call for call in session.calls if call[0] == "delete"]
