@@ -23,7 +23,7 @@ from airflow_provider_tao.hooks.brev_auth import credentials_for
 from airflow_provider_tao.hooks.brev_cli import BrevError, BrevSession, create_failure
 from airflow_provider_tao.jobs import ErrClass, JobHandle
 from tests.brevfake import instances
-from tests.unit.test_hooks_brev import Instance, ScriptedSession, _hook, _result, _spec, _staged, instance  # noqa: F401
+from tests.unit.test_hooks_brev import Instance, ScriptedSession, _hook, _result, _spec, _staged
 
 TOKEN = "brev-secret-token-0123456789"
 
@@ -185,19 +185,25 @@ def test_one_listing_without_a_starting_instance_is_not_yet_gone(monkeypatch: py
 # --------------------------------------------------------------------------- issue 22 hole 3: check, then act
 
 
-def test_a_stop_decided_by_an_older_try_leaves_the_newer_tries_job_running(instance: Instance) -> None:
+@pytest.fixture
+def stand_in(tmp_path: Path) -> Instance:
+    """An instance's home and a stand-in ``docker``, the remote scripts run by a real ``sh``."""
+    return Instance(tmp_path)
+
+
+def test_a_stop_decided_by_an_older_try_leaves_the_newer_tries_job_running(stand_in: Instance) -> None:
     """The old try's cancel passed its ownership check, then a clear's new try claimed the job before the stop
     arrived: the stop re-reads the marks on the instance right before it acts, and leaves the container alone."""
-    _staged(instance, ngc_key=None)  # owner_try 2
-    instance.run(remote.launch("a1b2c3"))
-    instance.run(remote.write_mark("a1b2c3", "cancel_requested_by", 1))  # try 1's cancel, decided earlier
-    answer = instance.run(remote.stop("a1b2c3", 0))
+    _staged(stand_in, ngc_key=None)  # owner_try 2
+    stand_in.run(remote.launch("a1b2c3"))
+    stand_in.run(remote.write_mark("a1b2c3", "cancel_requested_by", 1))  # try 1's cancel, decided earlier
+    answer = stand_in.run(remote.stop("a1b2c3", 0))
     assert answer is not None and remote.parse_probe(answer).kept == {"a1b2c3"}
-    assert not [call for call in instance.docker_calls() if call[:1] == ["stop"]]
-    instance.run(remote.write_mark("a1b2c3", "cancel_requested_by", 2))  # the owner's own cancel
-    answer = instance.run(remote.stop("a1b2c3", 0))
+    assert not [call for call in stand_in.docker_calls() if call[:1] == ["stop"]]
+    stand_in.run(remote.write_mark("a1b2c3", "cancel_requested_by", 2))  # the owner's own cancel
+    answer = stand_in.run(remote.stop("a1b2c3", 0))
     assert answer is not None and remote.parse_probe(answer).kept == set()
-    assert [call for call in instance.docker_calls() if call[:1] == ["stop"]]
+    assert [call for call in stand_in.docker_calls() if call[:1] == ["stop"]]
 
 
 def test_a_cancel_the_instance_refuses_keeps_the_tasks_instance(monkeypatch: pytest.MonkeyPatch) -> None:
