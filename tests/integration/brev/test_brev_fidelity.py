@@ -9,6 +9,7 @@ resolves each alias with the real ``ssh -G``.)
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -89,3 +90,18 @@ def test_an_instance_whose_worker_died_right_after_create_is_reaped_whoever_ran_
     decisions = {d.instance: d for d in hook.reap(task_state=lambda lease: "failed")}
     assert decisions[spec.name].action == "deleted", decisions[spec.name]
     assert "is failed" in decisions[spec.name].reason
+
+
+def test_the_fake_reaches_instances_only_through_openssh_resolution(
+    brev_world: BrevWorld, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    brev_world.create_instance("box")
+    home = tmp_path_factory.mktemp("home")
+    brev_world.login(home)
+    # brev wrote the alias under $HOME; OpenSSH reads the passwd home's config: the alias is unknown
+    bare = brev_world.run("exec", "box", "echo hi", home=home, env={"PATH": os.environ["PATH"]})
+    assert bare.returncode == 1 and "Could not resolve hostname box" in bare.stderr, bare.stderr
+    assert (home / ".ssh" / "config").read_text().startswith(f'Include "{home}/.brev/ssh_config"')
+    # a user whose HOME is their passwd home (the world's ssh wrappers give OpenSSH $HOME/.ssh/config)
+    done = brev_world.run("exec", "box", "echo hi", home=home)
+    assert (done.returncode, done.stdout) == (0, "hi\nbox\n"), done.stderr
