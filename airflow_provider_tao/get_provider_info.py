@@ -347,6 +347,9 @@ def _brev_form() -> dict[str, Any]:
                 "brev CLI", "Path of the brev executable on the Airflow hosts (default: brev on PATH)."
             ),
             "org": _field("Org", "The Brev org to work in (default: the account's)."),
+            "org_id": _field(
+                "Org id (API key)", "With a Brev API key (bak-...) as the token: the id of its org (brev ls orgs)."
+            ),
             "instance_type": _field(
                 "Instance types",
                 "Fallback chain of the instances this provider creates, e.g. 'g5.xlarge,g6.xlarge' (default: the "
@@ -378,10 +381,11 @@ def _brev_form() -> dict[str, Any]:
             ),
         },
         hidden=["host", "schema", "login", "port", "extra"],
-        relabeling={"password": "Brev API token"},
+        relabeling={"password": "Brev API token or key"},
         examples={
             "brev_path": "/usr/local/bin/brev",
             "org": "ml-research",
+            "org_id": "ejmrvoj8m",
             "instance_type": "g5.xlarge,g6.xlarge",
             "lease_hours": "8",
             "console_url": "https://brev.nvidia.com/environment/{id}",

@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ from typing import Any
 from airflow_provider_tao import settings
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
+from airflow_provider_tao.hooks import brev_lease as leases
 from airflow_provider_tao.hooks import brev_remote as remote
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
@@ -61,9 +62,10 @@ from airflow_provider_tao.hooks.base import (
     TAOPlatformHook,
     register_secrets,
 )
+from airflow_provider_tao.hooks.brev_auth import is_api_key
 from airflow_provider_tao.hooks.brev_cli import BrevError, BrevSession, connection_problem
+from airflow_provider_tao.hooks.brev_lease import ReapDecision
 from airflow_provider_tao.hooks.cli import write_private_file
-from airflow_provider_tao.jobindex import WAITING_TI_STATES
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
 #: The lease of an instance when neither the job, the connection nor ``[tao] lease_hours`` gives one.
@@ -84,13 +86,11 @@ PROBE_TIMEOUT = 30.0
 CALL_TIMEOUT = 60.0
 #: Parallel probes of the instances of one poll.
 PROBE_WORKERS = 8
-#: Who wrote a lease: only instances whose lease says so are ever reaped.
-LEASE_CREATOR = "airflow-provider-tao"
-#: Task-instance states after which a task's ephemeral instance has no use any more.
-FINISHED_TASK_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 #: ``backend_details`` keys of this platform: the container's (as on the docker platform) and the instance's.
 DETAIL_KEYS = ct.CONTAINER_DETAIL_KEYS | {"instance_id", "instance_type", "lease_hours", "network"}
 _TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+#: How the instance of a task ends: its job name's digest (operators/submit.py); a reused instance may not.
+_TASK_INSTANCE = re.compile(r"-[0-9a-f]{10}$")
 # Instance states: the instance has failed under its jobs, or is still coming up / paused.
 _INSTANCE_FAILED = {"FAILURE": "has FAILED", "UNHEALTHY": "is UNHEALTHY", "DELETING": "is being deleted"}
 _INSTANCE_WAITING = {
@@ -103,29 +103,13 @@ _LIVE_JOB_STATES = (JobState.PENDING, JobState.RUNNING, JobState.PAUSED)
 _EXEC_STATES = ("RUNNING", "UNHEALTHY")  # states in which a probe may answer (never exec a stopped instance: it starts)
 
 
-@dataclass(frozen=True)
-class ReapDecision:
-    """What :meth:`BrevHook.reap` did with one instance.
-
-    :param instance: the instance name.
-    :param action: ``deleted``; ``jobs canceled`` (its lease expired while its task still watches it: the jobs on it
-        are canceled through the one cancel routine, the task fails with ERR_CANCELED and deletes the instance, or the
-        next reap does); ``kept``; ``skipped`` (its lease could not be read, or it is being deleted); ``failed``
-        (the delete failed); in a dry run ``would delete`` / ``would cancel jobs``.
-    :param reason: why, in words (also logged).
-    """
-
-    instance: str
-    action: str
-    reason: str
-
-
 class BrevHook(TAOPlatformHook):
     """Runs jobs as containers on NVIDIA Brev GPU instances, through the ``brev`` CLI.
 
-    Connection type ``tao_brev``: ``password`` = the Brev API token (``BREV_API_TOKEN``). Extras: ``brev_path``
-    (default ``brev`` on ``PATH``), ``org`` (default: the account's), ``instance_type`` (the default fallback chain of
-    the instances this provider creates, e.g. ``g5.xlarge,g6.xlarge``; unset = the CLI's own choice),
+    Connection type ``tao_brev``: ``password`` = the Brev token or API key (``bak-...``; ``BREV_API_TOKEN``). Extras:
+    ``brev_path`` (default ``brev`` on ``PATH``), ``org`` (default: the account's), ``org_id`` (an API key's org),
+    ``instance_type`` (the default fallback chain of the instances this provider creates, e.g.
+    ``g5.xlarge,g6.xlarge``; unset = the CLI's own choice),
     ``lease_hours`` (default 8: an instance this provider created is reaped after that long), ``ngc_api_key``
     (``NGC_KEY``; for pulls from ``registry``, default ``nvcr.io``), ``network`` (the Docker network of the
     containers on the instance), ``shm_size`` (16g), ``cancel_grace_seconds`` (10), ``boot_timeout_seconds`` (1200),
@@ -194,6 +178,7 @@ class BrevHook(TAOPlatformHook):
             executable=str(self.setting("brev_path", "brev")),
             token=str(token),
             org=self.org,
+            org_id=str(self.setting("org_id") or "") or None,
             identity=self.conn_id or "",
             log=self.log,
         )
@@ -257,7 +242,7 @@ class BrevHook(TAOPlatformHook):
         :meth:`list_active_jobs` read it); a job on a reused instance after ``[tao] lease_hours``."""
         with self._lock:
             lease = self._leases.get(handle.backend_job_id)
-        if _own_lease(lease, handle.backend_job_id):
+        if leases.own_lease(lease, handle.backend_job_id):
             assert lease is not None
             return (time.time() if now is None else now) >= float(lease.get("expires_at") or 0)
         return super().lease_expired(handle, now)
@@ -285,7 +270,7 @@ class BrevHook(TAOPlatformHook):
             console_url=self._console_url(entry),
         )
 
-    def _scan(self, instance: str) -> tuple[dict[str, Any] | None, list[remote.FoundContainer]] | str:
+    def _scan(self, instance: str) -> leases.Scan:
         """One exec: the instance's lease and this provider's containers still running on it; the error text when
         it did not answer."""
         try:
@@ -296,9 +281,7 @@ class BrevHook(TAOPlatformHook):
             return str(exc)
         return "did not answer brev exec" if answer is None else remote.parse_active(answer)
 
-    def _scan_all(
-        self, instances: Mapping[str, Mapping[str, Any]]
-    ) -> dict[str, tuple[dict[str, Any] | None, list[remote.FoundContainer]] | str]:
+    def _scan_all(self, instances: Mapping[str, Mapping[str, Any]]) -> dict[str, leases.Scan]:
         """:meth:`_scan` of every instance that may be exec'd (never a stopped one: exec would start it)."""
         readable = sorted(name for name, entry in instances.items() if entry.get("status") in _EXEC_STATES)
         if not readable:
@@ -324,11 +307,11 @@ class BrevHook(TAOPlatformHook):
                 raise JobValidationError(
                     "backend_details['instance_id']", f"{reuse!r} is not a Brev instance name or id", "Use `brev ls`"
                 )
-            if reuse == spec.name:
+            if reuse == spec.name or _TASK_INSTANCE.search(reuse):
                 raise JobValidationError(
                     "backend_details['instance_id']",
-                    f"{reuse!r} is the name this provider gives the instance it creates for this task",
-                    "Leave instance_id unset for an instance of the task's own, or name an instance you made",
+                    f"{reuse!r} is named like the instances this provider creates for tasks (<name>-<10 hex digits>)",
+                    "Leave instance_id unset for an instance of the task's own, or name an instance you made otherwise",
                 )
             if "instance_type" in details or "lease_hours" in details:
                 raise JobValidationError(
@@ -347,11 +330,16 @@ class BrevHook(TAOPlatformHook):
                 "Use s3:// with storage_conn_id (an ephemeral instance's disk is deleted with it)",
             )
         self.load_connection()
-        if not self.setting("password"):
+        token = str(self.setting("password") or "")
+        if not token:
             raise JobValidationError(
                 "conn_id",
                 "the tao_brev connection has no Brev API token",
                 "Put the token in the connection's password (or set BREV_API_TOKEN)",
+            )
+        if is_api_key(token) and not self.setting("org_id"):
+            raise JobValidationError(
+                "org_id", "a Brev API key (bak-...) works in one org", "Set org_id on the tao_brev connection"
             )
 
     def _types(self, details: Mapping[str, Any]) -> list[str]:
@@ -472,19 +460,7 @@ class BrevHook(TAOPlatformHook):
             self.log.warning("brev create failed (%s), yet instance %s exists: using it", exc, name)
 
     def _lease(self, spec: JobSpec, details: Mapping[str, Any], try_number: int) -> dict[str, Any]:
-        hours = self._lease_hours(details)
-        now = time.time()
-        return {
-            "created_by": LEASE_CREATOR,
-            "instance": spec.name,
-            "job_name": spec.name,
-            "created_at": round(now, 3),
-            "expires_at": round(now + hours * 3600, 3),
-            "lease_hours": hours,
-            "conn_id": self.conn_id,
-            "try_number": try_number,
-            **{key: spec.origin.get(key, "") for key in ("dag_id", "task_id", "run_id", "map_index")},
-        }
+        return leases.new_lease(spec, self._lease_hours(details), self.conn_id, try_number)
 
     def _wait_gone(self, name: str) -> None:
         deadline = time.monotonic() + DEFAULT_BOOT_TIMEOUT
@@ -503,13 +479,14 @@ class BrevHook(TAOPlatformHook):
         ``brev ls`` entry."""
         boot_timeout = self._number("boot_timeout_seconds", DEFAULT_BOOT_TIMEOUT)
         deadline = time.monotonic() + boot_timeout
-        delay = 1.0
+        delay, missing = 1.0, 0
         while True:
             entry = self.session.instances().get(name)
             status = str((entry or {}).get("status"))
-            if entry is None:
+            missing = missing + 1 if entry is None else 0
+            if missing >= 2:  # one answer without it is not yet "gone"
                 raise BrevError(ErrClass.ERR_INFRA, f"instance {name} disappeared while it was starting")
-            if status == "RUNNING":
+            if entry is not None and status == "RUNNING":
                 running = dict(entry)
                 break
             if status in ("FAILURE", "DELETING", "STOPPED"):
@@ -623,20 +600,18 @@ class BrevHook(TAOPlatformHook):
     # ----------------------------------------------------------------- find and status
 
     def find_job(self, name: str) -> JobHandle | None:
-        """The newest container of this job name: on the task's own instance if it exists, else on every running
-        instance (a reused one). A launch still going on (its worker died mid-submission, the CLI call did not) is
-        waited for; a container created but never started is removed (it never ran anything)."""
-        try:
-            instances = self.session.instances()
-        except BrevError as exc:
-            if exc.err_class is ErrClass.ERR_INFRA:
-                raise  # cannot tell whether the job exists: the operator submits nothing
-            self.log.info("Cannot look for job %s (%s): the submission will say why", name, exc)
-            return None  # a refused token or a missing CLI: nothing can be submitted either
+        """The newest container of this job name: on the task's own instance if it exists, else on the running
+        instances that can hold it -- reused ones, never another task's own instance (named like a job). A launch
+        still going on (its worker died mid-submission, the CLI call did not) is waited for; a container created
+        but never started is removed (it never ran anything). Any failure to ask (auth, network, an instance that
+        does not answer) raises: "no job" would let the operator start a second one."""
+        instances = self.session.instances()
         if name in instances:
             candidates = [name] if instances[name].get("status") in _EXEC_STATES else []
         else:
-            candidates = sorted(n for n, e in instances.items() if e.get("status") in _EXEC_STATES)
+            candidates = sorted(
+                n for n, e in instances.items() if e.get("status") in _EXEC_STATES and not _TASK_INSTANCE.search(n)
+            )
         found: list[tuple[str, remote.FoundContainer]] = []
         for instance in candidates:
             found += [(instance, c) for c in self._containers_named(instance, name)]
@@ -734,11 +709,12 @@ class BrevHook(TAOPlatformHook):
     ) -> JobStatus:
         instance = handle.backend_job_id
         name = ct.container_name(handle.job_id)
-        if entry is None:
+        if entry is None:  # one answer is not yet "lost": the poller's two-answers rule decides (not_found)
             return JobStatus(
-                JobState.ERROR,
-                f"instance {instance} no longer exists (deleted outside this task, or lost by Brev)",
+                JobState.UNKNOWN,
+                f"instance {instance} is not in brev ls (deleted outside this task, or lost by Brev)",
                 raw_state="LOST",
+                not_found=True,
             )
         state = str(entry.get("status"))
         if state in _INSTANCE_WAITING:
@@ -823,8 +799,11 @@ class BrevHook(TAOPlatformHook):
                 raise BrevError(
                     ErrClass.ERR_INFRA, f"instance {instance} did not answer the stop of job {handle.job_id}"
                 )
-            if answer is not None:
-                outside = remote.parse_probe(answer).marks.get(handle.job_id, {}).get(MARK_CANCELED_BY)
+            stopped = remote.parse_probe(answer) if answer is not None else None
+            if stopped is not None and handle.job_id in stopped.kept:
+                self.log.warning("Job %s is another try's now: not stopped, instance %s kept", handle.job_id, instance)
+                return False
+            outside = stopped.marks.get(handle.job_id, {}).get(MARK_CANCELED_BY) if stopped else None
         if self._ephemeral(handle) and outside:
             # Its task still watches the job: it must see "canceled by ..." (an instance deleted under it reads as
             # a lost instance, ERR_INFRA, and a retry). Its cleanup deletes the instance -- or `airflow tao reap`.
@@ -959,8 +938,9 @@ class BrevHook(TAOPlatformHook):
         if the task did not.
         Every decision is logged with its reason. One ``brev ls --json`` and one exec per running instance.
 
-        :param task_state: the Airflow state of a lease's task instance (see :func:`task_state_lookup`); without it
-            only expired leases are reaped, and at once.
+        :param task_state: the Airflow state of a lease's task instance (see
+            :func:`~airflow_provider_tao.hooks.brev_lease.task_state_lookup`); without it only expired leases are
+            reaped, and at once.
         :param now: the time to judge leases by (epoch seconds; default now).
         :param dry_run: decide and report; delete and cancel nothing.
         """
@@ -979,109 +959,36 @@ class BrevHook(TAOPlatformHook):
         self,
         name: str,
         entry: Mapping[str, Any],
-        scan: tuple[dict[str, Any] | None, list[remote.FoundContainer]] | str,
+        scan: leases.Scan,
         task_state: Callable[[Mapping[str, Any]], str | None] | None,
         *,
         now: float,
         dry_run: bool,
     ) -> ReapDecision:
-        status = str(entry.get("status"))
-        if status == "DELETING":
-            return ReapDecision(name, "skipped", "it is being deleted already")
-        if scan == "unread":
-            return ReapDecision(name, "skipped", f"it is {status}: its lease cannot be read without starting it")
-        if isinstance(scan, str):
-            return ReapDecision(name, "skipped", f"its lease could not be read: {scan}")
-        lease, running = scan
-        if lease is None or not _own_lease(lease, name):
-            return ReapDecision(name, "kept", "not created by this provider (no lease of its own)")
-        owner = f"{lease.get('dag_id')}.{lease.get('task_id')} run {lease.get('run_id')}"
-        if lease.get("map_index") not in (None, "", "-1"):
-            owner += f" map index {lease.get('map_index')}"
-        expires = float(lease.get("expires_at") or 0)
-        state = task_state(lease) if task_state is not None else None
-        reason = None
-        if now >= expires:
-            reason = (
-                f"its lease expired at {_utc(expires)} (created {_utc(float(lease.get('created_at') or 0))} "
-                f"with lease_hours={lease.get('lease_hours')}) for task {owner}"
-            )
-            if state in WAITING_TI_STATES and running:  # the task sees the cancel and cleans up
-                jobs = ", ".join(c.job_id for c in running)
-                why = f"{reason}; its task is {state}: job(s) {jobs} canceled, the task deletes the instance"
-                return self._cancel_jobs(name, entry, running, why=why, dry_run=dry_run)
-        elif state in FINISHED_TASK_STATES and running:
-            # the jobs' own rule decides (the orphan sweep: canceled unless their task set cancel_on_kill=False);
-            # the instance goes once nothing runs on it, or with its lease
-            jobs = ", ".join(c.job_id for c in running)
-            return ReapDecision(name, "kept", f"leased until {_utc(expires)}; its task {owner} is {state} but "
-                                f"job(s) {jobs} still run on it")  # fmt: skip
-        elif state in FINISHED_TASK_STATES:
-            reason = f"its task {owner} is {state}"
-        if reason is None:
-            known = f"is {state}" if state else "is not finished (or unknown to this Airflow)"
-            return ReapDecision(name, "kept", f"leased until {_utc(expires)}; its task {owner} {known}")
+        """:func:`~airflow_provider_tao.hooks.brev_lease.judge`, then the act: delete the instance, or cancel the
+        jobs of an expired one whose task still watches it (the task deletes it; or the next reap once nothing runs
+        on it)."""
+        action, reason = leases.judge(name, entry, scan, task_state, now=now)
+        if action in ("kept", "skipped"):
+            return ReapDecision(name, action, reason)
         if dry_run:
-            return ReapDecision(name, "would delete", reason)
+            return ReapDecision(name, f"would {action}", reason)
+        if action == "cancel jobs":
+            assert not isinstance(scan, str)
+            for found in scan[1]:
+                self.cancel_job(self._handle_of(name, entry, found), requested_by="reap: lease expired")
+            return ReapDecision(name, "jobs canceled", reason)
         try:
             deleted = self.session.delete(name)
         except BrevError as exc:
             return ReapDecision(name, "failed", f"{reason}, but brev delete failed: {exc}")
         return ReapDecision(name, "deleted" if deleted else "kept", reason if deleted else f"{reason}; already gone")
 
-    def _cancel_jobs(
-        self,
-        name: str,
-        entry: Mapping[str, Any],
-        running: Sequence[remote.FoundContainer],
-        *,
-        why: str,
-        dry_run: bool,
-    ) -> ReapDecision:
-        """An expired instance whose task still watches it: cancel its running jobs as the reaper, keep it for the
-        task's cleanup (the next reap deletes it once nothing runs on it)."""
-        if dry_run:
-            return ReapDecision(name, "would cancel jobs", why)
-        for found in running:
-            self.cancel_job(self._handle_of(name, entry, found), requested_by="reap: lease expired")
-        return ReapDecision(name, "jobs canceled", why)
-
-
-def _own_lease(lease: Mapping[str, Any] | None, instance: str) -> bool:
-    """Whether ``lease`` is this provider's lease of ``instance`` (only such instances are ever reaped)."""
-    return lease is not None and lease.get("created_by") == LEASE_CREATOR and lease.get("instance") == instance
-
-
-def task_state_lookup(ti: Any) -> Callable[[Mapping[str, Any]], str | None]:
-    """For :meth:`BrevHook.reap` in a task: the Airflow state of a lease's task instance, asked through the running
-    task's ``ti`` (``get_task_states``); None when this Airflow does not know it.
-
-    :param ti: the reaping task's task instance (``context["ti"]``).
-    """
-
-    def lookup(lease: Mapping[str, Any]) -> str | None:
-        map_index = int(lease.get("map_index") or -1)
-        states = ti.get_task_states(
-            dag_id=str(lease["dag_id"]),
-            task_ids=[str(lease["task_id"])],
-            run_ids=[str(lease["run_id"])],
-            map_index=map_index,
-        )
-        key = str(lease["task_id"]) if map_index < 0 else f"{lease['task_id']}_{map_index}"
-        state = (states.get(str(lease["run_id"])) or {}).get(key)
-        return str(state) if state is not None else None
-
-    return lookup
-
 
 def _since(cursor: str) -> str:
     """What ``docker logs --since`` gets for a cursor: its exact timestamp, or ``all`` from the start."""
     stamp, _ = ct.parse_log_cursor(cursor)
     return stamp or "all"
-
-
-def _utc(epoch: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
 
 
 def _launch_failure_class(said: str) -> ErrClass:

@@ -3,11 +3,11 @@
 The session: every call runs in a private ``HOME`` (0700, one per connection and process) so the CLI's credentials,
 its ssh config and keys are never the worker user's own ``~/.brev`` / ``~/.ssh``. The token never reaches a command
 line: instead of ``brev login --token T`` (whose ``T`` every user of the worker can read in ``ps``), the session
-writes the CLI's own credentials file, ``$HOME/.brev/credentials.json``, exactly as that login does
-(``pkg/auth/auth.go`` ``LoginWithToken``: a token that parses as a valid JWT is the access token, anything else is
-the refresh token the CLI exchanges on its next call). That write is the headless login before the first call; when
-a call still answers with the logged-out prompt and ``EOF`` (cached credentials desynchronise), the session writes
-it once more and repeats the call once. A second refusal is ``ERR_AUTH``.
+writes the CLI's own credentials file, ``$HOME/.brev/credentials.json``, exactly as that login (or ``brev login
+--api-key K --org-id O`` for an API key) does (:mod:`~airflow_provider_tao.hooks.brev_auth`; a worker whose
+Kubernetes service-account token brev would use instead is told before any call). That write is the headless login
+before the first call; when a call still answers with the logged-out prompt and ``EOF`` (cached credentials
+desynchronise), the session writes it once more and repeats the call once. A second refusal is ``ERR_AUTH``.
 
 The CLI's habits this module accounts for (brevdev/brev-cli, read from its source): any error exits 1 and is
 written to stderr; with stdin not a terminal several commands read instance names from it until EOF (so stdin is
@@ -20,7 +20,6 @@ does not exist: no agent is started, and the worker user's agent is never offere
 from __future__ import annotations
 
 import atexit
-import base64
 import json
 import logging
 import os
@@ -28,13 +27,13 @@ import re
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_tao.hooks import brev_auth, brev_ssh
 from airflow_provider_tao.hooks.base import ConnectionProblem
 from airflow_provider_tao.hooks.cli import (
     CliNotFoundError,
@@ -58,7 +57,9 @@ _AUTH_TEXT = re.compile(
     r"invalid_grant|please log ?in",
     re.IGNORECASE,
 )
-_UNKNOWN_TYPE = re.compile(r'instance type "([^"]+)" is not a recognized type')
+#: A type the org's listing does not know (``validateInstanceTypeAvailability``), or one it has no workspace group
+#: for when the instance is created (``createWorkspace``: "invalid or unavailable", a configuration error).
+_UNKNOWN_TYPE = re.compile(r'instance type "([^"]+)" is (?:not a recognized type|invalid or unavailable)')
 _NO_CAPACITY = re.compile(r'instance type "([^"]+)" is currently unavailable \(no capacity\)')
 _WORKER_FAILED = re.compile(r"\[Worker \d+\] (\S+) Failed: (.*)")
 #: ``brev set``'s words for an org name it does not know (or knows twice).
@@ -92,50 +93,29 @@ def connection_problem(exc: BrevError) -> ConnectionProblem:
 
 
 def is_logged_out(result: CliResult) -> bool:
-    """The CLI's answer when its session is not valid: the login prompt and ``EOF``, or a 401-like refusal."""
+    """The CLI's answer when its session is not valid: the login prompt (on stdout) and ``EOF``, or a 401-like
+    refusal. A Go network error ends with ``EOF`` too (``Get "https://...": EOF``): only a last line that is
+    ``EOF`` alone is the prompt's -- a network blip is an outage, never a refused token."""
     if result.ok:
         return False
-    if _LOGGED_OUT in result.text or result.stderr.strip().endswith("EOF"):
+    lines = result.stderr.strip().splitlines()
+    if _LOGGED_OUT in result.text or (lines and lines[-1].strip() == "EOF"):
         return True
     return bool(_AUTH_TEXT.search(result.stderr))
 
 
-def credentials_for(token: str, now: float | None = None) -> dict[str, str]:
-    """The content of ``~/.brev/credentials.json`` that ``brev login --token <token>`` writes."""
-    if _valid_jwt(token, time.time() if now is None else now):
-        return {"access_token": token, "refresh_token": "auto-login"}
-    return {"access_token": "auto-login", "refresh_token": token}
-
-
-def _valid_jwt(token: str, now: float) -> bool:
-    """What the CLI's unverified JWT parse accepts: three segments whose first two are JSON objects, and claims
-    that are not expired or not yet valid (an ``iat`` in the future is tolerated, as the CLI does)."""
-    parts = token.split(".")
-    if len(parts) != 3:
-        return False
-    try:
-        header, claims = (json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))) for part in parts[:2])
-    except (ValueError, UnicodeDecodeError):
-        return False
-    if not isinstance(header, dict) or not isinstance(claims, dict):
-        return False
-    try:
-        if "exp" in claims and float(claims["exp"]) <= now:
-            return False
-        if "nbf" in claims and float(claims["nbf"]) > now:
-            return False
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
 def create_failure(result: CliResult, types: Sequence[str]) -> BrevError:
-    """Why ``brev create`` made no instance, as a failure class: every type of the chain unknown or at least one
-    unknown -> ``ERR_CONFIG`` (a typo never fixes itself); no capacity -> ``ERR_CAPACITY``; else ``ERR_INFRA``."""
+    """Why ``brev create`` made no instance, as a failure class: at least one type of the chain unknown or invalid
+    -> ``ERR_CONFIG`` (a typo never fixes itself, no failover for it); no capacity -> ``ERR_CAPACITY``; else
+    ``ERR_INFRA``."""
     said = f"{result.stderr}\n{result.text}"
     unknown = list(dict.fromkeys(_UNKNOWN_TYPE.findall(said)))
     full = list(dict.fromkeys(_NO_CAPACITY.findall(said)))
-    full += [kind for kind, why in _WORKER_FAILED.findall(said) if _CAPACITY_TEXT.search(why) and kind not in full]
+    full += [
+        kind
+        for kind, why in _WORKER_FAILED.findall(said)
+        if _CAPACITY_TEXT.search(why) and not _UNKNOWN_TYPE.search(why) and kind not in full
+    ]
     chain = ",".join(types) or "the CLI's default choice"
     if unknown:
         return BrevError(
@@ -170,6 +150,7 @@ class BrevSession:
     :param executable: the ``brev`` executable (a path, or a name looked up on ``PATH``).
     :param token: the Brev API token (never put on a command line).
     :param org: the org to work in (``brev set <org>`` once per session); None = the account's default.
+    :param org_id: the id of the org of an API-key token (``bak-...``: brev stores it with the key).
     :param identity: what tells connections apart (the connection id); the token is part of the key too, so a
         changed token gets a fresh session.
     :param home_root: where the private homes live (default: ``<tmp>/tao-brev-<uid>``).
@@ -185,14 +166,16 @@ class BrevSession:
         token: str,
         org: str | None,
         identity: str,
+        org_id: str | None = None,
         home_root: Path | None = None,
         log: Any = None,
     ) -> None:
         self.executable = executable
         self._token = token
         self.org = org
+        self.org_id = org_id
         self.log = log or logging.getLogger(__name__)
-        key = sha256(f"{identity}\n{executable}\n{org}\n{token}".encode()).hexdigest()[:16]
+        key = sha256(f"{identity}\n{executable}\n{org}\n{org_id}\n{token}".encode()).hexdigest()[:16]
         root = home_root or Path(tempfile.gettempdir()) / f"tao-brev-{os.getuid()}"
         self.home = root / f"{key}-{os.getpid()}"
         with self._states_lock:
@@ -205,7 +188,8 @@ class BrevSession:
 
     def environment(self) -> dict[str, str]:
         """The environment of every call: the worker's without its secrets (:func:`cli_environment`), with a
-        private HOME (and XDG folders inside it)."""
+        private HOME (and XDG folders inside it) and the ``ssh`` / ``scp`` that find brev's aliases there first on
+        ``PATH`` (:mod:`~airflow_provider_tao.hooks.brev_ssh`)."""
         home = str(self.home)
         env = cli_environment(
             HOME=home,
@@ -215,6 +199,7 @@ class BrevSession:
             # `brev exec` starts an ssh-agent per call when none is set, and never stops it.
             SSH_AUTH_SOCK=f"{home}/no-agent",
         )
+        env["PATH"] = brev_ssh.search_path(self.home, env.get("PATH", ""))
         return env
 
     # ----------------------------------------------------------------- login
@@ -236,6 +221,14 @@ class BrevSession:
             self._login_locked()
 
     def _login_locked(self) -> None:
+        if problem := brev_auth.service_account_problem():
+            raise BrevError(ErrClass.ERR_CONFIG, problem)
+        try:
+            credentials = brev_auth.credentials_for(self._token, self.org_id)
+        except ValueError as exc:
+            raise BrevError(
+                ErrClass.ERR_CONFIG, f"{exc}: set org_id on the tao_brev connection (`brev ls orgs --json`)"
+            ) from exc
         fresh = not self.home.exists()
         private_folder(self.home.parent)
         private_folder(self.home)
@@ -243,9 +236,10 @@ class BrevSession:
             _sweep_dead_homes(self.home.parent)
             atexit.register(shutil.rmtree, self.home, True)
         private_folder(self.home / ".brev")
-        credentials = json.dumps(credentials_for(self._token), indent=2).encode()
-        write_private_file(self.home / ".brev" / "credentials.json", credentials)
-        if self.org and not (self.home / ".brev" / "active_org.json").exists():
+        brev_ssh.install(self.home, cli_environment().get("PATH", ""))
+        write_private_file(self.home / ".brev" / "credentials.json", json.dumps(credentials, indent=2).encode())
+        # An API key works in its own org (brev ignores the active org then): nothing to select.
+        if self.org and "api_key" not in credentials and not (self.home / ".brev" / "active_org.json").exists():
             result = self._run(["set", self.org], SET_TIMEOUT)
             if is_logged_out(result):
                 raise _auth_error(result)

@@ -9,7 +9,9 @@ container nor restarts an ended one.
 
 On the instance, in the login user's home (0700 folders, 0600 files, never /tmp)::
 
-    ~/.tao-brev/lease.json          the lease of an instance this provider created (see ``BrevHook.reap``)
+    ~/.tao-brev/lease.json          the lease of an instance this provider created (see ``BrevHook.reap``);
+                                    the startup script also leaves a copy in /var/tmp/tao-brev-lease.json, readable
+                                    whoever it ran as
     ~/.tao-brev/jobs/<job_id>/      launch.sh; job.tar and ngc.key until used; exit (the container's exit code,
                                     written by a waiter); marks/<key> (the ownership marks)
     ~/.tao-stage-<job_id>.tar       the staged archive as ``brev copy`` leaves it, until unpacked
@@ -38,6 +40,11 @@ LEASE_FILE = f"{HOME_DIR}/lease.json"
 #: The user the NGC registry wants with an API key.
 NGC_USER = "$oauthtoken"
 
+#: The lease where every user of the instance reads it: Brev may run the startup script as a user other than the
+#: one ``brev exec`` logs in as (root, with its own $HOME), and the reaper must read the lease of an instance whose
+#: worker died before the first exec wrote the exec user's copy. Not secret (the owning task's ids).
+MACHINE_LEASE = "/var/tmp/tao-brev-lease.json"
+_MACHINE_LEASE_WRITE = f"umask 022; printf '%s' \"$L\" > {MACHINE_LEASE}.$$ && mv -f {MACHINE_LEASE}.$$ {MACHINE_LEASE}"
 _LEASE_WRITE = (
     'mkdir -p "$HOME/.tao-brev/jobs" && chmod 700 "$HOME/.tao-brev" "$HOME/.tao-brev/jobs" && '
     '{ [ -z "$L" ] || [ -f "$HOME/.tao-brev/lease.json" ] || '
@@ -60,7 +67,11 @@ _LAUNCH = (
     'sh "$D/launch.sh"'
 )
 _STATE = "'S {{.Name}} {{.Created}} {{json .State}}'"
-_LEASE_READ = "printf 'LEASE '; cat \"$HOME/.tao-brev/lease.json\" 2>/dev/null || printf -- '-'; printf '\\n'"
+# The exec user's lease, else the machine's (the startup script may have run as another user, e.g. root).
+_LEASE_READ = (
+    f"printf 'LEASE '; cat \"$HOME/.tao-brev/lease.json\" 2>/dev/null || cat {MACHINE_LEASE} 2>/dev/null || "
+    "printf -- '-'; printf '\\n'"
+)
 _LOG_CUT = LOG_READ_LIMIT + 1  # one byte more than a read returns: tells a cut log from one that ended
 # The logs of job $j since $s ("all" = from the start) into the probe's answer, as ``L <job> <bytes>`` + the bytes.
 _LOGS_OF = (
@@ -92,8 +103,13 @@ _LOGS = (
     f"{{ {_LOGS_OF}; }}"
 )
 # Stop a job's container (SIGTERM, then SIGKILL after $2 s) and report its state and marks: $1 = job id.
+# Ownership is checked again right before the act, in the same shell: when a newer try claimed the job after this
+# cancel was decided (its cancel mark names another try than the owner mark), the container is left running.
 _STOP = (
-    'docker stop -t "$2" "tao-job-$1" >/dev/null 2>&1; '
+    'm="$HOME/.tao-brev/jobs/$1/marks"; o=$(head -c 20 "$m/owner_try" 2>/dev/null); '
+    'c=$(head -c 20 "$m/cancel_requested_by" 2>/dev/null); '
+    'if [ -n "$o" ] && [ -n "$c" ] && [ "$o" != "$c" ]; then printf \'KEPT %s %s\\n\' "$1" "$o"; '
+    'else docker stop -t "$2" "tao-job-$1" >/dev/null 2>&1; fi; '
     f'docker inspect -f {_STATE} "tao-job-$1" 2>/dev/null; {_LEASE_READ}; j="$1"; {_MARKS_OF}'
 )
 # Keep one mark with the job: $1 = job id, $2 = key, $3 = JSON value.
@@ -161,7 +177,7 @@ def prepare(lease: Mapping[str, Any] | None) -> Script:
 
 def startup_script(lease: Mapping[str, Any]) -> str:
     """The instance's startup script (``brev create --startup-script``): its lease, from its first boot on."""
-    return f"L={shlex.quote(lease_json(lease))}; umask 077; {_LEASE_WRITE}\n"
+    return f"L={shlex.quote(lease_json(lease))}; {_MACHINE_LEASE_WRITE}; umask 077; {_LEASE_WRITE}\n"
 
 
 def lease_json(lease: Mapping[str, Any]) -> str:
@@ -296,6 +312,7 @@ class InstanceProbe:
     :param exits: job id -> the exit code its waiter wrote.
     :param marks: job id -> its marks.
     :param logs: job id -> the log bytes read (timestamped lines).
+    :param kept: the jobs a stop left running: a newer try owns them now.
     """
 
     lease: dict[str, Any] | None = None
@@ -304,6 +321,7 @@ class InstanceProbe:
     exits: dict[str, int] = field(default_factory=dict)
     marks: dict[str, dict[str, Any]] = field(default_factory=dict)
     logs: dict[str, bytes] = field(default_factory=dict)
+    kept: set[str] = field(default_factory=set)
 
 
 def parse_probe(data: bytes) -> InstanceProbe:
@@ -329,6 +347,8 @@ def parse_probe(data: bytes) -> InstanceProbe:
                 found.containers[name.lstrip("/").removeprefix("tao-job-")] = (ct.docker_time(created) or 0.0, parsed)
         elif kind == "K":
             found.known.add(rest.strip())
+        elif kind == "KEPT":
+            found.kept.add(rest.partition(" ")[0])
         elif kind == "X":
             job, _, code = rest.partition(" ")
             if code.strip().lstrip("-").isdigit():

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from .goerr import GoError, validation
 from .server import Server
-from .world import ApiError, World, auth_now, jwt_claims, kas_exchange
+from .world import ApiError, World, auth_now, jwt_claims, kas_exchange, service_account_token
 
 VERSION = "v0.6.327"
 API_URL = os.environ.get("BREV_API_URL", "https://brevapi.us-west-2-prod.control-plane.brev.dev")
@@ -79,7 +79,12 @@ class Session:
         return self.brev_dir / "credentials.json"
 
     def read_tokens(self) -> dict[str, str] | None:
-        """``GetAuthTokens``: ``None`` when the file does not exist (a JSON error is an error)."""
+        """``GetAuthTokens``: a Kubernetes service-account token, when its file exists and is not empty, is the
+        access token (``GetCurrentWorkspaceServiceToken``, before the credentials file is looked at); else the
+        credentials file, ``None`` when it does not exist (a JSON error is an error)."""
+        mounted = service_account_token(self.world.read())
+        if mounted:
+            return {"access_token": mounted}
         try:
             text = self.credentials_path.read_text()
         except FileNotFoundError:
@@ -217,6 +222,9 @@ class Session:
         try:
             return operation(token)
         except ApiError as error:
+            if error.status == 0:  # the connection dropped before an answer: Go's net/http error, through resty
+                url = f"{API_URL}/{error.path}?{QUERY}"
+                raise GoError(f'Get "{url}": EOF') from None
             if error.status == 403 and login:
                 self._token = None
                 try:

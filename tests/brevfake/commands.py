@@ -685,9 +685,7 @@ def _ssh(ctx: Context, alias: str, command: str, connect_timeout: float) -> int:
     def relay(stream: int, chunk: bytes) -> None:
         (ctx.io.write_out if stream == 1 else ctx.io.write_err)(chunk)
 
-    return instances.ssh_run(
-        ctx.world, str(ctx.session.home), alias, command, connect_timeout=connect_timeout, on_output=relay
-    )
+    return instances.ssh_run(ctx.world, alias, command, connect_timeout=connect_timeout, on_output=relay)
 
 
 def _collect(into: list[bytes]) -> Callable[[int, bytes], None]:
@@ -701,9 +699,7 @@ def _ssh_probe(ctx: Context, alias: str) -> str | None:
 
     for attempt in range(41):
         output: list[bytes] = []
-        code = instances.ssh_run(
-            ctx.world, str(ctx.session.home), alias, 'echo " "', connect_timeout=10, on_output=_collect(output)
-        )
+        code = instances.ssh_run(ctx.world, alias, 'echo " "', connect_timeout=10, on_output=_collect(output))
         if code == 0:
             return None
         lines = b"".join(output).decode(errors="replace").split("\n")
@@ -822,16 +818,18 @@ def copy(ctx: Context, v: dict[str, Any], args: list[str]) -> None:
     if probe is not None:
         raise GoError(probe)
     started = time.monotonic()
-    instance = ctx.world.read()["instances"].get(workspace["id"])
+    # scp resolves the alias itself, through the ssh it runs (not the one the probe above ran)
+    instance = instances.instance_at(ctx.world, instances.scp_resolve(alias, upload))
     try:
         if instance is None:
-            raise instances.ScpError(f"ssh: connect to host {workspace['ip']} port 22: Connection timed out\r\n")
+            unknown = f"ssh: Could not resolve hostname {alias}: Name or service not known\r\nscp: Connection closed\n"
+            raise instances.ScpError(unknown, 255)
         if upload:
             instances.scp_upload(ctx.world, instance, local, remote)
         else:
             instances.scp_download(ctx.world, instance, remote, local)
     except instances.ScpError as failed:
-        raise GoError(f"scp failed: exit status 1\nOutput: {failed}") from None
+        raise GoError(f"scp failed: exit status {failed.code}\nOutput: {failed}") from None
     source, dest = (local, f"{alias}:{remote}") if upload else (f"{alias}:{remote}", local)
     took = go_duration(time.monotonic() - started)
     io.out("\n" + io.green(f"✓ Successfully copied {source} → {dest} ({took})\n") + "\n")

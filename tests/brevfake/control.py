@@ -21,7 +21,7 @@ from typing import Any
 from . import instances
 from .engine import Engine
 from .server import Server, new_instance
-from .world import World, default_state, login_token, mint_jwt, schedule
+from .world import SERVICE_ACCOUNT_TOKEN, World, default_state, login_token, mint_jwt, schedule
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
 GENERIC_BINARY = Path(__file__).resolve().parent / "bin" / "brev"
@@ -76,6 +76,17 @@ class BrevWorld:
             "sys.exit(main())\n"
         )
         launcher.chmod(0o755)
+        userbin = self.dir / "userbin"
+        userbin.mkdir(exist_ok=True)
+        for program in ("ssh", "scp"):
+            real = shutil.which(program)
+            assert real is not None, f"{program} (OpenSSH) is missing: the fake reaches instances through it"
+            wrapper = userbin / program
+            wrapper.write_text(
+                '#!/bin/sh\nif [ -f "$HOME/.ssh/config" ]; then '
+                f'exec {real} -F "$HOME/.ssh/config" "$@"; else exec {real} "$@"; fi\n'
+            )
+            wrapper.chmod(0o755)
 
     @staticmethod
     def sweep_orphans(engine_host: str) -> list[str]:
@@ -145,8 +156,11 @@ class BrevWorld:
         return dict(self.state()["user"])
 
     def env(self, home: str | os.PathLike[str]) -> dict[str, str]:
-        """An environment for running the fake CLI by hand with a private ``HOME``."""
-        return {**os.environ, "HOME": str(home), "BREV_FAKE_STATE": str(self.dir)}
+        """An environment for running the fake CLI by hand with a private ``HOME``, as a user whose ``HOME`` is
+        their passwd home: OpenSSH reads the passwd home's ``~/.ssh/config``, so ``ssh`` and ``scp`` on its
+        ``PATH`` are given ``$HOME/.ssh/config`` with ``-F`` (once it exists) -- else brev's aliases are unknown."""
+        path = f"{self.dir / 'userbin'}{os.pathsep}{os.environ.get('PATH', '')}"
+        return {**os.environ, "HOME": str(home), "BREV_FAKE_STATE": str(self.dir), "PATH": path}
 
     def instances(self) -> list[dict[str, Any]]:
         """The world's instances (settled to now), oldest first."""
@@ -251,7 +265,8 @@ class BrevWorld:
             state["faults"]["failing_deploys"] = [message] * count
 
     def api_errors(self, count: int, status: int = 502, reason: str = "Bad Gateway", body: str = "") -> None:
-        """The next ``count`` authenticated API calls fail with this HTTP status."""
+        """The next ``count`` authenticated API calls fail with this HTTP status; status 0: the connection drops
+        before any answer (the CLI fails with Go's ``Get "<url>": EOF``)."""
         body = body or f"<html><head><title>{status} {reason}</title></head></html>"
         with self.world.mutate() as state:
             state["faults"]["api_errors"].append({"count": count, "status": status, "reason": reason, "body": body})
@@ -280,6 +295,24 @@ class BrevWorld:
         """The login token itself stops working (rotated in the console): ``brev login --token`` fails."""
         with self.world.mutate() as state:
             state["auth"]["token_valid"] = False
+
+    def set_startup_user(self, user: str) -> None:
+        """Who runs the startup scripts of instances created from now on: ``ubuntu`` (the login user, in its home;
+        the default) or ``root`` (in ``/root``) -- Brev's choice is unknown, the tests run against each."""
+        assert user in ("ubuntu", "root"), user
+        with self.world.mutate() as state:
+            state["startup_user"] = user
+
+    def mount_service_account_token(self, token: str) -> Path:
+        """Give the world a root of its own (``<world>/root``) holding a Kubernetes service-account token, as an
+        automounted pod has: the fake CLI reads it as ``GetAuthTokens`` does. Returns the file's path."""
+        root = self.dir / "root"
+        path = root / SERVICE_ACCOUNT_TOKEN.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(token)
+        with self.world.mutate() as state:
+            state["root"] = str(root)
+        return path
 
     def set_ngc_key(self, key: str) -> None:
         """``docker login nvcr.io`` on instances created from now on accepts only this password."""

@@ -7,11 +7,12 @@ An instance is a container ``brevfake-<world tag>-<instance id>`` of the Debian 
 socket proxy, see ``instance/init.py``) sees the same files. Stopping an instance kills its containers and the
 job containers started on it; deleting it removes them, as a VM takes its containers with it.
 
-``ssh_run`` is what ``ssh <alias> <command>`` does against the instance: it resolves the alias through the ssh
-config ``brev refresh`` wrote in ``$HOME``, fails the way ssh fails (exit 255 and ssh's own messages) when the
-alias is unknown or the instance is not up, and otherwise runs ``bash -c <command>`` as ``ubuntu`` in the
-container with output streamed. ``scp_upload`` / ``scp_download`` copy with ``scp -r`` semantics through the
-engine's archive API.
+``ssh_run`` is what ``ssh <alias> <command>`` does against the instance: it resolves the alias as OpenSSH does
+(the real ``ssh -G`` of the ``ssh`` on PATH: the passwd home's ``~/.ssh/config`` and the files it includes, or the
+``-F`` a wrapper gives), fails the way ssh fails (exit 255 and ssh's own messages) when the alias is unknown or the
+instance is not up, and otherwise runs ``bash -c <command>`` as ``ubuntu`` in the container with output streamed.
+``scp_resolve`` is the same for ``scp``, whose ssh is ``/usr/bin/ssh`` with scp's own ``-F`` / ``-o``.
+``scp_upload`` / ``scp_download`` copy with ``scp -r`` semantics through the engine's archive API.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import os
 import re
 import shutil
 import stat
+import subprocess
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -102,6 +105,7 @@ def provision(world: World, state: dict[str, Any], instance: dict[str, Any]) -> 
             f"BREVFAKE_PATH_MAP={json.dumps(path_map)}",
             f"BREVFAKE_GPUS={gpus if instance_type.get('gpu_count') else ''}",
             f"BREVFAKE_NGC_KEY_SHA256={state['auth'].get('ngc_key_sha256', '')}",
+            f"BREVFAKE_STARTUP_USER={state.get('startup_user', 'ubuntu')}",
         ],
         "Labels": {
             LABEL: "1",
@@ -140,41 +144,73 @@ def destroy(world: World, state: dict[str, Any], instance_id: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- ssh
-def ssh_hosts(home: str) -> dict[str, dict[str, str]]:
-    """``Host`` blocks of ``~/.ssh/config`` and the files it includes: alias -> {option: value} (lower case)."""
-    hosts: dict[str, dict[str, str]] = {}
-
-    def parse(path: str, depth: int = 0) -> None:
-        if depth > 4 or not os.path.isfile(path):
-            return
-        current: dict[str, str] | None = None
-        for raw in Path(path).read_text(errors="replace").splitlines():
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            key, _, value = line.partition(" ")
-            value = value.strip().strip('"')
-            if key.lower() == "include":
-                parse(os.path.expanduser(value.replace("~", home, 1)) if value.startswith("~") else value, depth + 1)
-            elif key.lower() == "host":
-                current = {}
-                for alias in value.split():
-                    hosts.setdefault(alias, current)
-            elif current is not None:
-                current.setdefault(key.lower(), value)
-
-    parse(os.path.join(home, ".ssh", "config"))
-    return hosts
+def openssh_resolve(args: list[str], env: dict[str, str] | None = None) -> dict[str, str]:
+    """What OpenSSH makes of an ssh command line (``ssh -G <args>``: the options it would use, lower case, without
+    connecting). The ``ssh`` is the one on this process's ``PATH``, as brev's ``bash -c "... ssh ..."`` and Go's
+    ``exec.Command("ssh", ...)`` find it; OpenSSH reads the user config of the passwd home (``getpwuid()->pw_dir``),
+    not ``$HOME``, unless the command line gives one with ``-F``. Empty when ssh refuses the command line."""
+    environment = dict(os.environ if env is None else env)
+    ssh = shutil.which("ssh", path=environment.get("PATH", ""))
+    if ssh is None:
+        return {}
+    done = subprocess.run(
+        [ssh, "-G", *args], env=environment, stdin=subprocess.DEVNULL, capture_output=True, check=False, timeout=30
+    )
+    return _options(done.stdout) if done.returncode == 0 else {}
 
 
-def ssh_connect(world: World, home: str, alias: str, connect_timeout: float) -> tuple[dict[str, Any] | None, str, bool]:
+#: scp's "ssh program" in the fake (``scp -S``): prints what ``/usr/bin/ssh -G`` makes of the arguments scp gives
+#: its ssh (Debian's scp runs ``/usr/bin/ssh``, its compiled-in ``_PATH_SSH_PROGRAM``, never the one on PATH).
+SCP_SSH_SHIM = Path(__file__).resolve().parent / "scp-ssh-shim"
+
+
+def scp_resolve(alias: str, upload: bool, env: dict[str, str] | None = None) -> dict[str, str]:
+    """What OpenSSH makes of ``alias`` when brev runs ``scp [-r] <local> <alias>:<remote>`` (``exec.Command("scp",
+    ...)``: the scp on PATH, with whatever it adds): scp is run with the shim as its ssh program, which answers
+    with ``ssh -G`` of the arguments scp passes (its ``-F`` and ``-o`` options included) and connects nowhere."""
+    environment = dict(os.environ if env is None else env)
+    scp = shutil.which("scp", path=environment.get("PATH", ""))
+    if scp is None:
+        return {}
+    with tempfile.TemporaryDirectory(prefix="brevfake-scp-") as folder:
+        local, answer = os.path.join(folder, "f"), os.path.join(folder, "resolved")
+        Path(local).write_text("")
+        paths = [local, f"{alias}:x"] if upload else [f"{alias}:x", local]
+        environment["BREVFAKE_SSH_G"] = answer
+        subprocess.run(
+            [scp, "-S", str(SCP_SSH_SHIM), *paths],
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        return _options(Path(answer).read_bytes()) if os.path.exists(answer) else {}
+
+
+def _options(output: bytes) -> dict[str, str]:
+    options: dict[str, str] = {}
+    for line in output.decode(errors="replace").splitlines():
+        key, _, value = line.partition(" ")
+        options.setdefault(key.lower(), value)
+    return options
+
+
+def instance_at(world: World, options: dict[str, str]) -> dict[str, Any] | None:
+    """The instance an ssh resolution lands on (by its ``hostname``), or None: ssh then tries the bare alias as a
+    host name, which no resolver knows."""
+    ip = options.get("hostname", "")
+    return next((i for i in world.read()["instances"].values() if i["ip"] == ip), None) if ip else None
+
+
+def ssh_connect(world: World, alias: str, connect_timeout: float) -> tuple[dict[str, Any] | None, str, bool]:
     """Where ``ssh <alias>`` lands: ``(instance, "", dropped)`` when it connects (``dropped``: the connection
     will drop before the command's output arrives), else ``(None, ssh's stderr, False)``. Connection failures
     take as long as ssh would take (scaled)."""
-    host = ssh_hosts(home).get(alias)
-    if host is None:
+    options = openssh_resolve(["-T", "-o", f"ConnectTimeout={connect_timeout:g}", "-o", "LogLevel=ERROR", alias])
+    if instance_at(world, options) is None:
         return None, f"ssh: Could not resolve hostname {alias}: Name or service not known\r\n", False
-    ip = host.get("hostname", alias)
+    ip = options["hostname"]
     state = world.read()
     scale = world.time_scale(state)
     instance = next((i for i in state["instances"].values() if i["ip"] == ip), None)
@@ -210,7 +246,6 @@ def ssh_connect(world: World, home: str, alias: str, connect_timeout: float) -> 
 
 def ssh_run(
     world: World,
-    home: str,
     alias: str,
     command: str,
     *,
@@ -218,7 +253,7 @@ def ssh_run(
     on_output: Callable[[int, bytes], None],
 ) -> int:
     """``ssh -T -o ConnectTimeout=<t> <alias> '<command>'``: the remote exit code, 255 when ssh fails."""
-    instance, failure, dropped = ssh_connect(world, home, alias, connect_timeout)
+    instance, failure, dropped = ssh_connect(world, alias, connect_timeout)
     if instance is None:
         on_output(2, failure.encode())
         return 255
@@ -252,7 +287,11 @@ def remote_path(path: str) -> str:
 
 
 class ScpError(Exception):
-    """scp's own complaint (its output), exit status 1."""
+    """scp's own complaint (its output) and its exit status (1; 255 when its ssh failed)."""
+
+    def __init__(self, output: str, code: int = 1) -> None:
+        super().__init__(output)
+        self.code = code
 
 
 def scp_upload(world: World, instance: dict[str, Any], local: str, remote: str) -> None:

@@ -36,6 +36,8 @@ DEFAULT_TIME_SCALE = 0.02
 # World seconds (multiplied by the time scale): how long each transition takes.
 DEFAULT_DURATIONS = {"deploy": 60.0, "start": 30.0, "stop": 20.0, "delete": 20.0}
 TOKEN_TTL_S = 3600
+#: ``getServiceTokenFilePath`` (brev-cli pkg/store/authtoken.go).
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 # name -> (gpu, count, vram GB per GPU, vcpus, memory GiB, provider, $/h, stoppable, boot minutes)
 DEFAULT_TYPES: dict[str, tuple[str, int, int, int, int, str, float, bool, int]] = {
@@ -301,6 +303,16 @@ def verify_bearer(state: dict[str, Any], token: str) -> tuple[str, str] | None:
     if float(claims.get("exp", 0)) <= auth_now(state) or claims.get("sub") != state["user"]["id"]:
         return None
     return "user", str(claims["sub"])
+
+
+def service_account_token(state: dict[str, Any]) -> str:
+    """The content of ``/var/run/secrets/kubernetes.io/serviceaccount/token`` under the world's ``root`` (the
+    machine's ``/`` unless a test gives the world a root of its own), ``""`` when absent or unreadable."""
+    path = Path(state.get("root") or "/") / SERVICE_ACCOUNT_TOKEN.lstrip("/")
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 # ---------------------------------------------------------------------------------------------------- faults

@@ -23,10 +23,12 @@ from typing import Any
 import pytest
 
 from airflow_provider_tao.hooks import brev as bv
+from airflow_provider_tao.hooks import brev_lease
 from airflow_provider_tao.hooks import brev_remote as remote
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import JobValidationError
-from airflow_provider_tao.hooks.brev_cli import BrevError, BrevSession, create_failure, credentials_for, is_logged_out
+from airflow_provider_tao.hooks.brev_auth import credentials_for
+from airflow_provider_tao.hooks.brev_cli import BrevError, BrevSession, create_failure, is_logged_out
 from airflow_provider_tao.hooks.cli import CliResult, run_cli
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 
@@ -51,14 +53,14 @@ def _jwt(**claims: Any) -> str:
 def test_credentials_are_what_brev_login_token_writes() -> None:
     now = time.time()
     fresh = _jwt(sub="u", exp=now + 600, iat=now + 30)  # an iat in the future is tolerated, as the CLI does
-    assert credentials_for(fresh, now) == {"access_token": fresh, "refresh_token": "auto-login"}
+    assert credentials_for(fresh, now=now) == {"access_token": fresh, "refresh_token": "auto-login"}
     expired = _jwt(sub="u", exp=now - 1)
-    assert credentials_for(expired, now) == {"access_token": "auto-login", "refresh_token": expired}
-    assert credentials_for("opaque-api-token", now) == {
+    assert credentials_for(expired, now=now) == {"access_token": "auto-login", "refresh_token": expired}
+    assert credentials_for("opaque-api-token", now=now) == {
         "access_token": "auto-login",
         "refresh_token": "opaque-api-token",
     }
-    assert credentials_for(_jwt(nbf=now + 60), now)["access_token"] == "auto-login"
+    assert credentials_for(_jwt(nbf=now + 60), now=now)["access_token"] == "auto-login"
 
 
 @pytest.mark.parametrize(
@@ -70,6 +72,14 @@ def test_credentials_are_what_brev_login_token_writes() -> None:
         ("", "invalid refresh token", True),
         ("", 'instance "x" is in state "STOPPED"', False),
         ("", "ssh: connect to host 10.0.0.1 port 22: Connection refused", False),
+        # Go network errors end with EOF too: an outage, never a refused token (issue 21 point 6)
+        ("", 'Get "https://brevapi.us-west-2-prod.control-plane.brev.dev/api/me?cli_version=v0.6.327": EOF', False),
+        (
+            "",
+            'Post "https://brevapi.us-west-2-prod.control-plane.brev.dev/api/organizations/o/workspaces": '
+            "unexpected EOF",
+            False,
+        ),
     ],
 )
 def test_a_refused_session_is_told_from_other_failures(stdout: str, stderr: str, refused: bool) -> None:
@@ -406,7 +416,7 @@ def test_a_launch_with_nothing_staged_says_so(instance: Instance) -> None:
 
 def test_the_probe_reads_states_exits_marks_logs_and_the_lease_in_one_call(instance: Instance) -> None:
     _staged(instance)
-    lease = {"created_by": bv.LEASE_CREATOR, "instance": "i-1", "expires_at": 1.0}
+    lease = {"created_by": brev_lease.LEASE_CREATOR, "instance": "i-1", "expires_at": 1.0}
     assert instance.run(remote.prepare(lease)) == b"DOCKER \n"  # the stub docker prints no version
     assert json.loads((instance.home / remote.LEASE_FILE).read_text()) == lease
     instance.run(remote.prepare({**lease, "expires_at": 2.0}))  # a retry never moves the lease
@@ -574,7 +584,8 @@ def test_the_status_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert got["p1"].state is JobState.PAUSED and got["b1"].state is JobState.PENDING
     assert (got["d1"].state, got["d1"].raw_state) == (JobState.ERROR, "DELETING")
     assert got["u1"].state is JobState.UNKNOWN and not got["u1"].not_found  # a flaky exec is an outage
-    assert (got["l1"].state, got["l1"].raw_state) == (JobState.ERROR, "LOST")
+    # one brev ls without the instance is not yet "lost": the poller's two-answers rule decides
+    assert (got["l1"].state, got["l1"].raw_state, got["l1"].not_found) == (JobState.UNKNOWN, "LOST", True)
     assert ("exec", "stopped") not in session.calls and ("exec", "booting") not in session.calls  # never started
 
 
@@ -643,7 +654,7 @@ def test_reaper_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
     now = 1_800_000_000.0
 
     def lease(name: str, expires: float, run: str) -> bytes:
-        body = {"created_by": bv.LEASE_CREATOR, "instance": name, "created_at": expires - 8 * 3600,
+        body = {"created_by": brev_lease.LEASE_CREATOR, "instance": name, "created_at": expires - 8 * 3600,
                 "expires_at": expires, "lease_hours": 8, "dag_id": "d", "task_id": "t", "run_id": run,
                 "map_index": "-1"}  # fmt: skip
         return b"LEASE " + json.dumps(body).encode() + b"\n"
@@ -678,7 +689,7 @@ def test_reaper_dry_run_and_expired_leases_under_tasks_that_still_watch(monkeypa
     """An expired instance is never pulled from under a task that still watches a job on it: its jobs are canceled
     (here: would be) and the task deletes it; with nothing running on it any more, the next reap deletes it."""
     now = 1_800_000_000.0
-    lease = {"created_by": bv.LEASE_CREATOR, "created_at": now - 7200, "expires_at": now - 1, "lease_hours": 2,
+    lease = {"created_by": brev_lease.LEASE_CREATOR, "created_at": now - 7200, "expires_at": now - 1, "lease_hours": 2,
              "dag_id": "d", "task_id": "t", "map_index": "-1"}  # fmt: skip
     running = b"F a1b2c3 running 2026-01-01T00:00:00.5Z 1 d-t-0123456789 /results/a1b2c3\n"
     answers = {
@@ -745,7 +756,7 @@ def test_task_state_lookup_asks_airflow_for_the_leases_task_instance() -> None:
             asked.append(kwargs)
             return {"r1": {"train": "success", "sweep_3": "running"}}
 
-    lookup = bv.task_state_lookup(TI())
+    lookup = brev_lease.task_state_lookup(TI())
     assert lookup({"dag_id": "d", "task_id": "train", "run_id": "r1", "map_index": "-1"}) == "success"
     assert lookup({"dag_id": "d", "task_id": "sweep", "run_id": "r1", "map_index": "3"}) == "running"
     assert lookup({"dag_id": "d", "task_id": "gone", "run_id": "r9", "map_index": "-1"}) is None
@@ -765,7 +776,7 @@ def _spec(**kwargs: Any) -> JobSpec:
     [
         ({"num_nodes": 2}, "num_nodes: the brev platform runs single-node jobs only"),
         ({"backend_details": {"instance_id": "bad name!"}}, "is not a Brev instance name"),
-        ({"backend_details": {"instance_id": "dag-train-0123456789"}}, "the name this provider gives"),
+        ({"backend_details": {"instance_id": "dag-train-0123456789"}}, "named like the instances this provider"),
         ({"backend_details": {"instance_id": "box", "instance_type": "g5.xlarge"}}, "not to a reused one"),
         ({"backend_details": {"instance_type": "g5.xlarge,bad type"}}, "is not a chain of instance types"),
         ({"backend_details": {"lease_hours": 0}}, "lease_hours: 0 is not a positive number"),

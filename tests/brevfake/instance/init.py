@@ -310,26 +310,30 @@ def splice(client: socket.socket, engine: socket.socket) -> None:
 
 
 def run_startup_script() -> None:
-    """The instance's startup script (``brev create --startup-script``), once, at first boot, as the login user
-    in its home; output in /var/log/brevfake-startup.log. ``/var/lib/brevfake/startup-done`` (with its exit
-    code) tells the fake's ssh that the instance may answer."""
+    """The instance's startup script (``brev create --startup-script``), once, at first boot; output in
+    /var/log/brevfake-startup.log. ``/var/lib/brevfake/startup-done`` (with its exit code) tells the fake's ssh
+    that the instance may answer. Which user Brev runs it as is not knowable from the CLI's source (the platform
+    runs ``lifeCycleScriptAttr``): ``BREVFAKE_STARTUP_USER`` picks the login user in its home (``ubuntu``) or
+    ``root`` in ``/root``, and the tests run against each."""
     script, done = "/var/lib/brevfake-boot/startup.sh", "/var/lib/brevfake/startup-done"
     if not os.path.exists(script) or os.path.exists(done):
         return
+    as_root = os.environ.get("BREVFAKE_STARTUP_USER") == "root"
+    home, user, uid = ("/root", "root", 0) if as_root else (HOME, "ubuntu", USER_UID)
     env = {
-        "HOME": HOME,
-        "USER": "ubuntu",
-        "LOGNAME": "ubuntu",
+        "HOME": home,
+        "USER": user,
+        "LOGNAME": user,
         "SHELL": "/bin/bash",
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     }
     with open("/var/log/brevfake-startup.log", "ab") as log:
         code = subprocess.run(
             ["bash", script],
-            cwd=HOME,
+            cwd=home,
             env=env,
-            user=USER_UID,
-            group=USER_UID,
+            user=uid,
+            group=uid,
             extra_groups=[DOCKER_GID],
             stdin=subprocess.DEVNULL,
             stdout=log,

@@ -25,7 +25,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_tao.hooks import brev_remote as remote
 from airflow_provider_tao.hooks.brev import BrevHook
-from airflow_provider_tao.jobs import JobHandle, JobState
+from airflow_provider_tao.hooks.brev_cli import BrevError
+from airflow_provider_tao.jobs import ErrClass, JobHandle, JobState
 from airflow_provider_tao.triggers.job import StatusPoller
 from tests.brevfake.control import BrevWorld
 from tests.integration.brev.conftest import CONN_ID, brev_connection
@@ -312,8 +313,10 @@ def test_a_wrong_token_is_err_auth_before_anything_is_created(
     conn = json.loads(brev_connection(brev_world))
     conn["password"] = "0123456789abcdef:not-a-device"
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(conn))
-    with pytest.raises(AirflowFailException, match="ERR_AUTH") as refused:
+    # the search for an earlier try's job is refused first: never "no job" (issue 21 point 6), the task fails
+    with pytest.raises(BrevError) as refused:
         start(triggerer, _op(docker_engine.busybox, "echo never"))
+    assert refused.value.err_class is ErrClass.ERR_AUTH
     assert "password of the tao_brev connection" in str(refused.value)
     assert brev_world.instances() == [] and not any(_sub(c) == "create" for c in brev_world.calls())
 
