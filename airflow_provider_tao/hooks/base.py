@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 from airflow.sdk import BaseHook
 
+from airflow_provider_tao import connections
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobHandle, JobSpec, JobState, JobStatus
@@ -101,7 +102,7 @@ def secrets_of(conn_ids: Sequence[str]) -> list[str]:
     values: list[str] = []
     for conn_id in conn_ids:
         try:
-            values += connection_secrets(BaseHook.get_connection(conn_id))
+            values += connection_secrets(connections.get_connection(conn_id))
         except Exception:  # a deleted connection: nothing of it to hide
             continue
     return values
@@ -199,6 +200,16 @@ class TAOPlatformHook(BaseHook):
         self.conn_id = conn_id
         self._extras: dict[str, Any] | None = None
         self._conn: Any = None
+
+    @classmethod
+    def get_connection(cls, conn_id: str) -> Any:
+        """The connection wherever Airflow keeps it, from any process (:mod:`~airflow_provider_tao.connections`)."""
+        return connections.get_connection(conn_id)
+
+    @classmethod
+    async def aget_connection(cls, conn_id: str) -> Any:
+        """Async twin of :meth:`get_connection`, also in the trigger ``airflow dags test`` runs inline."""
+        return await connections.aget_connection(conn_id)
 
     # ----------------------------------------------------------------- connection
 

@@ -107,10 +107,10 @@ class S3StagingMixin:
     # ----------------------------------------------------------------- storage
 
     def _storage_extras(self) -> dict[str, Any]:
-        from airflow.sdk import BaseHook
+        from airflow_provider_tao.connections import get_connection
 
         assert self.storage_conn_id is not None
-        extras = BaseHook.get_connection(self.storage_conn_id).extra_dejson
+        extras = get_connection(self.storage_conn_id).extra_dejson
         return extras if isinstance(extras, dict) else {}
 
     def _s3_hook(self) -> Any:

@@ -366,13 +366,14 @@ class TAOJobTrigger(BaseTrigger):
         every extra whose name Airflow treats as sensitive (``aws_session_token``, ``*secret*``, ...)."""
         if not self.secret_conn_ids:
             return
-        from airflow.sdk import BaseHook
         from airflow.sdk._shared.secrets_masker import should_hide_value_for_key
         from airflow.sdk.log import amask_secret
 
+        from airflow_provider_tao.connections import aget_connection
+
         for conn_id in self.secret_conn_ids:
             try:
-                conn = await BaseHook.aget_connection(conn_id)  # masks the password itself
+                conn = await aget_connection(conn_id)  # masks the password itself
                 extras = conn.extra_dejson
             except Exception as exc:
                 self.log.warning("Could not load connection %r to mask its secrets: %s", conn_id, exc)
