@@ -53,10 +53,11 @@ class S3StagingMixin:
 
         :param mount_path: the platform's shared input cache, when ``backend_details`` names none.
         """
+        from airflow_provider_tao.runner import validation
         from airflow_provider_tao.runner.entrypoint import build_entrypoint
 
         try:
-            return build_entrypoint(
+            entrypoint = build_entrypoint(
                 self.command,
                 specs=self.specs,
                 args=self.args,
@@ -66,6 +67,9 @@ class S3StagingMixin:
                 upload_excludes=self.upload_excludes,
                 mount_path=self.backend_details.get("mount_path") or mount_path,
             )
+            if entrypoint.mode == "config":
+                validation.check_spec_reachable(self.command)
+            return entrypoint
         except ValueError as exc:
             parameter, _, rest = str(exc).partition(": ")
             raise JobValidationError(parameter, rest or str(exc), "Fix the task's data parameters") from exc
