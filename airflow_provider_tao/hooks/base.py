@@ -21,6 +21,7 @@ is, in words) and :meth:`TAOPlatformHook.lease_expired` (a lease of its own). Se
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import re
 import shlex
@@ -94,6 +95,14 @@ def connection_secrets(conn: Any, extras: dict[str, Any] | None = None) -> list[
     values = [getattr(conn, "password", None)]
     values += [v for k, v in extras.items() if should_hide_value_for_key(k) or k in _SECRET_EXTRAS]
     return [v for v in values if isinstance(v, str) and len(v) >= 4]
+
+
+def _absent(module: str) -> bool:
+    """No such module can be imported (its parent package may be missing too)."""
+    try:
+        return importlib.util.find_spec(module) is None
+    except ImportError:
+        return True
 
 
 def secrets_of(conn_ids: Sequence[str]) -> list[str]:
@@ -194,6 +203,8 @@ class TAOPlatformHook(BaseHook):
     supports_multi_node: ClassVar[bool] = False
     #: Environment variable fallbacks for connection fields, e.g. {"login": "SLURM_USER"}.
     env_fallbacks: ClassVar[dict[str, str]] = {}
+    #: The package extra the platform needs and the modules it brings: ``("slurm", ("airflow.providers.ssh", ...))``.
+    extra_modules: ClassVar[tuple[str, tuple[str, ...]] | None] = None
 
     def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -217,6 +228,7 @@ class TAOPlatformHook(BaseHook):
         """Read the connection once (worker side). Missing connection -> a clear error naming ``conn_id``."""
         if self._extras is not None:
             return
+        self.check_installed()
         if self.conn_id is None:
             self._extras = {}
             return
@@ -226,11 +238,28 @@ class TAOPlatformHook(BaseHook):
         """Async twin of :meth:`load_connection`, for the triggerer (sync SDK calls would deadlock there)."""
         if self._extras is not None:
             return
+        self.check_installed()
         if self.conn_id is None:
             self._extras = {}
             return
         conn = await self.aget_connection(self.conn_id)
         self._set_connection(conn, await conn.aextra_dejson())
+
+    @classmethod
+    def check_installed(cls) -> None:
+        """The platform's Python packages are installed (found, not imported: the SDKs stay lazily imported), or
+        bad input naming the extra to install -- not a ModuleNotFoundError in the middle of a task or a Test."""
+        if cls.extra_modules is None:
+            return
+        extra, modules = cls.extra_modules
+        missing = [module for module in modules if _absent(module)]
+        if missing:
+            raise JobValidationError(
+                "platform",
+                f"the {cls.platform} platform needs {', '.join(missing)}, which this Airflow host does not have",
+                f"Install the extra with pip install 'airflow-provider-tao[{extra}]' on every Airflow host "
+                "(workers, triggerer, API server) and restart them",
+            )
 
     def _set_connection(self, conn: Any, extras: dict[str, Any] | None) -> None:
         if conn.conn_type not in (None, "", self.conn_type):
