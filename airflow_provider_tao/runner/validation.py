@@ -269,21 +269,6 @@ def check_command(command: Any, mode: str) -> str | list[str]:
     return cmd
 
 
-def check_spec_reachable(command: Any) -> None:
-    """Config mode: the command must say where the spec goes, or its program never reads it and the job fails
-    with the program's own argument error after waiting for GPUs. It names ``{config_path}`` (replaced by the
-    spec's path) or the variable ``TAO_CONFIG_PATH`` (a shell command expanding ``$TAO_CONFIG_PATH``, or a program
-    told to read that variable). Anything else is an error before submission: a program reading the variable
-    unasked cannot be told from one that never reads the spec, and the second is the common mistake."""
-    texts = [command] if isinstance(command, str) else list(command)
-    if not any("{config_path}" in t or "TAO_CONFIG_PATH" in t for t in texts if isinstance(t, str)):
-        raise ValueError(
-            "command: config mode (specs=...) writes the spec to a file, but the command never names "
-            "{config_path} or $TAO_CONFIG_PATH, so the program would not read it; put {config_path} where the "
-            "program takes its spec (e.g. 'train.py --config {config_path}'), or pass args=... instead of specs=..."
-        )
-
-
 def _bad_arg(value: Any, index: int) -> str:
     raise ValueError(f"command[{index}]: argv elements must be strings, got {type(value).__name__}")
 

@@ -321,7 +321,7 @@ def test_config_mode_with_a_command_that_never_names_the_spec_is_bad_input(fake_
     spec = {"train": {"epochs": 3}}
     with pytest.raises(AirflowFailException) as exc:
         _op(command=["train.py", "--epochs", "3"], specs=spec, deferrable=True).execute(make_context(Store()))
-    assert "Bad input, nothing was submitted: command: config mode (specs=...)" in str(exc.value)
+    assert "Bad input, nothing was submitted: command: config mode (specs=...) writes the spec" in str(exc.value)
     assert "'train.py --config {config_path}'" in str(exc.value)
     assert fake_platform.jobs == {}
     # the placeholder, or the variable the runner also exports (for a shell, or a program told to read it)
