@@ -1,6 +1,6 @@
 """``TAOSubmitOperator``: submit a GPU training job to any TAO platform and wait for it, deferrably or not.
 
-Lifecycle of one task instance (see DESIGN.md):
+Lifecycle of one task instance (see docs/architecture.md and docs/reliability.md):
 
 1. validate everything before any GPU is asked for (bad input fails the task without retries);
 2. look for this task instance's job -- first in ``task_state_store`` (survives retries), then by its deterministic

@@ -123,7 +123,7 @@ def test_connection_added_to_the_database_reaches_every_process(airflow_home: Ai
     assert "isn't defined" not in output, output[-4000:]
     assert "state=success" in output and "state=failed" not in output, output[-4000:]
 
-    (job,) = airflow_home.json("tao", "jobs")
+    (job,) = airflow_home.json("tao", "jobs", "--dag-id", "tao_db_connection")
     assert (job["conn_id"], job["state"]) == ("tao_local_default", "Complete")
     supervisor = int(job["backend_job_id"])  # the job's process group leader
     assert not psutil.pid_exists(supervisor) or psutil.Process(supervisor).status() == psutil.STATUS_ZOMBIE
