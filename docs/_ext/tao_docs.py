@@ -60,6 +60,8 @@ FIXES: dict[str, str] = {
     "is not a job id": "Copy the job id from `airflow tao jobs` or the task's XCom `job_id` (12 hex digits).",
     "in this Airflow's task records": "The job was not started by this Airflow (or its records were cleaned up): "
     "list the known jobs with `airflow tao jobs`.",
+    "which cannot be read": "Make the connection again under the id the message names (`airflow connections add`, "
+    "an `AIRFLOW_CONN_*` variable, or the UI), or install the extra it names.",
     "which this installation does not have": "Install the platform's extra "
     "(`pip install 'airflow-provider-tao[...]'`).",
     "matches several jobs": "Give more digits of the job id.",

@@ -66,3 +66,23 @@ def test_in_a_task_the_supervisors_answer_is_final(monkeypatch: pytest.MonkeyPat
     with pytest.raises(AirflowNotFoundException):
         connections.get_connection("in_db_only")
     assert server_has_it.calls == 0
+
+
+def test_a_cli_command_on_a_job_whose_connection_is_gone_says_so_in_words(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``airflow tao logs | cancel``: a message naming the connection, not a traceback."""
+    from types import SimpleNamespace
+
+    from airflow_provider_tao.cli import commands
+    from airflow_provider_tao.jobs import JobHandle
+
+    handle = JobHandle("local", "tao_gone", "a1b2c3d4e5f6", "n")
+    monkeypatch.setattr(
+        commands, "_job", lambda job_id: SimpleNamespace(job_id=job_id, record=SimpleNamespace(job=handle))
+    )
+    monkeypatch.setattr("airflow.sdk.configuration.ensure_secrets_loaded", lambda *a, **k: [])  # nowhere has it
+    with pytest.raises(SystemExit) as exc:
+        commands._job_on_platform("a1b2c3d4e5f6")
+    assert exc.value.code == 1
+    assert "job a1b2c3d4e5f6 ran on the local connection 'tao_gone', which cannot be read:" in capsys.readouterr().err
