@@ -84,6 +84,8 @@ def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowHo
         AIRFLOW_HOME=str(root / "home"),
         AIRFLOW__CORE__DAGS_FOLDER=str(dags),
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        # no scheduler races a trigger `dags test` runs inline: its 10 s hold would only slow these tests down
+        AIRFLOW__TAO__TRIGGER_EVENT_HOLD_SECONDS="0",
     )
     home = AirflowHome(root / "home", dags, env)
     home.ok("db", "migrate")
