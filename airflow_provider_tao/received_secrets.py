@@ -35,12 +35,12 @@ _KUBECONFIG_SECRETS = frozenset({"client-key-data", "token", "id-token", "refres
 
 async def asecrets_received(conn_ids: Sequence[str]) -> list[str]:
     """Every secret value a job of these connections received (a connection that cannot be read adds none)."""
-    from airflow.sdk import BaseHook
+    from airflow_provider_tao.connections import aget_connection
 
     values: list[str] = []
     for conn_id in conn_ids:
         try:
-            conn = await BaseHook.aget_connection(conn_id)
+            conn = await aget_connection(conn_id)
             extras = await conn.aextra_dejson()
             values += await asyncio.to_thread(_secrets_of, conn_id, conn, extras if isinstance(extras, dict) else {})
         except Exception as exc:  # masking is best effort per connection; the others still count
@@ -51,12 +51,12 @@ async def asecrets_received(conn_ids: Sequence[str]) -> list[str]:
 def secrets_received(conn_ids: Sequence[str]) -> list[str]:
     """:func:`asecrets_received` for a worker: a resumed task (``execute_complete``) or a reattached one is a new
     process that never handed the job its secrets, yet writes the job's lines (its log, the failure evidence)."""
-    from airflow.sdk import BaseHook
+    from airflow_provider_tao.connections import get_connection
 
     values: list[str] = []
     for conn_id in conn_ids:
         try:
-            conn = BaseHook.get_connection(conn_id)
+            conn = get_connection(conn_id)
             extras = conn.extra_dejson
             values += _secrets_of(conn_id, conn, extras if isinstance(extras, dict) else {})
         except Exception as exc:  # masking is best effort per connection; the others still count

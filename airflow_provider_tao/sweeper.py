@@ -222,12 +222,13 @@ def metadata_db_url(conn_id: str) -> str:
 
     :raises RuntimeError: no such connection -- saying how to make one.
     """
-    from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
     from airflow.sdk.log import mask_secret
 
+    from airflow_provider_tao.connections import get_connection
+
     try:
-        conn = BaseHook.get_connection(conn_id)
+        conn = get_connection(conn_id)
     except AirflowNotFoundException:
         raise RuntimeError(
             f"The orphan sweeper reads Airflow's metadata database through the connection {conn_id!r}, which does not "

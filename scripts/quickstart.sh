@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Run the quickstart DAG (example_dags/tao_quickstart.py) end to end on the `local` platform.
-# Needs only Python 3.11 and pip: creates .venv-quickstart, installs the provider, runs
+# Needs only Python 3.11 or 3.12 and pip: creates .venv-quickstart (or uses $VENV), installs the provider, runs
 # `airflow dags test tao_quickstart` in a private AIRFLOW_HOME (.quickstart/airflow) and prints where the results are.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
-VENV=$ROOT/.venv-quickstart
+VENV=${VENV:-$ROOT/.venv-quickstart}
 export AIRFLOW_HOME=$ROOT/.quickstart/airflow
 export AIRFLOW__CORE__DAGS_FOLDER=$ROOT/example_dags
 export AIRFLOW__CORE__LOAD_EXAMPLES=False

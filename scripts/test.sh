@@ -2,12 +2,26 @@
 # Run the whole test suite on a fresh Debian machine with Python 3.11 and pip (run as root).
 # Installs the Debian and Python packages the tests need, starts the backends they talk to (a private
 # Docker engine, the SLURM cluster; moto S3 and `airflow standalone` are started by the test fixtures
-# themselves), runs the linters and type checker, then pytest. Extra arguments go to pytest.
+# themselves), runs the linters and type checker, then pytest; then the unit tests and the quickstart again on
+# Python 3.12 (PYTHON312, else pyenv's, else python3.12 on PATH; none is an error). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
+# Python 3.12 for the second run: PYTHON312, else pyenv's (its shim on PATH fails unless 3.12 is selected), else PATH's
+find_python312() {
+  local candidate
+  for candidate in "${PYTHON312:-}" $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null | sort -rV) \
+      "$(command -v python3.12 || true)"; do
+    if [ -n "$candidate" ] && "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+      echo "$candidate"
+      return
+    fi
+  done
+}
+PYTHON312=$(find_python312)
 VENV=$ROOT/.venv
+VENV312=$ROOT/.venv-py312
 export DEBIAN_FRONTEND=noninteractive
 t0=$(date +%s)
 step() { printf '\n==> [%4ss] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
@@ -23,9 +37,22 @@ apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends procps
 
 step "Python packages into $VENV"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/pip" install -q -U pip
-"$VENV/bin/pip" install -q -c constraints.txt -e ".[test,all,docs]"
+# pip >= 25.1 installs the dependency groups (pyproject.toml [dependency-groups]: test, docs), never published
+"$VENV/bin/pip" install -q -U "pip>=25.1"
+"$VENV/bin/pip" install -q -c constraints.txt -e ".[all]" --group test --group docs
 export PATH=$VENV/bin:$PATH
+
+step "Python 3.12 venv for the second run (in the background: mostly downloads)"
+if [ -n "$PYTHON312" ]; then
+  (
+    [ -x "$VENV312/bin/python" ] || "$PYTHON312" -m venv "$VENV312"
+    "$VENV312/bin/pip" install -q -U "pip>=25.1"
+    "$VENV312/bin/pip" install -q -c constraints.txt -e ".[all]" --group test
+  ) > /tmp/venv-py312.log 2>&1 &
+  venv312=$!
+else
+  venv312=
+fi
 
 step "backends: a private Docker engine and its images, the SLURM cluster (in parallel)"
 # The fixtures call these again (a no-op once up); starting them here keeps a cold install out of any test's timeout.
@@ -51,4 +78,22 @@ python -m pytest -p no:cacheprovider -ra --durations=15 "$@"
 rc=$?
 set -e
 step "pytest exit code $rc"
-exit $rc
+
+step "Python 3.12: the unit tests and the quickstart"
+if [ -z "$venv312" ]; then
+  echo "No Python 3.12 here (neither python3.12 on PATH nor one in pyenv): the 3.12 run cannot be made" >&2
+  exit 1
+fi
+"$PYTHON312" --version
+wait "$venv312" || { tail -40 /tmp/venv-py312.log; exit 1; }
+set +e
+"$VENV312/bin/python" -m pytest -p no:cacheprovider -q tests/unit
+rc312=$?
+# the README's quickstart with 3.12, in the venv above (the script installs the provider into it as a user would)
+VENV=$VENV312 PYTHON=$PYTHON312 bash scripts/quickstart.sh
+rc_quickstart=$?
+set -e
+step "pytest exit code $rc; Python 3.12: unit tests exit code $rc312, quickstart exit code $rc_quickstart"
+[ "$rc" -ne 0 ] && exit "$rc"
+[ "$rc312" -ne 0 ] && exit "$rc312"
+exit "$rc_quickstart"

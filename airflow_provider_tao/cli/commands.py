@@ -10,7 +10,7 @@ import re
 import sys
 import time
 from argparse import Namespace
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow.cli.simple_table import AirflowConsole
 from airflow.utils import cli as cli_utils
@@ -47,7 +47,7 @@ def _print(rows: list[dict[str, Any]], output: str) -> None:
         AirflowConsole().print_as(data=rows, output=output)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     print(f"airflow tao: {message}", file=sys.stderr)
     sys.exit(1)
 
@@ -76,9 +76,18 @@ def _job(job_id: str) -> IndexedJob:
 
 def _job_on_platform(job_id: str) -> tuple[IndexedJob, JobHandle, TAOPlatformHook]:
     """The job Airflow knows by ``job_id``, its handle and its platform's hook (connection loaded)."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from airflow_provider_tao.hooks.base import JobValidationError
+
     job = _job(job_id)
     handle = job.record.job
-    return job, handle, _hook(handle.platform, handle.conn_id)
+    try:
+        return job, handle, _hook(handle.platform, handle.conn_id)
+    except (AirflowNotFoundException, JobValidationError) as exc:  # words, not a traceback
+        _fail(
+            f"job {job.job_id} ran on the {handle.platform} connection {handle.conn_id!r}, which cannot be read: {exc}"
+        )
 
 
 @cli_utils.action_cli(check_db=False)

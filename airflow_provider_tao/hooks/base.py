@@ -21,6 +21,7 @@ is, in words) and :meth:`TAOPlatformHook.lease_expired` (a lease of its own). Se
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import re
 import shlex
@@ -30,6 +31,7 @@ from typing import Any, ClassVar
 
 from airflow.sdk import BaseHook
 
+from airflow_provider_tao import connections
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobHandle, JobSpec, JobState, JobStatus
@@ -95,13 +97,21 @@ def connection_secrets(conn: Any, extras: dict[str, Any] | None = None) -> list[
     return [v for v in values if isinstance(v, str) and len(v) >= 4]
 
 
+def _absent(module: str) -> bool:
+    """No such module can be imported (its parent package may be missing too)."""
+    try:
+        return importlib.util.find_spec(module) is None
+    except ImportError:
+        return True
+
+
 def secrets_of(conn_ids: Sequence[str]) -> list[str]:
     """The secret values of these connections (one that cannot be read adds none), for text shown outside a task
     -- a job's log on its job page or from ``airflow tao logs`` -- where Airflow's task-log masker does not run."""
     values: list[str] = []
     for conn_id in conn_ids:
         try:
-            values += connection_secrets(BaseHook.get_connection(conn_id))
+            values += connection_secrets(connections.get_connection(conn_id))
         except Exception:  # a deleted connection: nothing of it to hide
             continue
     return values
@@ -196,6 +206,8 @@ class TAOPlatformHook(BaseHook):
     env_fallbacks: ClassVar[dict[str, str]] = {}
     #: Connection extras that are seconds (read only when a job is canceled: checked before it is submitted).
     seconds_settings: ClassVar[tuple[str, ...]] = ("cancel_grace_seconds",)
+    #: The package extra the platform needs and the modules it brings: ``("slurm", ("airflow.providers.ssh", ...))``.
+    extra_modules: ClassVar[tuple[str, tuple[str, ...]] | None] = None
 
     def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -203,12 +215,23 @@ class TAOPlatformHook(BaseHook):
         self._extras: dict[str, Any] | None = None
         self._conn: Any = None
 
+    @classmethod
+    def get_connection(cls, conn_id: str) -> Any:
+        """The connection wherever Airflow keeps it, from any process (:mod:`~airflow_provider_tao.connections`)."""
+        return connections.get_connection(conn_id)
+
+    @classmethod
+    async def aget_connection(cls, conn_id: str) -> Any:
+        """Async twin of :meth:`get_connection`, also in the trigger ``airflow dags test`` runs inline."""
+        return await connections.aget_connection(conn_id)
+
     # ----------------------------------------------------------------- connection
 
     def load_connection(self) -> None:
         """Read the connection once (worker side). Missing connection -> a clear error naming ``conn_id``."""
         if self._extras is not None:
             return
+        self.check_installed()
         if self.conn_id is None:
             self._extras = {}
             return
@@ -218,11 +241,28 @@ class TAOPlatformHook(BaseHook):
         """Async twin of :meth:`load_connection`, for the triggerer (sync SDK calls would deadlock there)."""
         if self._extras is not None:
             return
+        self.check_installed()
         if self.conn_id is None:
             self._extras = {}
             return
         conn = await self.aget_connection(self.conn_id)
         self._set_connection(conn, await conn.aextra_dejson())
+
+    @classmethod
+    def check_installed(cls) -> None:
+        """The platform's Python packages are installed (found, not imported: the SDKs stay lazily imported), or
+        bad input naming the extra to install -- not a ModuleNotFoundError in the middle of a task or a Test."""
+        if cls.extra_modules is None:
+            return
+        extra, modules = cls.extra_modules
+        missing = [module for module in modules if _absent(module)]
+        if missing:
+            raise JobValidationError(
+                "platform",
+                f"the {cls.platform} platform needs {', '.join(missing)}, which this Airflow host does not have",
+                f"Install the extra with pip install 'airflow-provider-tao[{extra}]' on every Airflow host "
+                "(workers, triggerer, API server) and restart them",
+            )
 
     def _set_connection(self, conn: Any, extras: dict[str, Any] | None) -> None:
         if conn.conn_type not in (None, "", self.conn_type):

@@ -71,6 +71,7 @@ class TAODockerHook(TAOPlatformHook):
 
     platform = "docker"
     conn_type = "tao_docker"
+    extra_modules = ("docker", ("airflow.providers.docker", "docker"))
     default_conn_name = "tao_docker_default"
     hook_name = "TAO Docker"
     # Container names: [a-zA-Z0-9][a-zA-Z0-9_.-]*; "tao-job-" + job_id, and the deterministic name is a label.

@@ -137,6 +137,7 @@ class TAOKubernetesHook(TAOPlatformHook):
 
     platform = "kubernetes"
     conn_type = "tao_kubernetes"
+    extra_modules = ("kubernetes", ("airflow.providers.cncf.kubernetes", "kubernetes", "kubernetes_asyncio"))
     default_conn_name = "tao_kubernetes_default"
     hook_name = "TAO Kubernetes"
     # A DNS-1035 label (it also names the multi-node headless Service), short enough for "<name>-<index>" host names.

@@ -118,6 +118,7 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
 
     platform = "lepton"
     conn_type = "tao_lepton"
+    extra_modules = ("lepton", ("leptonai",))
     default_conn_name = "tao_lepton_default"
     hook_name = "TAO DGX Cloud Lepton"
     name_pattern = re.compile(r"^[a-z]([a-z0-9-]{0,34}[a-z0-9])?$")

@@ -93,6 +93,7 @@ class SlurmHook(TAOPlatformHook):
 
     platform = "slurm"
     conn_type = "tao_slurm"
+    extra_modules = ("slurm", ("airflow.providers.ssh", "paramiko", "asyncssh"))
     default_conn_name = "tao_slurm_default"
     hook_name = "TAO SLURM"
     supports_multi_node = True

@@ -56,7 +56,7 @@ class S3StagingMixin:
         from airflow_provider_tao.runner.entrypoint import build_entrypoint
 
         try:
-            return build_entrypoint(
+            entrypoint = build_entrypoint(
                 self.command,
                 specs=self.specs,
                 args=self.args,
@@ -69,6 +69,15 @@ class S3StagingMixin:
         except ValueError as exc:
             parameter, _, rest = str(exc).partition(": ")
             raise JobValidationError(parameter, rest or str(exc), "Fix the task's data parameters") from exc
+        if entrypoint.mode == "config" and not _names_the_spec(self.command):
+            raise JobValidationError(
+                "command",
+                "config mode (specs=...) writes the spec to a file, but the command never names {config_path} or "
+                "$TAO_CONFIG_PATH, so the program would not read it",
+                "Put {config_path} where the program takes its spec (e.g. 'train.py --config {config_path}'), "
+                "or pass args=... instead of specs=...",
+            )
+        return entrypoint
 
     def stage(self, spec: JobSpec, hook: TAOPlatformHook) -> tuple[JobSpec, dict[str, str]]:
         """Wrap ``spec`` in the runner when the task has a data contract.
@@ -107,10 +116,10 @@ class S3StagingMixin:
     # ----------------------------------------------------------------- storage
 
     def _storage_extras(self) -> dict[str, Any]:
-        from airflow.sdk import BaseHook
+        from airflow_provider_tao.connections import get_connection
 
         assert self.storage_conn_id is not None
-        extras = BaseHook.get_connection(self.storage_conn_id).extra_dejson
+        extras = get_connection(self.storage_conn_id).extra_dejson
         return extras if isinstance(extras, dict) else {}
 
     def _s3_hook(self) -> Any:
@@ -202,3 +211,13 @@ def _s3_exists(hook: Any, uri: str) -> bool:
 
 def _as_bytes(content: str | bytes) -> bytes:
     return content.encode() if isinstance(content, str) else content
+
+
+def _names_the_spec(command: Any) -> bool:
+    """Config mode: the command says where the spec goes -- ``{config_path}`` (replaced by the spec's path) or the
+    variable ``TAO_CONFIG_PATH`` (a shell command expanding it, or a program told to read it). Otherwise its program
+    never reads the spec and the job fails with the program's own argument error after waiting for GPUs: an error
+    before submission, since a program reading the variable unasked cannot be told from one that never reads the
+    spec, and the second is the common mistake."""
+    texts = [command] if isinstance(command, str) else list(command)
+    return any("{config_path}" in t or "TAO_CONFIG_PATH" in t for t in texts if isinstance(t, str))

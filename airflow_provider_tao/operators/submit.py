@@ -1,6 +1,6 @@
 """``TAOSubmitOperator``: submit a GPU training job to any TAO platform and wait for it, deferrably or not.
 
-Lifecycle of one task instance (see DESIGN.md):
+Lifecycle of one task instance (see docs/architecture.md and docs/reliability.md):
 
 1. validate everything before any GPU is asked for (bad input fails the task without retries);
 2. look for this task instance's job -- first in ``task_state_store`` (survives retries), then by its deterministic
@@ -24,7 +24,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseHook, BaseOperator, conf
+from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import (
     AirflowException,
     AirflowFailException,
@@ -33,6 +33,7 @@ from airflow.sdk.exceptions import (
 )
 
 from airflow_provider_tao import settings
+from airflow_provider_tao.connections import get_connection
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook, platform_for_conn_type
 from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError, register_secrets
@@ -275,7 +276,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         platform = self.platform if position == 0 else None
         if conn_id:
             try:
-                conn = BaseHook.get_connection(conn_id)
+                conn = get_connection(conn_id)
             except AirflowNotFoundException as exc:
                 raise JobValidationError(
                     parameter,

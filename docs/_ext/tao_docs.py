@@ -3,6 +3,8 @@
 Directives:
 
 * ``tao-connection-fields`` *conn_type*: the connection form of a platform (standard and extra fields).
+* ``tao-connection-example`` *conn_type*: one connection of that type, as an ``AIRFLOW_CONN_*`` variable and as
+  ``airflow connections add`` (:data:`CONNECTION_EXAMPLES`; a unit test checks every field is in the form).
 * ``tao-config``: the ``[tao]`` section.
 * ``tao-error-classes``: the failure classes, retriable or not, and what to do.
 * ``tao-error-messages``: every error message the code can raise, with its fix (see :func:`message_sites`).
@@ -58,6 +60,8 @@ FIXES: dict[str, str] = {
     "is not a job id": "Copy the job id from `airflow tao jobs` or the task's XCom `job_id` (12 hex digits).",
     "in this Airflow's task records": "The job was not started by this Airflow (or its records were cleaned up): "
     "list the known jobs with `airflow tao jobs`.",
+    "which cannot be read": "Make the connection again under the id the message names (`airflow connections add`, "
+    "an `AIRFLOW_CONN_*` variable, or the UI), or install the extra it names.",
     "which this installation does not have": "Install the platform's extra "
     "(`pip install 'airflow-provider-tao[...]'`).",
     "matches several jobs": "Give more digits of the job id.",
@@ -313,6 +317,73 @@ def connection_fields_table(conn_type: str) -> str:
     return "\n".join(rows) + f"\n\nHidden standard fields: {hidden}.\n"
 
 
+#: A typical connection of each type (its id is the hook's default): standard fields, then the extras.
+CONNECTION_EXAMPLES: dict[str, dict[str, Any]] = {
+    "tao_local": {"extra": {"jobs_dir": "/data/tao/jobs", "results_root": "/data/tao/results"}},
+    "tao_slurm": {
+        "host": "login1.cluster.example.com,login2.cluster.example.com",
+        "port": 22,
+        "login": "jdoe",
+        "extra": {
+            "key_file": "/home/airflow/.ssh/id_ed25519",
+            "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB...",
+            "partition": "batch",
+            "account": "ml-research",
+            "results_root": "/lustre/fsw/ml-research/jdoe/tao",
+        },
+    },
+    "tao_docker": {
+        "host": "unix:///var/run/docker.sock",
+        "login": "$oauthtoken",
+        "password": "<NGC API key>",
+        "extra": {"registry": "nvcr.io", "results_root": "/data/tao/results"},
+    },
+    "tao_kubernetes": {
+        "login": "$oauthtoken",
+        "password": "<NGC API key>",
+        "extra": {
+            "namespace": "ml-training",
+            "kube_config_path": "/home/airflow/.kube/config",
+            "results_pvc": "tao-results",
+        },
+    },
+    "tao_lepton": {
+        "password": "<Lepton API token>",
+        "extra": {"workspace_id": "tao-research", "node_group": "h100-pool", "ngc_api_key": "<NGC API key>"},
+    },
+    "tao_brev": {
+        "password": "<Brev API token>",
+        "extra": {"org": "ml-research", "instance_type": "g5.xlarge,g6.xlarge", "ngc_api_key": "<NGC API key>"},
+    },
+}
+
+
+def connection_example(conn_type: str) -> str:
+    """One connection of ``conn_type`` as an ``AIRFLOW_CONN_*`` JSON variable and as ``airflow connections add``."""
+    import json
+    import shlex
+
+    from airflow_provider_tao.hooks import hook_class, platform_for_conn_type
+
+    platform = platform_for_conn_type(conn_type)
+    assert platform is not None, conn_type
+    conn_id = hook_class(platform).default_conn_name
+    fields = CONNECTION_EXAMPLES[conn_type]
+    as_json = json.dumps({"conn_type": conn_type, **fields})
+    options = [("--conn-type", conn_type)]
+    options += [
+        (f"--conn-{name}", str(fields[name])) for name in ("host", "port", "login", "password") if name in fields
+    ]
+    options.append(("--conn-extra", json.dumps(fields["extra"])))
+    lines = [f"airflow connections add {conn_id}"] + [f"    {flag} {shlex.quote(value)}" for flag, value in options]
+    add = " \\\n".join(lines)
+    return (
+        f"As an environment variable of every Airflow process (JSON), or saved in the metadata database; "
+        f"`{conn_id}` is the connection the platform's hook uses by default.\n\n"
+        f"```bash\nexport AIRFLOW_CONN_{conn_id.upper()}={shlex.quote(as_json)}\n\n{add}\n```\n"
+    )
+
+
 def config_table() -> str:
     from airflow_provider_tao.settings import OPTIONS, config_section
 
@@ -345,8 +416,9 @@ def error_messages_table() -> str:
         if key in seen:
             continue
         seen.add(key)
-        where = f"`{site.module}` ({site.kind}{', ' + site.parameter if site.parameter else ''})"
-        rows.append(f"| {_cell(site.message)} | {_cell(where)} | {_cell(fix_of(site))} |")
+        # the module as code (``hooks/__init__.py`` must not read as bold "init"); the rest as text
+        where = f"`{site.module}` " + _cell(f"({site.kind}{', ' + site.parameter if site.parameter else ''})")
+        rows.append(f"| {_cell(site.message)} | {where} | {_cell(fix_of(site))} |")
     return "\n".join(rows) + "\n"
 
 
@@ -372,6 +444,7 @@ def setup(app: Any) -> dict[str, Any]:
         return Generated
 
     directives.register_directive("tao-connection-fields", markdown_directive(connection_fields_table, True))
+    directives.register_directive("tao-connection-example", markdown_directive(connection_example, True))
     directives.register_directive("tao-config", markdown_directive(config_table, False))
     directives.register_directive("tao-error-classes", markdown_directive(error_classes_table, False))
     directives.register_directive("tao-error-messages", markdown_directive(error_messages_table, False))

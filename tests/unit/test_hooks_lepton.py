@@ -465,7 +465,7 @@ def test_the_platforms_shared_cache_reaches_the_runner_unless_backend_details_na
     spec = JobSpec(name="n-0123456789", job_id="j", command="x", image="i")
     for details, expected in (({}, "/mnt/lustre-fs"), ({"mount_path": "/scratch/cache"}, "/scratch/cache")):
         op = TAOSubmitOperator(
-            task_id="t", conn_id="fake_conn", command="echo", specs={"a": 1}, backend_details=details
+            task_id="t", conn_id="fake_conn", command="echo {config_path}", specs={"a": 1}, backend_details=details
         )
         staged, _ = op.stage(spec, hook)
         assert json.loads(staged.files["runner.json"])["mount_path"] == expected

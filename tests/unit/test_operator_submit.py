@@ -314,3 +314,18 @@ def test_the_spec_names_the_task_instance_it_comes_from(fake_platform: type[Fake
     _defer(_op(deferrable=True), make_context(Store()))
     (job,) = fake_platform.jobs.values()
     assert job["spec"].origin == {"dag_id": "dag", "task_id": "train", "run_id": "manual__1", "map_index": "-1"}
+
+
+def test_config_mode_with_a_command_that_never_names_the_spec_is_bad_input(fake_platform: type[FakeHook]) -> None:
+    """The spec file would be written and never read: the job would fail with the program's own argument error."""
+    spec = {"train": {"epochs": 3}}
+    with pytest.raises(AirflowFailException) as exc:
+        _op(command=["train.py", "--epochs", "3"], specs=spec, deferrable=True).execute(make_context(Store()))
+    assert "Bad input, nothing was submitted: command: config mode (specs=...) writes the spec" in str(exc.value)
+    assert "'train.py --config {config_path}'" in str(exc.value)
+    assert fake_platform.jobs == {}
+    # the placeholder, or the variable the runner also exports (for a shell, or a program told to read it)
+    for command in (["train.py", "-e", "{config_path}"], 'train.py -e "$TAO_CONFIG_PATH"'):
+        fake_platform.jobs.clear()
+        _defer(_op(command=command, specs=spec, deferrable=True), make_context(Store()))
+        assert len(fake_platform.jobs) == 1

@@ -171,7 +171,7 @@ def test_hook_class_names_import_and_match_their_connection_type(info):
 
 
 def test_every_hook_has_test_connection(info, tmp_path, monkeypatch):
-    # DESIGN.md: each hook has its connection type, declarative form fields and test_connection(); the UI's
+    # the design: each hook has its connection type, declarative form fields and test_connection(); the UI's
     # "Test" button is enabled only when the hook class defines it (ProvidersManager: connection_testable).
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     for conn in info["connection-types"]:

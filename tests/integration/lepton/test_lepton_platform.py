@@ -379,7 +379,10 @@ def test_the_lustre_mount_is_the_runners_input_cache(
         'import json, os; m = json.load(open(os.environ["TAO_JOB_FILES"] + "/runner.json")); '
         'print("CACHE", m["mount_path"])'
     )
-    run = start(triggerer, ws.op(docker_engine.python, ["python3", "-c", show], specs={"a": 1}, config_format="json"))
+    run = start(
+        triggerer,
+        ws.op(docker_engine.python, ["python3", "-c", show, "{config_path}"], specs={"a": 1}, config_format="json"),
+    )
     assert finish(run)["state"] == "Complete"
     assert f"[job] CACHE {LUSTRE}" in _logged(capfd)
 
@@ -650,7 +653,7 @@ def test_a_4_mib_spec_reaches_the_job_and_no_secret_value_is_in_any_job_spec_or_
 def test_the_typical_spec_rides_in_secret_held_environment(
     docker_engine: DockerEngine, ws: Workspace, triggerer: Triggerer
 ) -> None:
-    run = start(triggerer, ws.op(docker_engine.python, "echo ok", specs={"a": {"b": 1}}))
+    run = start(triggerer, ws.op(docker_engine.python, "echo ok {config_path}", specs={"a": {"b": 1}}))
     assert finish(run)["state"] == "Complete"
     envs = ws.job(run.job_id)["body"]["spec"]["envs"]
     parts = [e for e in envs if e["name"].startswith("TAO_JOB_PART_")]
