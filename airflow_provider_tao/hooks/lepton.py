@@ -39,7 +39,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from airflow_provider_tao.accounting import JobUsage
-from airflow_provider_tao.failures import FailureFacts
+from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
     MARK_OWNER,
@@ -67,13 +67,14 @@ from airflow_provider_tao.hooks.lepton_status import (
     ORIGIN_LABELS,
     created_at,
     failure_facts_of,
+    follow_server_verdict,
     id_of,
     labels_of,
     state_of,
     usage_of,
 )
 from airflow_provider_tao.hooks.lepton_watch import LeptonWatchHook
-from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobStatus
+from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobHandle, JobSpec, JobState, JobStatus
 
 T = TypeVar("T")
 
@@ -277,7 +278,7 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
     ) -> Any:
         """The ``LeptonJob``: plain variables by value, secret ones (and the files) by ``secret_name_ref``."""
         from leptonai.api.v2.types.common import LeptonVisibility, Metadata
-        from leptonai.api.v2.types.deployment import EnvValue, EnvVar, LeptonContainer, LeptonLog, QueueConfig
+        from leptonai.api.v2.types.deployment import EnvValue, EnvVar, LeptonContainer, LeptonLog
         from leptonai.api.v2.types.job import LeptonJob, LeptonJobUserSpec
 
         assert spec.image is not None, "image_required() makes the operator demand one"
@@ -304,11 +305,6 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
         if shm is None and placement.memory_mb:
             shm = min(16 * 1024, placement.memory_mb // 2)  # PyTorch data loaders die on Docker's 64 MiB default
         pulls = [str(s) for s in (self.setting("image_pull_secret"), pull) if s]
-        queue = None
-        if details.get("priority_class") or "can_be_preempted" in details:
-            queue = QueueConfig(
-                priority_class=details.get("priority_class"), can_be_preempted=details.get("can_be_preempted")
-            )
         return LeptonJob(
             metadata=Metadata(id=spec.name, name=spec.name, labels=labels, visibility=LeptonVisibility.PRIVATE),
             spec=LeptonJobUserSpec(
@@ -327,7 +323,6 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
                 ),
                 intra_job_communication=True if spec.num_nodes > 1 else None,
                 log=LeptonLog(enable_collection=True),
-                queue_config=queue,
             ),
         )
 
@@ -432,6 +427,15 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
             workspace=self.setting("workspace_id"),
         )
 
+    def get_failure_analysis(self, handle: JobHandle) -> FailureAnalysis | None:
+        """The taxonomy's class of the facts, then Lepton's own verdict where the server gives one
+        (:func:`~airflow_provider_tao.hooks.lepton_status.follow_server_verdict`)."""
+        status = self.get_job_status(handle)
+        if status.state not in (JobState.ERROR, JobState.CANCELED):
+            return None
+        facts = self.failure_facts(handle)
+        return follow_server_verdict(classify(facts), facts)
+
     def get_job_usage(self, handle: JobHandle) -> JobUsage:
         """From the job (creation, completion), its replicas (terminations) and its resource shape (GPUs, model)."""
         self._ready()
@@ -441,7 +445,7 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
         spec = job.get("spec") or {}
         groups = (spec.get("affinity") or {}).get("allowed_dedicated_node_groups") or []
         wanted = spec.get("resource_shape")
-        shapes: list[dict[str, Any]] = self._optional(lambda: self._shapes(groups[0] if groups else None), [])
+        shapes: list[dict[str, Any]] = self._optional(lambda: self._group_shapes(groups[0] if groups else None), [])
         shape = next((s for s in shapes if wanted in (s["id"], s["name"])), None)
         return usage_of(job, self._optional(lambda: self.get_job_replicas(handle), []), shape)
 
