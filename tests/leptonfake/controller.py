@@ -305,8 +305,11 @@ class Controller:
     def _watch(self, job: Job, replica: Replica, state: dict[str, Any] | None) -> None:
         now = time.time()
         since = replica.running_since or now
-        if not replica.ready and now - since >= float(self.world.settings["ready_seconds"]):
-            replica.ready = True
+        dip = job.injection("unready", replica.index)
+        if dip and (replica.rid, "unready") not in self._applied and now - since >= dip.after_seconds:
+            self._applied.add((replica.rid, "unready"))
+            replica.unready_until = now + dip.seconds
+        replica.ready = now - since >= float(self.world.settings["ready_seconds"]) and now >= replica.unready_until
         for kind in ("oom", "evict", "preempt", "exit"):
             inj = job.injection(kind, replica.index)
             if inj and (replica.rid, kind) not in self._applied and now - since >= inj.after_seconds:

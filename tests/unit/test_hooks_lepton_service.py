@@ -303,3 +303,24 @@ def test_the_hooks_failure_analysis_follows_the_server(monkeypatch: pytest.Monke
     analysis = hook.get_failure_analysis(JobHandle("lepton", "c", "abc", "n"))
     assert analysis is not None and analysis.err_class is ErrClass.ERR_PROGRAM and not analysis.retriable
     assert analysis.evidence[0] == "Lepton's failure analysis: ERR_PROGRAM: Check the job's logs"
+
+
+# ----------------------------------------------------------------------------- 10: absent from one list is not gone
+
+
+def test_jobs_missing_from_the_list_beyond_the_lookup_budget_are_unknown_not_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page missed by the list (a cap, a shift while paging): every job not in it is looked up, at most
+    ``MISSING_LOOKUPS_PER_POLL`` per poll; the rest are Unknown this poll -- never "no longer exists"."""
+    hook = lp.LeptonHook(conn_id="tao_lepton_x")
+    hook._extras = {"workspace_id": "ws1"}
+    jobs = {f"job-{i}": _model_job("Running", ready=1, active=1, parallelism=1, age=60) for i in range(25)}
+    for key, job in jobs.items():
+        job["metadata"]["labels"] = {ls.LABEL_JOB_ID: key}
+    monkeypatch.setattr(hook, "_list_jobs", lambda selector, mode="alive_only": [])
+    monkeypatch.setattr(hook, "_get_job", lambda backend_id: jobs[backend_id])
+    handles = [JobHandle("lepton", "c", key, key, backend_job_id=key) for key in jobs]
+    statuses = hook.get_job_statuses(handles)
+    assert not any(s.not_found for s in statuses.values())
+    assert sum(s.state is JobState.RUNNING for s in statuses.values()) == 20

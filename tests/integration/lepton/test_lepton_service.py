@@ -1,0 +1,141 @@
+"""LeptonHook against the fake's modes for what the real Lepton server does that is not knowable here (issue 21):
+which node-group key ``GET /shapes`` filters by, whether a job page is capped below the asked size, and what
+``status.ready`` counts on a Running job (and its dips). Every test runs against each mode; the hook talks to the
+fake only through the real ``leptonai`` client. Jobs here are created ``stopped`` (no replica runs) or on a
+simulated server, so no container starts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from leptonai.api.v2.types.job import LeptonJob
+from leptonai.api.v2.types.secret import SecretItem
+
+from airflow_provider_tao.hooks import lepton_status as ls
+from airflow_provider_tao.hooks.lepton import LeptonHook
+from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
+from tests.integration.lepton.conftest import CONN_ID, NODE_GROUP, LeptonFake, lepton_connection
+from tests.integration.lepton.test_leptonfake import configured, group_ids, wait_for
+
+pytestmark = pytest.mark.integration
+
+SIM_CONN = "tao_lepton_sim"
+
+
+def _managed(name: str, job_id: str, *, client: Any, group: str = "ng-plain", **spec: Any) -> LeptonJob:
+    """A job labelled as the hook labels its own (what its label queries find)."""
+    labels = {ls.LABEL_MANAGED: "true", ls.LABEL_JOB_ID: job_id, ls.LABEL_NAME: name, **spec.pop("labels", {})}
+    body = {
+        "resource_shape": spec.pop("resource_shape", "cpu.small"),
+        "affinity": {"allowed_dedicated_node_groups": [group_ids(client)[group]]},
+        "container": {"image": "nvcr.io/nvidia/tao/tao-toolkit:6", "command": ["python3", "train.py"]},
+        **spec,
+    }
+    return LeptonJob(metadata={"id": name, "name": name, "labels": labels}, spec=body)
+
+
+# ----------------------------------------------------------------------------- 9: shapes by node-group id or name
+
+
+@pytest.mark.parametrize("shape_filter", ["id", "name"])
+def test_shapes_are_found_whichever_node_group_key_the_server_filters_by(
+    lepton_fake: LeptonFake, shape_filter: str
+) -> None:
+    client = lepton_fake.client()
+    ng_id = group_ids(client)[NODE_GROUP]
+    with configured(lepton_fake, shape_filter=shape_filter):
+        by_id, by_name = client.shapes.list_shapes(ng_id, "job"), client.shapes.list_shapes(NODE_GROUP, "job")
+        assert (bool(by_id), bool(by_name)) == (shape_filter == "id", shape_filter == "name"), "the mode holds"
+        hook = LeptonHook(CONN_ID)
+        assert "gpu.8xh100-80gb" in hook.list_resource_shapes(NODE_GROUP)
+        spec = JobSpec(name="shape-0123456789", job_id=uuid.uuid4().hex[:12], command="x", image="i", gpu_count=8)
+        placement = hook.placement(spec)
+        assert (placement.shape, placement.node_group_id) == ("gpu.8xh100-80gb", ng_id)
+
+
+# ----------------------------------------------------------------------------- 10: a page cap below the asked size
+
+
+@pytest.fixture
+def five_live_jobs(lepton_fake: LeptonFake) -> Iterator[list[tuple[str, str]]]:
+    """Five of the hook's jobs, alive (Stopped: nothing runs), as ``(backend id, job_id)``."""
+    client = lepton_fake.client()
+    made = []
+    for _ in range(5):
+        job_id = uuid.uuid4().hex[:12]
+        name = f"page-{job_id[:8]}"
+        made.append((client.job.create(_managed(name, job_id, client=client, stopped=True)).metadata.id_, job_id))
+    yield made
+    for backend_id, _ in made:
+        client.job.delete(backend_id)
+
+
+@pytest.mark.parametrize("page_cap", [0, 2])
+def test_a_capped_page_hides_no_job_and_the_mark_sweep_keeps_every_live_jobs_marks(
+    lepton_fake: LeptonFake, five_live_jobs: list[tuple[str, str]], page_cap: int
+) -> None:
+    client = lepton_fake.client()
+    gone = uuid.uuid4().hex[:12]
+    marks = [f"tao.{job_id}.mark.owner_try.1" for _, job_id in five_live_jobs] + [f"tao.{gone}.mark.owner_try.1"]
+    client.secret.create([SecretItem(name=name, value="1") for name in marks])
+    with configured(lepton_fake, page_cap=page_cap):
+        assert len(client.job.list_all(query=f"{ls.LABEL_MANAGED}=true", page=1, page_size=500)) <= (page_cap or 500)
+        hook = LeptonHook(CONN_ID)
+        listed = {ls.labels_of(j).get(ls.LABEL_JOB_ID) for j in hook._list_jobs(f"{ls.LABEL_MANAGED}=true")}
+        assert {job_id for _, job_id in five_live_jobs} <= listed
+        hook._sweep_orphan_marks()
+    left = {s.name for s in client.secret.list_all()}
+    assert set(marks[:-1]) <= left, "a live job's marks were swept"
+    assert marks[-1] not in left, "the marks of a job that does not exist stay"
+
+
+# ----------------------------------------------------------------------------- 8: ready dips on a Running job
+
+
+@pytest.fixture(scope="module")
+def lepton_sim_fast(lepton_fake_factory: Callable[..., LeptonFake]) -> LeptonFake:
+    """A simulated workspace whose replicas run 6 s and turn ready at once."""
+    settings = {"sim_seconds": 6, "start_seconds": 0, "ready_seconds": 0}
+    return lepton_fake_factory("--sim", "--config", json.dumps({"settings": settings}))
+
+
+@pytest.mark.parametrize("ready_counts", ["running", "succeeded_too"])
+def test_a_running_job_whose_ready_dips_is_never_a_start_failure_nor_deleted(
+    lepton_sim_fast: LeptonFake, monkeypatch: pytest.MonkeyPatch, ready_counts: str
+) -> None:
+    """Two workers: worker 1 ends first (at 1 s), worker 0 goes unready for 2 s (from 2 s); the start bound is 1 s.
+    A watching hook and a new hook at every poll (a triggerer restart each time) see Running, then Complete, and
+    the cleanup of a new hook leaves the job alone."""
+    fake = lepton_sim_fast
+    monkeypatch.setenv(f"AIRFLOW_CONN_{SIM_CONN.upper()}", lepton_connection(fake))
+    client = fake.client()
+    job_id, name = uuid.uuid4().hex[:12], f"dip-{uuid.uuid4().hex[:8]}"
+    with configured(fake, ready_counts=ready_counts):
+        fake.inject("exit", name=name, replica=1, code=0, after_seconds=1)
+        fake.inject("unready", name=name, replica=0, after_seconds=2, seconds=2)
+        labels = {ls.LABEL_START: "1"}
+        body = _managed(name, job_id, client=client, group=NODE_GROUP, resource_shape="gpu.1xh100-80gb",
+                        completions=2, parallelism=2, labels=labels)  # fmt: skip
+        backend_id = client.job.create(body).metadata.id_
+        handle = JobHandle("lepton", SIM_CONN, job_id, name, backend_job_id=backend_id, submitted_at=time.time())
+        watching = LeptonHook(SIM_CONN)
+        seen: list[tuple[str, int]] = []
+        while not seen or seen[-1][0] not in ("Complete", "Error", "Canceled"):
+            job = client.job.get(backend_id)
+            for hook in (watching, LeptonHook(SIM_CONN)):
+                status = hook.get_job_status(handle)
+                assert status.state is not JobState.ERROR, f"{status} (ready {job.status.ready}/2)"
+                seen.append((status.state.value, int(job.status.ready or 0)))
+            if job.status.state.value == "Running" and int(job.status.ready or 0) < 2:
+                LeptonHook(SIM_CONN).cleanup_job(handle)
+                assert client.job.get(backend_id).status.state.value == "Running", "cleanup deleted a live job"
+            time.sleep(0.3)
+        assert seen[-1][0] == "Complete"
+        assert any(state == "Running" and ready < 2 for state, ready in seen), f"no dip was seen: {seen}"
+    wait_for(lambda: fake.job_named(name)[-1]["state"] == "Completed", "the job completed")
