@@ -185,7 +185,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, job.render())
 
     def job_events(self, parts: list[str], query: dict[str, list[str]], raw: bytes) -> None:
-        self._send(200, list(self._job(parts[1], query).events))
+        events = list(self._job(parts[1], query).events)
+        if not self.server.world.settings["event_message"]:
+            events = [{k: v for k, v in e.items() if k != "message"} for e in events]
+        self._send(200, events)
 
     def job_replicas(self, parts: list[str], query: dict[str, list[str]], raw: bytes) -> None:
         job = self._job(parts[1], query)

@@ -245,15 +245,6 @@ class Job:
             reason, message = replica.issue
             since = iso(replica.created)
             status["readiness_issue"] = {"reason": reason, "message": message, "creationTimestamp": since}
-        if replica.finished is not None:
-            # the shape of Lepton's ReplicaTermination (what its termination records carry)
-            status["last_termination"] = {
-                "started_at": int((replica.running_since or replica.created) * 1000),
-                "finished_at": int(replica.finished * 1000),
-                "exit_code": replica.exit_code,
-                "reason": replica.reason,
-                "message": replica.message,
-            }
         meta = {"id": replica.rid, "name": replica.rid, "created_at": int(replica.created * 1000)}
         return {"metadata": meta, "id": replica.rid, "status": status}
 
@@ -263,25 +254,12 @@ class Job:
         for replica in self.replicas:
             if replica.phase == "Failed" and replica.logs:
                 streams.append({"replica": replica.rid, "lines": [line for _, line in replica.logs[-50:]]})
-        terminations = [
-            {
-                "replica_id": r.rid,
-                "worker_index": r.index,
-                "exit_code": r.exit_code,
-                "reason": r.reason,
-                "message": r.message,
-                "finished_at": int(r.finished * 1000) if r.finished else None,
-            }
-            for r in self.replicas
-            if r.phase == "Failed"
-        ]
         return {
             "job_id": self.id,
             "err_class": failure.get("err_class", ""),
             "suggestion": failure.get("suggestion", ""),
             "job_failure_by_node_event": copy.deepcopy(self.node_events),
             "log_streams": streams,
-            "replica_terminations": terminations,
         }
 
 

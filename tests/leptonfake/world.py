@@ -78,6 +78,8 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "page_cap": 0,
     # status.ready counts running ready replicas only | running ready and succeeded ones (a worker done early)
     "ready_counts": "running",
+    # GET /jobs/{id}/events: each event carries a "message" (LeptonEvent models none) | it does not
+    "event_message": True,
     "workspace_state": "normal",  # GET /workspace's workspace_state: normal | paused | all-pods-terminated | terminated
     # limits derived from what a Kubernetes-based control plane stores (etcd objects, Secrets)
     "max_job_bytes": 1536 * 1024,

@@ -139,3 +139,32 @@ def test_a_running_job_whose_ready_dips_is_never_a_start_failure_nor_deleted(
         assert seen[-1][0] == "Complete"
         assert any(state == "Running" and ready < 2 for state, ready in seen), f"no dip was seen: {seen}"
     wait_for(lambda: fake.job_named(name)[-1]["state"] == "Completed", "the job completed")
+
+
+# ----------------------------------------------------------------------------- 13, 14: events and the server's verdict
+
+
+@pytest.mark.parametrize("event_message", [True, False])
+def test_a_program_error_follows_the_servers_verdict_whether_events_carry_a_message(
+    lepton_sim_fast: LeptonFake, monkeypatch: pytest.MonkeyPatch, event_message: bool
+) -> None:
+    """``LeptonEvent`` models no message: whether the server sends one is unknown. Either way the events stay
+    evidence, and the failure analysis' ``err_class`` (ERR_PROGRAM: not retried) is the task's."""
+    fake = lepton_sim_fast
+    monkeypatch.setenv(f"AIRFLOW_CONN_{SIM_CONN.upper()}", lepton_connection(fake))
+    client = fake.client()
+    job_id, name = uuid.uuid4().hex[:12], f"exit-{uuid.uuid4().hex[:8]}"
+    with configured(fake, event_message=event_message):
+        fake.inject("exit", name=name, code=3, after_seconds=0.5)
+        body = _managed(name, job_id, client=client, group=NODE_GROUP, resource_shape="gpu.1xh100-80gb")
+        backend_id = client.job.create(body).metadata.id_
+        fake.wait_state(backend_id, "Failed", timeout=30)
+        handle = JobHandle("lepton", SIM_CONN, job_id, name, backend_job_id=backend_id, submitted_at=time.time() - 5)
+        hook = LeptonHook(SIM_CONN)
+        facts = hook.failure_facts(handle)
+        analysis = hook.get_failure_analysis(handle)
+    failed = [line for line in facts.events if line.startswith("event Failed")]
+    assert failed and all(("exited with code 3" in line) is event_message for line in failed), facts.events
+    assert analysis is not None and analysis.err_class.value == "ERR_PROGRAM" and not analysis.retriable
+    assert analysis.details["lepton_err_class"] == "ERR_PROGRAM"
+    client.job.delete(backend_id)
