@@ -18,6 +18,7 @@ from leptonai.api.v2.types.job import LeptonJob
 from leptonai.api.v2.types.secret import SecretItem
 
 from airflow_provider_tao.hooks import lepton_status as ls
+from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.lepton import LeptonHook
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
 from tests.integration.lepton.conftest import CONN_ID, NODE_GROUP, LeptonFake, lepton_connection
@@ -168,3 +169,28 @@ def test_a_program_error_follows_the_servers_verdict_whether_events_carry_a_mess
     assert analysis is not None and analysis.err_class.value == "ERR_PROGRAM" and not analysis.retriable
     assert analysis.details["lepton_err_class"] == "ERR_PROGRAM"
     client.job.delete(backend_id)
+
+
+# ----------------------------------------------------------------------------- 11: queue priority
+
+
+def test_a_priority_class_is_sent_canonical_and_only_to_a_quota_enabled_node_group(
+    lepton_sim_fast: LeptonFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = lepton_sim_fast
+    monkeypatch.setenv(f"AIRFLOW_CONN_{SIM_CONN.upper()}", lepton_connection(fake))
+    job_id = uuid.uuid4().hex[:12]
+    spec = JobSpec(name=f"prio-{job_id}", job_id=job_id, command="python3 train.py", image="nvcr.io/nvidia/tao:6",
+                   gpu_count=1, backend_details={"priority_class": "high"})  # fmt: skip
+    before = len(fake.jobs())
+    with pytest.raises(JobValidationError, match=r"^backend_details\['priority_class'\]: node group ng-lustre"):
+        LeptonHook(SIM_CONN).validate_spec(spec)
+    assert len(fake.jobs()) == before and not fake.secrets()["user"]
+    with configured(fake, world={"node_groups": {NODE_GROUP: {"quota_enabled": True}}}):
+        hook = LeptonHook(SIM_CONN)
+        handle = hook.create_job(spec)
+        try:
+            body = fake.job_named(handle.backend_job_id)[-1]["body"]
+            assert body["spec"]["queue_config"] == {"priority_class": "high-7000"}
+        finally:
+            hook.cancel_job(handle)
