@@ -81,6 +81,8 @@ T = TypeVar("T")
 #: Plain variable holding the job's results folder (how :meth:`LeptonHook.find_job` restores a handle).
 RESULTS_DIR_ENV = "TAO_RESULTS_DIR"
 DEFAULT_TTL_SECONDS = 24 * 3600
+#: Waits between the attempts of a cancel that failed in a way that may pass.
+CANCEL_RETRY_WAITS = (1.0, 2.0, 4.0)
 #: ``backend_details`` keys this platform understands.
 DETAIL_KEYS = frozenset(
     {
@@ -213,6 +215,10 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
         placement, channel = self.placement(spec), self._channel(spec)
         handle = self.new_handle(spec, try_number)
         for job in self._jobs_named(spec.name):
+            if state_of(job) in ENDING_STATES:
+                # on its way out, not running: the new job waits for its id (409 while it is deleted)
+                self.log.info("Lepton job %s of an earlier try is being deleted: submitting anew", id_of(job))
+                continue
             if state_of(job) not in FINISHED_STATES:
                 self.log.info("Lepton job %s already runs for this task instance: watching it", spec.name)
                 return self._handle_of(job)
@@ -362,6 +368,7 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
             existing = self._secret_names()
             for job_id in ended:
                 self._delete_secrets(job_id, [n for n in existing if n.startswith(secret_prefix(job_id))])
+        jobs = [j for j in jobs if state_of(j) not in ENDING_STATES]  # being deleted: no try's job any more
         return self._handle_of(jobs[0]) if jobs else None
 
     # ----------------------------------------------------------------- where the job is, what runs (UI, CLI)
@@ -395,8 +402,23 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
             self._delete_secrets(job_id, None, pull_secret=True, marks=True)
 
     def _cancel(self, handle: JobHandle) -> bool:
+        """Stop and delete the job, again after a failure that may pass (a 5xx, a 429, no answer): 1, 2 then 4 s
+        apart, so a blip of the API does not leave a job running whose task is gone."""
         self._ready()
-        self._delete_job(handle.backend_job_id or handle.name, handle.job_id)
+        backend_id = handle.backend_job_id or handle.name
+        for wait in CANCEL_RETRY_WAITS:
+            try:
+                self._delete_job(backend_id, handle.job_id)
+                return True
+            except JobValidationError:
+                raise
+            except Exception as exc:
+                status = status_of(exc)
+                if status is not None and status < 500 and status != 429:
+                    raise
+                self.log.warning("Canceling Lepton job %s failed (%s): again in %.0f s", handle.job_id, exc, wait)
+                time.sleep(wait)
+        self._delete_job(backend_id, handle.job_id)
         return True
 
     async def _acancel(self, handle: JobHandle) -> bool:

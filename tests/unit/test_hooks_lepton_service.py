@@ -17,7 +17,7 @@ from airflow_provider_tao.hooks import lepton as lp
 from airflow_provider_tao.hooks import lepton_placement as lpl
 from airflow_provider_tao.hooks import lepton_status as ls
 from airflow_provider_tao.hooks.base import JobValidationError
-from airflow_provider_tao.jobs import ErrClass, JobHandle, JobState, JobStatus
+from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.runner.job.progress import FAILURE_PREFIX
 
 NOW = 1_800_000_000.0
@@ -324,3 +324,30 @@ def test_jobs_missing_from_the_list_beyond_the_lookup_budget_are_unknown_not_gon
     statuses = hook.get_job_statuses(handles)
     assert not any(s.not_found for s in statuses.values())
     assert sum(s.state is JobState.RUNNING for s in statuses.values()) == 20
+
+
+# ----------------------------------------------------------------------------- issue 22, hole 7: a job being deleted
+
+
+@pytest.mark.parametrize("ending", ["Deleting", "Terminating"])
+def test_a_job_being_deleted_is_not_this_tasks_running_job(monkeypatch: pytest.MonkeyPatch, ending: str) -> None:
+    """Neither found (a new try would watch it vanish) nor "already runs" at submission: a new job is posted."""
+    hook = lp.LeptonHook(conn_id="tao_lepton_x")
+    hook._extras = {"workspace_id": "ws1"}
+    dying = _model_job(ending, ready=0, active=0, parallelism=1, age=600)
+    dying["metadata"]["labels"] = {ls.LABEL_JOB_ID: "old", ls.LABEL_NAME: "train-0123456789"}
+    monkeypatch.setattr(hook, "_jobs_named", lambda name: [dying])
+    monkeypatch.setattr(hook, "_secret_names", lambda: [])
+    monkeypatch.setattr(hook, "_console_url", lambda backend_id: "")
+    assert hook.find_job("train-0123456789") is None
+    posted: list[str] = []
+    monkeypatch.setattr(hook, "validate_spec", lambda spec: None)
+    monkeypatch.setattr(hook, "placement", lambda spec: lpl.Placement("cpu.small", 0))
+    monkeypatch.setattr(hook, "_channel", lambda spec: lp.FilesChannel("env"))
+    monkeypatch.setattr(hook, "_labels_patchable", lambda: True)
+    monkeypatch.setattr(hook, "_job_body", lambda spec, handle, **kw: spec.name)
+    monkeypatch.setattr(hook, "_post_job", lambda body, spec: posted.append(body) or "train-0123456789")
+    monkeypatch.setattr(hook, "_delete_job", lambda *a: pytest.fail("a job being deleted is deleted again"))
+    spec = JobSpec(name="train-0123456789", job_id="new", command="x", image="i")
+    handle = hook.create_job(spec)
+    assert posted == ["train-0123456789"] and handle.job_id == "new"

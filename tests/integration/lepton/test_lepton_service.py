@@ -194,3 +194,25 @@ def test_a_priority_class_is_sent_canonical_and_only_to_a_quota_enabled_node_gro
             assert body["spec"]["queue_config"] == {"priority_class": "high-7000"}
         finally:
             hook.cancel_job(handle)
+
+
+# ----------------------------------------------------------------------------- issue 22, hole 7: a cancel that fails
+
+
+def test_a_cancel_refused_by_a_short_outage_is_tried_again_until_the_job_is_deleted(
+    lepton_sim_fast: LeptonFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = lepton_sim_fast
+    monkeypatch.setenv(f"AIRFLOW_CONN_{SIM_CONN.upper()}", lepton_connection(fake))
+    job_id = uuid.uuid4().hex[:12]
+    spec = JobSpec(name=f"kill-{job_id}", job_id=job_id, command="python3 train.py", image="nvcr.io/nvidia/tao:6",
+                   gpu_count=1)  # fmt: skip
+    hook = LeptonHook(SIM_CONN)
+    handle = hook.create_job(spec)
+    fake.faults(503, seconds=2.5, route="DELETE /jobs/{id}")
+    try:
+        assert hook.cancel_job(handle) is True
+    finally:
+        fake.clear_faults()
+    assert fake.job_named(handle.backend_job_id)[-1]["state"] in ("Deleting", "Deleted")
+    assert not [n for n in fake.secrets()["user"] if n.startswith(f"tao.{job_id}.")]
