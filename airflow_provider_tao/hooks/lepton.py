@@ -19,6 +19,8 @@ Where things live (one module each; :class:`LeptonHook` is the platform, the cla
   stopped and deleted by its cleanup).
 * Ownership marks: labels of the job, patched and read back; user secrets ``tao.<job_id>.mark.<key>.<try>`` where
   the workspace keeps labels as created: :mod:`~airflow_provider_tao.hooks.lepton_marks`.
+* Secrets no job will read (a worker that died between creating them and posting its job, a job that ended without
+  its cleanup), deleted by ``airflow tao reap``: :mod:`~airflow_provider_tao.hooks.lepton_reap`.
 
 Here: validation, submission, finding a task instance's job, cancel, failure facts and cleanup.
 
@@ -52,6 +54,7 @@ from airflow_provider_tao.hooks.lepton_api import pull_secret_name, secret_prefi
 from airflow_provider_tao.hooks.lepton_files import FilesChannel, LeptonStagingHook, files_channel
 from airflow_provider_tao.hooks.lepton_marks import LeptonMarksHook
 from airflow_provider_tao.hooks.lepton_placement import LeptonPlacementHook, Placement
+from airflow_provider_tao.hooks.lepton_reap import LeptonReapHook
 from airflow_provider_tao.hooks.lepton_status import (
     DEFAULT_CAPACITY_TIMEOUT,
     DEFAULT_START_TIMEOUT,
@@ -100,7 +103,7 @@ DETAIL_KEYS = frozenset(
 )
 
 
-class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, LeptonWatchHook):
+class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, LeptonWatchHook, LeptonReapHook):
     """Runs jobs on DGX Cloud Lepton through the ``leptonai`` client.
 
     Connection type ``tao_lepton``: password = the Lepton API token (``LEPTON_AUTH_TOKEN``, else the client's own

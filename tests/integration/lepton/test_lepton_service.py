@@ -216,3 +216,58 @@ def test_a_cancel_refused_by_a_short_outage_is_tried_again_until_the_job_is_dele
         fake.clear_faults()
     assert fake.job_named(handle.backend_job_id)[-1]["state"] in ("Deleting", "Deleted")
     assert not [n for n in fake.secrets()["user"] if n.startswith(f"tao.{job_id}.")]
+
+
+# ----------------------------------------------------------------------------- issue 22, hole 6: secrets of no job
+
+
+def test_the_reaper_deletes_the_secrets_of_a_submission_that_died_before_its_job_after_a_grace(
+    lepton_sim_fast: LeptonFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed between creating a job's secrets and posting the job; a job that ended without its cleanup;
+    a live job. The first sweep marks the orphan, a sweep past the grace deletes it; the ended job's secrets go at
+    once; the live job's stay. A dry run deletes nothing."""
+    fake = lepton_sim_fast
+    monkeypatch.setenv(f"AIRFLOW_CONN_{SIM_CONN.upper()}", lepton_connection(fake, ngc_api_key="ngc-key"))
+    client = fake.client()
+    hook = LeptonHook(SIM_CONN)
+    live_id, dead_id, ended_id = (uuid.uuid4().hex[:12] for _ in range(3))
+    secret = {"AWS_SECRET": "s"}
+    spec = JobSpec(f"live-{live_id}", live_id, "python3 train.py", image="nvcr.io/nvidia/tao:6", secret_env=secret)
+    live = hook.create_job(spec)
+    try:
+        ended = f"ended-{ended_id[:8]}"
+        fake.inject("exit", name=ended, code=3)
+        client.job.create(_managed(ended, ended_id, client=client, group=NODE_GROUP, resource_shape="gpu.1xh100-80gb"))
+        fake.wait_state(ended, "Failed", timeout=30)
+        leftovers = {f"tao.{job_id}.env.AWS_SECRET" for job_id in (dead_id, ended_id)}
+        client.secret.create([SecretItem(name=name, value="s") for name in leftovers])
+        pull = {"metadata": {"name": f"tao-{dead_id}-pull"}, "spec": {"registry_server": "nvcr.io",
+                "username": "$oauthtoken", "password": "ngc-key", "email": ""}}  # fmt: skip
+        client.job._raise_if_not_ok(client.job._post("/imagepullsecrets", json=pull))
+
+        def held() -> set[str]:
+            users = set(fake.secrets()["user"])
+            pulls = {f"pull:{n}" for n in fake.secrets()["image_pull"]}
+            return {n for n in users | pulls if any(i in n for i in (live_id, dead_id, ended_id))}
+
+        def actions(rows: list[dict[str, str]]) -> dict[str, str]:
+            return {r["resource"].rsplit(" ", 1)[1]: r["action"] for r in rows if r["resource"].rsplit(" ", 1)[1]
+                    in (live_id, dead_id, ended_id)}  # fmt: skip
+
+        before = held()
+        rows = hook.reap_resources(lambda ti: None, dry_run=True)
+        assert actions(rows) == {dead_id: "would mark", ended_id: "would delete"}
+        assert held() == before
+        now = time.time()
+        rows = hook.reap_resources(lambda ti: None, dry_run=False, now=now)
+        assert actions(rows) == {dead_id: "kept", ended_id: "deleted"}
+        assert not [n for n in held() if ended_id in n]
+        assert {n for n in held() if dead_id in n} == {f"tao.{dead_id}.env.AWS_SECRET", f"pull:tao-{dead_id}-pull",
+                                                       f"tao.{dead_id}.orphan-since.{int(now)}"}  # fmt: skip
+        assert actions(hook.reap_resources(lambda ti: None, dry_run=False, now=now + 600)) == {dead_id: "kept"}
+        later = hook.reap_resources(lambda ti: None, dry_run=False, now=now + 3601)
+        assert actions(later) == {dead_id: "deleted"}
+        assert held() == {n for n in before if live_id in n} and f"tao.{live_id}.env.AWS_SECRET" in held()
+    finally:
+        hook.cancel_job(live)
