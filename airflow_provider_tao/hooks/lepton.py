@@ -470,7 +470,9 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
         spec = job.get("spec") or {}
         groups = (spec.get("affinity") or {}).get("allowed_dedicated_node_groups") or []
         wanted = spec.get("resource_shape")
-        shapes: list[dict[str, Any]] = self._optional(lambda: self._group_shapes(groups[0] if groups else None), [])
+        shapes: list[dict[str, Any]] = self._optional(
+            lambda: self._group_shapes(groups[0] if groups else None, known=False), []
+        )
         shape = next((s for s in shapes if wanted in (s["id"], s["name"])), None)
         return usage_of(job, self._optional(lambda: self.get_job_replicas(handle), []), shape)
 

@@ -18,6 +18,8 @@ from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.lepton_api import LeptonAPIHook
 from airflow_provider_tao.jobs import JobSpec
 
+NODE_GROUP_PARAMETER = "backend_details['dedicated_node_group']"
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -199,14 +201,20 @@ class LeptonPlacementHook(LeptonAPIHook):
                 return str(group.metadata.id_), volumes, str(group.metadata.name or group.metadata.id_)
         known = ", ".join(sorted(str(g.metadata.name or g.metadata.id_) for g in groups)) or "none"
         raise JobValidationError(
-            "backend_details['dedicated_node_group']",
+            NODE_GROUP_PARAMETER,
             f"node group {name_or_id!r} is not in workspace {self.workspace_id} (node groups: {known})",
             "Use one of them, here or as the connection's node_group",
         )
 
-    def _group_shapes(self, node_group: str | None) -> list[dict[str, Any]]:
-        """The job shapes of a node group given by name or id (of the workspace without one)."""
-        group = self._node_group(node_group)
+    def _group_shapes(self, node_group: str | None, *, known: bool = True) -> list[dict[str, Any]]:
+        """The job shapes of a node group given by name or id (of the workspace without one). ``known=False``: a
+        node group no longer listed (a finished job's) is asked for as given instead of refused."""
+        try:
+            group = self._node_group(node_group)
+        except JobValidationError as exc:
+            if known or exc.parameter != NODE_GROUP_PARAMETER:
+                raise
+            return self._shapes(node_group)
         return self._shapes(group[0], group[2]) if group else self._shapes(None)
 
     def _shapes(self, node_group_id: str | None, node_group_name: str | None = None) -> list[dict[str, Any]]:
