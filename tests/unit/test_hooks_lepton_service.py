@@ -191,6 +191,7 @@ def test_usage_reads_the_modelled_times_and_leaves_the_rest_unknown() -> None:
         job["status"]["completion_time"] = completion
         usage = ls.usage_of(job, replicas, {"gpus": 8, "gpu_type": "H100"})
         assert (usage.queued_at, usage.started_at, usage.ended_at) == (NOW - 3600, NOW - 3000, NOW - 60)
+        assert (usage.gpus_per_node, usage.nodes, usage.gpu_type) == (8, 2, "H100")
     running = _model_job("Running", ready=2, active=2, parallelism=2, age=3600)
     running["status"]["completion_time"] = 0
     usage = ls.usage_of(running, replicas, None)
