@@ -180,8 +180,11 @@ class LeptonPlacementHook(LeptonAPIHook):
 
         return self._api_unless("reading storage permissions", call, {404}, [])
 
-    def _node_group(self, name_or_id: str | None) -> tuple[str, list[dict[str, Any]], str] | None:
-        """``(id, volumes, name)`` of a node group given by name or id; an unknown one lists those that exist."""
+    def _node_group(
+        self, name_or_id: str | None, parameter: str = NODE_GROUP_PARAMETER
+    ) -> tuple[str, list[dict[str, Any]], str] | None:
+        """``(id, volumes, name)`` of a node group given by name or id; an unknown one lists those that exist, in an
+        error naming ``parameter`` (where the name came from)."""
         if not name_or_id:
             return None
         groups = self._api("listing node groups", lambda c: c.nodegroup.list_all())
@@ -201,7 +204,7 @@ class LeptonPlacementHook(LeptonAPIHook):
                 return str(group.metadata.id_), volumes, str(group.metadata.name or group.metadata.id_)
         known = ", ".join(sorted(str(g.metadata.name or g.metadata.id_) for g in groups)) or "none"
         raise JobValidationError(
-            NODE_GROUP_PARAMETER,
+            parameter,
             f"node group {name_or_id!r} is not in workspace {self.workspace_id} (node groups: {known})",
             "Use one of them, here or as the connection's node_group",
         )
@@ -254,7 +257,10 @@ class LeptonPlacementHook(LeptonAPIHook):
     def _resolve_placement(self, spec: JobSpec) -> Placement:
         self._ready()
         details = self.platform_details(spec)
-        group = self._node_group(details.get("dedicated_node_group") or self.setting("node_group"))
+        if details.get("dedicated_node_group"):
+            group = self._node_group(details["dedicated_node_group"])
+        else:
+            group = self._node_group(self.setting("node_group"), f"connection {self.conn_id!r} extra node_group")
         ng_id, volumes, ng_name = group if group else (None, [], None)
         shapes = self._shapes(ng_id, ng_name)
         wanted = details.get("resource_shape") or self.setting("resource_shape")

@@ -398,6 +398,8 @@ def test_bad_placement_is_refused_before_anything_is_created(docker_engine: Dock
             r"backend_details\['mounts'\]\[0\]: volume 'nope' is not a volume of node group ng-lustre",
         ),
         ({"gpus": 2}, r"backend_details\['gpus'\]"),
+        ({"priority_class": "urgent"}, r"backend_details\['priority_class'\]: 'urgent' is not a Lepton queue priority"),
+        ({"priority_class": "high"}, r"backend_details\['priority_class'\]: node group ng-lustre does not have quota"),
     ):
         op = ws.op(docker_engine.busybox, "true", deferrable=False, backend_details=details)
         with pytest.raises(AirflowFailException, match=f"nothing was submitted: {parameter}"):

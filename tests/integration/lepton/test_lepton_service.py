@@ -271,3 +271,15 @@ def test_the_reaper_deletes_the_secrets_of_a_submission_that_died_before_its_job
         assert held() == {n for n in before if live_id in n} and f"tao.{live_id}.env.AWS_SECRET" in held()
     finally:
         hook.cancel_job(live)
+
+
+def test_an_unknown_node_group_of_the_connection_is_refused_naming_the_connections_extra(
+    lepton_fake: LeptonFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_TAO_LEPTON_GONE", lepton_connection(lepton_fake, node_group="ng-gone"))
+    spec = JobSpec(name="gone-0123456789", job_id=uuid.uuid4().hex[:12], command="x", image="i", gpu_count=0)
+    before = len(lepton_fake.jobs())
+    with pytest.raises(JobValidationError) as refused:
+        LeptonHook("tao_lepton_gone").validate_spec(spec)
+    assert refused.value.parameter == "connection 'tao_lepton_gone' extra node_group"
+    assert "ng-lustre" in refused.value.problem and len(lepton_fake.jobs()) == before
