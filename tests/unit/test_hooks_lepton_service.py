@@ -1,8 +1,8 @@
-"""LeptonHook against what the real ``leptonai`` 0.47.1 client models and does (issue 21, points 8 and 11-14):
-the job, replica and event JSON here is built with the client's own pydantic models and dumped as the server would
-send it; the log read goes through the client's own ``LogAPI.get_log``. Points 9 and 10 (node-group filter, page
-cap) are server behaviours unknown here: ``tests/integration/lepton/test_lepton_service.py`` runs them against each
-mode of the fake."""
+"""LeptonHook against what the real ``leptonai`` 0.47.1 client models and does (issue 21, points 8 and 10-14; issue
+22, hole 7): the job, replica and event JSON here is built with the client's own pydantic models and dumped as the
+server would send it; the log read goes through the client's own ``LogAPI.get_log``. What the server does where it
+is unknown here (node-group filter, page cap, ``ready``, event messages) runs against each mode of the fake in
+``tests/integration/lepton/test_lepton_service.py``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """LeptonHook against the fake's modes for what the real Lepton server does that is not knowable here (issue 21):
-which node-group key ``GET /shapes`` filters by, whether a job page is capped below the asked size, and what
-``status.ready`` counts on a Running job (and its dips). Every test runs against each mode; the hook talks to the
-fake only through the real ``leptonai`` client. Jobs here are created ``stopped`` (no replica runs) or on a
-simulated server, so no container starts.
+which node-group key ``GET /shapes`` filters by, whether a job page is capped below the asked size, what
+``status.ready`` counts on a Running job (and its dips), whether events carry a message; and over the wire, the
+queue priority, the server's err_class, a cancel through an outage and the reaping of secrets no job reads (issue
+22, holes 6 and 7). The hook talks to the fake only through the real ``leptonai`` client. Jobs here are created
+``stopped`` (no replica runs) or on a simulated server, so no container starts.
 """
 
 from __future__ import annotations
