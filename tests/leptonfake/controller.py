@@ -2,7 +2,8 @@
 
 A job moves ``Queueing`` (while its node group has no room for its shape) -> ``Starting`` (replicas placed on
 nodes, "Pulling image") -> ``Running`` (as soon as one replica runs; ``ready`` follows ``active`` after
-``ready_seconds``) -> ``Completed`` / ``Failed``; ``spec.stopped`` gives ``Stopping`` -> ``Stopped``;
+``ready_seconds``; what ``ready`` counts is the ``ready_counts`` mode, and an ``unready`` injection dips it) ->
+``Completed`` / ``Failed``; ``spec.stopped`` gives ``Stopping`` -> ``Stopped``;
 ``DELETE`` gives ``Deleting`` -> ``Deleted``; a finished job is ``Archived`` after ``ttl_seconds_after_finished``.
 A failed replica is restarted while ``max_failure_retry`` allows; then the whole job is retried
 (``PendingRetry`` -> ``Restarting`` -> ``Queueing``) while ``max_job_failure_retry`` allows; both default to 0.
