@@ -557,9 +557,11 @@ class Store:
                     "exit_code": r.exit_code,
                     "reason": r.reason,
                     "node": r.placement.node if r.placement else None,
+                    "placed_at": r.created if r.placement else None,  # its metadata.created_at
                 }
                 for r in job.replicas
             ],
+            "completion_time": job.completion_time,
             "deleted": job.deleted_at is not None,
             "purged": job.purged,
         }
