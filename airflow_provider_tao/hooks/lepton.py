@@ -19,6 +19,8 @@ Where things live (one module each; :class:`LeptonHook` is the platform, the cla
   stopped and deleted by its cleanup).
 * Ownership marks: labels of the job, patched and read back; user secrets ``tao.<job_id>.mark.<key>.<try>`` where
   the workspace keeps labels as created: :mod:`~airflow_provider_tao.hooks.lepton_marks`.
+* Secrets no job will read (a worker that died between creating them and posting its job, a job that ended without
+  its cleanup), deleted by ``airflow tao reap``: :mod:`~airflow_provider_tao.hooks.lepton_reap`.
 
 Here: validation, submission, finding a task instance's job, cancel, failure facts and cleanup.
 
@@ -39,7 +41,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from airflow_provider_tao.accounting import JobUsage
-from airflow_provider_tao.failures import FailureFacts
+from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
     MARK_OWNER,
@@ -52,6 +54,7 @@ from airflow_provider_tao.hooks.lepton_api import pull_secret_name, secret_prefi
 from airflow_provider_tao.hooks.lepton_files import FilesChannel, LeptonStagingHook, files_channel
 from airflow_provider_tao.hooks.lepton_marks import LeptonMarksHook
 from airflow_provider_tao.hooks.lepton_placement import LeptonPlacementHook, Placement
+from airflow_provider_tao.hooks.lepton_reap import LeptonReapHook
 from airflow_provider_tao.hooks.lepton_status import (
     DEFAULT_CAPACITY_TIMEOUT,
     DEFAULT_START_TIMEOUT,
@@ -67,19 +70,22 @@ from airflow_provider_tao.hooks.lepton_status import (
     ORIGIN_LABELS,
     created_at,
     failure_facts_of,
+    follow_server_verdict,
     id_of,
     labels_of,
     state_of,
     usage_of,
 )
 from airflow_provider_tao.hooks.lepton_watch import LeptonWatchHook
-from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobStatus
+from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobHandle, JobSpec, JobState, JobStatus
 
 T = TypeVar("T")
 
 #: Plain variable holding the job's results folder (how :meth:`LeptonHook.find_job` restores a handle).
 RESULTS_DIR_ENV = "TAO_RESULTS_DIR"
 DEFAULT_TTL_SECONDS = 24 * 3600
+#: Waits between the attempts of a cancel that failed in a way that may pass.
+CANCEL_RETRY_WAITS = (1.0, 2.0, 4.0)
 #: ``backend_details`` keys this platform understands.
 DETAIL_KEYS = frozenset(
     {
@@ -97,7 +103,7 @@ DETAIL_KEYS = frozenset(
 )
 
 
-class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, LeptonWatchHook):
+class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, LeptonWatchHook, LeptonReapHook):
     """Runs jobs on DGX Cloud Lepton through the ``leptonai`` client.
 
     Connection type ``tao_lepton``: password = the Lepton API token (``LEPTON_AUTH_TOKEN``, else the client's own
@@ -213,6 +219,10 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
         placement, channel = self.placement(spec), self._channel(spec)
         handle = self.new_handle(spec, try_number)
         for job in self._jobs_named(spec.name):
+            if state_of(job) in ENDING_STATES:
+                # on its way out, not running: the new job waits for its id (409 while it is deleted)
+                self.log.info("Lepton job %s of an earlier try is being deleted: submitting anew", id_of(job))
+                continue
             if state_of(job) not in FINISHED_STATES:
                 self.log.info("Lepton job %s already runs for this task instance: watching it", spec.name)
                 return self._handle_of(job)
@@ -278,7 +288,7 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
     ) -> Any:
         """The ``LeptonJob``: plain variables by value, secret ones (and the files) by ``secret_name_ref``."""
         from leptonai.api.v2.types.common import LeptonVisibility, Metadata
-        from leptonai.api.v2.types.deployment import EnvValue, EnvVar, LeptonContainer, LeptonLog, QueueConfig
+        from leptonai.api.v2.types.deployment import EnvValue, EnvVar, LeptonContainer, LeptonLog
         from leptonai.api.v2.types.job import LeptonJob, LeptonJobUserSpec
 
         assert spec.image is not None, "image_required() makes the operator demand one"
@@ -305,11 +315,6 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
         if shm is None and placement.memory_mb:
             shm = min(16 * 1024, placement.memory_mb // 2)  # PyTorch data loaders die on Docker's 64 MiB default
         pulls = [str(s) for s in (self.setting("image_pull_secret"), pull) if s]
-        queue = None
-        if details.get("priority_class") or "can_be_preempted" in details:
-            queue = QueueConfig(
-                priority_class=details.get("priority_class"), can_be_preempted=details.get("can_be_preempted")
-            )
         return LeptonJob(
             metadata=Metadata(id=spec.name, name=spec.name, labels=labels, visibility=LeptonVisibility.PRIVATE),
             spec=LeptonJobUserSpec(
@@ -328,7 +333,6 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
                 ),
                 intra_job_communication=True if spec.num_nodes > 1 else None,
                 log=LeptonLog(enable_collection=True),
-                queue_config=queue,
             ),
         )
 
@@ -368,6 +372,7 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
             existing = self._secret_names()
             for job_id in ended:
                 self._delete_secrets(job_id, [n for n in existing if n.startswith(secret_prefix(job_id))])
+        jobs = [j for j in jobs if state_of(j) not in ENDING_STATES]  # being deleted: no try's job any more
         return self._handle_of(jobs[0]) if jobs else None
 
     # ----------------------------------------------------------------- where the job is, what runs (UI, CLI)
@@ -401,8 +406,23 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
             self._delete_secrets(job_id, None, pull_secret=True, marks=True)
 
     def _cancel(self, handle: JobHandle) -> bool:
+        """Stop and delete the job, again after a failure that may pass (a 5xx, a 429, no answer): 1, 2 then 4 s
+        apart, so a blip of the API does not leave a job running whose task is gone."""
         self._ready()
-        self._delete_job(handle.backend_job_id or handle.name, handle.job_id)
+        backend_id = handle.backend_job_id or handle.name
+        for wait in CANCEL_RETRY_WAITS:
+            try:
+                self._delete_job(backend_id, handle.job_id)
+                return True
+            except JobValidationError:
+                raise
+            except Exception as exc:
+                status = status_of(exc)
+                if status is not None and status < 500 and status != 429:
+                    raise
+                self.log.warning("Canceling Lepton job %s failed (%s): again in %.0f s", handle.job_id, exc, wait)
+                time.sleep(wait)
+        self._delete_job(backend_id, handle.job_id)
         return True
 
     async def _acancel(self, handle: JobHandle) -> bool:
@@ -433,6 +453,15 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
             workspace=self.setting("workspace_id"),
         )
 
+    def get_failure_analysis(self, handle: JobHandle) -> FailureAnalysis | None:
+        """The taxonomy's class of the facts, then Lepton's own verdict where the server gives one
+        (:func:`~airflow_provider_tao.hooks.lepton_status.follow_server_verdict`)."""
+        status = self.get_job_status(handle)
+        if status.state not in (JobState.ERROR, JobState.CANCELED):
+            return None
+        facts = self.failure_facts(handle)
+        return follow_server_verdict(classify(facts), facts)
+
     def get_job_usage(self, handle: JobHandle) -> JobUsage:
         """From the job (creation, completion), its replicas (terminations) and its resource shape (GPUs, model)."""
         self._ready()
@@ -442,7 +471,9 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
         spec = job.get("spec") or {}
         groups = (spec.get("affinity") or {}).get("allowed_dedicated_node_groups") or []
         wanted = spec.get("resource_shape")
-        shapes: list[dict[str, Any]] = self._optional(lambda: self._shapes(groups[0] if groups else None), [])
+        shapes: list[dict[str, Any]] = self._optional(
+            lambda: self._group_shapes(groups[0] if groups else None, known=False), []
+        )
         shape = next((s for s in shapes if wanted in (s["id"], s["name"])), None)
         return usage_of(job, self._optional(lambda: self.get_job_replicas(handle), []), shape)
 

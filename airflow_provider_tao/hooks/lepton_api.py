@@ -224,17 +224,20 @@ class LeptonAPIHook(TAOPlatformHook):
     # ----------------------------------------------------------------- jobs and their replicas
 
     def _list_jobs(self, selector: str, mode: str = "alive_only") -> list[dict[str, Any]]:
-        """Every job matching a label selector, as JSON: one request per page of 500 (a short page is the last;
-        the client's ``list_all`` would always ask for one more, empty, page)."""
-        jobs: list[dict[str, Any]] = []
+        """Every job matching a label selector, as JSON, paged as the client's ``JobAPI.list_all`` pages: pages of
+        500 until an EMPTY page (a server may cap a page below what was asked: a short page is not the last). A job
+        seen on two pages (the list shifted while paging) is kept once."""
+        jobs: dict[str, dict[str, Any]] = {}
         page = 1
         while True:
             params = {"job_query_mode": mode, "query": selector, "page": page, "page_size": PAGE_SIZE}
             data = self._raw("listing jobs", "get", "/jobs", params=params)
             items = list((data.get("jobs") if isinstance(data, dict) else data) or [])
-            jobs.extend(items)
-            if len(items) < PAGE_SIZE:
-                return jobs
+            if not items:
+                return list(jobs.values())
+            for item in items:
+                meta = item.get("metadata") or {}
+                jobs.setdefault(f"{meta.get('id')}@{meta.get('created_at')}", item)
             page += 1
 
     def _get_job(self, backend_id: str) -> dict[str, Any] | None:

@@ -99,8 +99,16 @@ class LeptonMarksHook(LeptonAPIHook):
             if not marks:
                 return
             alive = {labels_of(j).get(LABEL_JOB_ID) for j in self._list_jobs(f"{LABEL_MANAGED}=true")}
+            gone: dict[str, bool] = {}
             for name in marks:
-                if name.split(".")[1] not in alive:
+                job_id = name.split(".")[1]
+                if job_id in alive:
+                    continue
+                if job_id not in gone:
+                    # absent from the whole list is not yet gone (a page may have been missed): its own query says
+                    narrow = f"{LABEL_MANAGED}=true,{LABEL_JOB_ID}={job_id}"
+                    gone[job_id] = not self._list_jobs(narrow)
+                if gone[job_id]:
                     self._delete_secret(name)
         except JobValidationError:
             raise

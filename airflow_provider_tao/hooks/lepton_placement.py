@@ -18,6 +18,8 @@ from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.lepton_api import LeptonAPIHook
 from airflow_provider_tao.jobs import JobSpec
 
+NODE_GROUP_PARAMETER = "backend_details['dedicated_node_group']"
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -32,6 +34,8 @@ class Placement:
     :param volume_kind: ``lustre``, ``filestore``, ...
     :param stage_shape: the shape staging jobs use (the node group's smallest CPU shape, else the job's).
     :param memory_mb: the shape's memory, when listed.
+    :param priority_class: the job's queue priority in Lepton's canonical form (``high-7000``), if asked for.
+    :param can_be_preempted: whether the job may be preempted, if said.
     """
 
     shape: str
@@ -43,6 +47,8 @@ class Placement:
     volume_kind: str | None = None
     stage_shape: str | None = None
     memory_mb: int | None = None
+    priority_class: str | None = None
+    can_be_preempted: bool | None = None
 
     @property
     def results_root(self) -> str | None:
@@ -56,16 +62,46 @@ class Placement:
         """The fields of a ``LeptonJobUserSpec`` that put a job here: shape (the staging shape for a staging job),
         node group affinity and mounts."""
         from leptonai.api.v2.types.affinity import LeptonResourceAffinity
-        from leptonai.api.v2.types.deployment import Mount
+        from leptonai.api.v2.types.deployment import Mount, QueueConfig
 
         affinity = None
         if self.node_group_id:
             affinity = LeptonResourceAffinity(allowed_dedicated_node_groups=[self.node_group_id])
+        queue = None
+        if not staging and (self.priority_class or self.can_be_preempted is not None):
+            queue = QueueConfig(priority_class=self.priority_class, can_be_preempted=self.can_be_preempted)
         return {
             "resource_shape": self.stage_shape if staging else self.shape,
             "affinity": affinity,
             "mounts": [Mount(**m) for m in self.mounts],
+            "queue_config": queue,
         }
+
+
+#: Lepton's queue priorities: three tiers of three levels each, ``<tier>-<level>000`` (as the CLI's
+#: ``--queue-priority`` normalizes them: a tier alone is its lowest level, a digit 1-9 the level itself).
+_TIERS = {"low": (1, 2, 3), "mid": (4, 5, 6), "high": (7, 8, 9)}
+PRIORITY_CLASSES = {level: f"{tier}-{level}000" for tier, levels in _TIERS.items() for level in levels}
+
+
+def priority_class_of(value: Any) -> str | None:
+    """``value`` as a canonical priority class (``high`` -> ``high-7000``, ``high-9`` / ``9`` -> ``high-9000``,
+    ``mid-4000`` stays), or None when it is none of Lepton's."""
+    text = str(value).strip().lower()
+    if isinstance(value, bool) or not text:
+        return None
+    if text.isdigit() and int(text) in PRIORITY_CLASSES:
+        return PRIORITY_CLASSES[int(text)]
+    tier, _, level = text.partition("-")
+    tier = {"l": "low", "m": "mid", "h": "high"}.get(tier, tier) if not level else tier
+    levels = _TIERS.get(tier)
+    if levels is None:
+        return None
+    if not level:
+        return PRIORITY_CLASSES[levels[0]]
+    number = int(level) if level.isdigit() else -1
+    number = number // 1000 if number >= 1000 and number % 1000 == 0 else number
+    return PRIORITY_CLASSES[number] if number in levels else None
 
 
 def pick_shape(shapes: Sequence[dict[str, Any]], gpu_count: int) -> dict[str, Any] | None:
@@ -115,14 +151,14 @@ class LeptonPlacementHook(LeptonAPIHook):
         super().__init__(conn_id, **kwargs)
         self._placements: dict[str, Placement] = {}
         self._last_placement: Placement | None = None
+        self._quota_enabled: dict[str, bool] = {}
 
     # ----------------------------------------------------------------- the seed's discovery calls
 
     def list_resource_shapes(self, node_group: str | None = None) -> dict[str, dict[str, Any]]:
         """``{shape id: {"id", "name", "gpus", "gpu_type", "cpu", "memory_mb", "node_group_id"}}`` of the workspace
         (of one node group, by name or id), as the TAO SDK's ``list_resource_shapes``."""
-        group = self._node_group(node_group)
-        return {s["id"]: s for s in self._shapes(group[0] if group else None)}
+        return {s["id"]: s for s in self._group_shapes(node_group)}
 
     def get_volumes(self, node_group_id: str | None = None) -> list[dict[str, Any]]:
         """``[{"name", "from_path", "type", "from", "default_mount_path"}]`` of a node group (the connection's by
@@ -144,8 +180,11 @@ class LeptonPlacementHook(LeptonAPIHook):
 
         return self._api_unless("reading storage permissions", call, {404}, [])
 
-    def _node_group(self, name_or_id: str | None) -> tuple[str, list[dict[str, Any]], str] | None:
-        """``(id, volumes, name)`` of a node group given by name or id; an unknown one lists those that exist."""
+    def _node_group(
+        self, name_or_id: str | None, parameter: str = NODE_GROUP_PARAMETER
+    ) -> tuple[str, list[dict[str, Any]], str] | None:
+        """``(id, volumes, name)`` of a node group given by name or id; an unknown one lists those that exist, in an
+        error naming ``parameter`` (where the name came from)."""
         if not name_or_id:
             return None
         groups = self._api("listing node groups", lambda c: c.nodegroup.list_all())
@@ -161,16 +200,36 @@ class LeptonPlacementHook(LeptonAPIHook):
                     }
                     for v in group.spec.volumes or []
                 ]
+                self._quota_enabled[str(group.metadata.id_)] = bool(group.status and group.status.quota_enabled)
                 return str(group.metadata.id_), volumes, str(group.metadata.name or group.metadata.id_)
         known = ", ".join(sorted(str(g.metadata.name or g.metadata.id_) for g in groups)) or "none"
         raise JobValidationError(
-            "backend_details['dedicated_node_group']",
+            parameter,
             f"node group {name_or_id!r} is not in workspace {self.workspace_id} (node groups: {known})",
             "Use one of them, here or as the connection's node_group",
         )
 
-    def _shapes(self, node_group_id: str | None) -> list[dict[str, Any]]:
-        shapes = self._api("listing resource shapes", lambda c: c.shapes.list_shapes(node_group_id, "job"))
+    def _group_shapes(self, node_group: str | None, *, known: bool = True) -> list[dict[str, Any]]:
+        """The job shapes of a node group given by name or id (of the workspace without one). ``known=False``: a
+        node group no longer listed (a finished job's) is asked for as given instead of refused."""
+        try:
+            group = self._node_group(node_group)
+        except JobValidationError as exc:
+            if known or exc.parameter != NODE_GROUP_PARAMETER:
+                raise
+            return self._shapes(node_group)
+        return self._shapes(group[0], group[2]) if group else self._shapes(None)
+
+    def _shapes(self, node_group_id: str | None, node_group_name: str | None = None) -> list[dict[str, Any]]:
+        """The job shapes of a node group: asked by its id, then by its name when the id finds none (the client
+        documents a name filter, the CLI's ``lep node resource-shape`` asks by id and falls back to the name)."""
+
+        def ask(group: str | None) -> list[Any]:
+            return list(self._api("listing resource shapes", lambda c: c.shapes.list_shapes(group, "job")))
+
+        shapes = ask(node_group_id)
+        if not shapes and node_group_name and node_group_name != node_group_id:
+            shapes = ask(node_group_name)
         return [
             {
                 "id": str(s.metadata.id_ or s.spec.name),
@@ -198,9 +257,12 @@ class LeptonPlacementHook(LeptonAPIHook):
     def _resolve_placement(self, spec: JobSpec) -> Placement:
         self._ready()
         details = self.platform_details(spec)
-        group = self._node_group(details.get("dedicated_node_group") or self.setting("node_group"))
+        if details.get("dedicated_node_group"):
+            group = self._node_group(details["dedicated_node_group"])
+        else:
+            group = self._node_group(self.setting("node_group"), f"connection {self.conn_id!r} extra node_group")
         ng_id, volumes, ng_name = group if group else (None, [], None)
-        shapes = self._shapes(ng_id)
+        shapes = self._shapes(ng_id, ng_name)
         wanted = details.get("resource_shape") or self.setting("resource_shape")
         listed = ", ".join(f"{s['id']} ({s['gpus']} GPU)" for s in shapes) or "none"
         where = f"node group {ng_name}" if ng_name else f"workspace {self.workspace_id}"
@@ -228,6 +290,7 @@ class LeptonPlacementHook(LeptonAPIHook):
                 )  # fmt: skip
         cpu = pick_shape([s for s in shapes if not s["gpus"]], 0)
         mounts, volume_mount, kind = self._mounts(details, ng_id, ng_name, volumes)
+        priority, preemptible = self._queue(details, ng_id, ng_name)
         return Placement(
             shape=shape["id"],
             gpus_per_node=shape["gpus"],
@@ -238,7 +301,42 @@ class LeptonPlacementHook(LeptonAPIHook):
             volume_kind=kind,
             stage_shape=cpu["id"] if cpu else shape["id"],
             memory_mb=shape["memory_mb"] or None,
+            priority_class=priority,
+            can_be_preempted=preemptible,
         )
+
+    def _queue(self, details: dict[str, Any], ng_id: str | None, ng_name: str | None) -> tuple[str | None, bool | None]:
+        """``priority_class`` (canonical) and ``can_be_preempted``: both are queue settings of a dedicated node
+        group whose quota is enabled (what the CLI demands before it sends a ``queue_config``)."""
+        raw, preemptible = details.get("priority_class"), details.get("can_be_preempted")
+        if raw is None and preemptible is None:
+            return None, None
+        key = "priority_class" if raw is not None else "can_be_preempted"
+        priority = None
+        if raw is not None and (priority := priority_class_of(raw)) is None:
+            raise JobValidationError(
+                "backend_details['priority_class']",
+                f"{raw!r} is not a Lepton queue priority",
+                "Use low, mid or high (low-1000 ... high-9000, or a level 1-9), e.g. 'high' or 'mid-5000'",
+            )
+        if preemptible is not None and not isinstance(preemptible, bool):
+            raise JobValidationError(
+                "backend_details['can_be_preempted']", f"{preemptible!r} is not true or false", "Give true or false"
+            )
+        if ng_id is None:
+            raise JobValidationError(
+                f"backend_details[{key!r}]",
+                "queue settings need a dedicated node group, and the job has none",
+                "Set backend_details['dedicated_node_group'] (or the connection's node_group) to a dedicated node "
+                "group with quota enabled, or drop the queue settings",
+            )
+        if not self._quota_enabled.get(ng_id):
+            raise JobValidationError(
+                f"backend_details[{key!r}]",
+                f"node group {ng_name} does not have quota enabled, so it takes no queue priority",
+                "Use a dedicated node group with quota enabled (ask the workspace admin), or drop the queue settings",
+            )
+        return priority, preemptible
 
     def _mounts(
         self, details: dict[str, Any], ng_id: str | None, ng_name: str | None, volumes: list[dict[str, Any]]

@@ -1,25 +1,25 @@
 """What a DGX Cloud Lepton job says about itself, read from the API's JSON: the labels it carries, its state in the
 shared vocabulary, its replicas' readiness, its log lines and its failure facts. Pure functions, no I/O.
 
-The state map is the seed's: Queueing / Awaiting / PendingRetry / Starting are Pending, Running is Running once every
-replica is ready, Completed is Complete, Stopped Paused, Deleted Canceled, Failed or Archived without completing
-Error. A job queueing past its capacity bound or starting past its start bound (both carried as labels of the job,
-so any hook judges it alike) is an Error that the failure taxonomy turns into ``ERR_CAPACITY``, ``ERR_IMAGE_PULL`` or
-``ERR_INFRA``.
+The state map is the seed's: Queueing / Awaiting / PendingRetry / Starting are Pending, Running is Running (however
+many of its replicas are ready: a job that has run is never a start failure), Completed is Complete, Stopped Paused,
+Deleted Canceled, Failed or Archived without completing Error. A job queueing past its capacity bound or Starting
+past its start bound (both carried as labels of the job, so any hook judges it alike) is an Error that the failure
+taxonomy turns into ``ERR_CAPACITY``, ``ERR_IMAGE_PULL`` or ``ERR_INFRA``.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from airflow_provider_tao.accounting import JobUsage
-from airflow_provider_tao.failures import FailureFacts
+from airflow_provider_tao.failures import RAW_STATE_CLASSES, SUGGESTIONS, FailureFacts, runner_verdict
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import MARK_CANCEL, MARK_CANCELED_BY, MARK_CONSUMED, MARK_OWNER
-from airflow_provider_tao.jobs import JobState, JobStatus
+from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobState, JobStatus
 
 # Label keys: the client refuses '/' in them (``^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$``, <= 63).
 LABEL_MANAGED = "tao-managed"
@@ -95,8 +95,7 @@ def state_of(job: dict[str, Any]) -> str:
 def created_at(job: dict[str, Any]) -> float | None:
     """When the job was created (epoch seconds), if the API says."""
     meta, status = job.get("metadata") or {}, job.get("status") or {}
-    stamp = meta.get("created_at") or status.get("creation_time")
-    return float(stamp) / 1000 if stamp else None
+    return epoch_seconds(meta.get("created_at") or status.get("creation_time"))
 
 
 def _replicas(job: dict[str, Any]) -> tuple[int, int, int]:
@@ -107,10 +106,25 @@ def _replicas(job: dict[str, Any]) -> tuple[int, int, int]:
 
 
 def is_starting(job: dict[str, Any]) -> bool:
-    """Scheduled but not all replicas ready: Starting / Restarting, or Running with fewer ready than wanted."""
+    """Scheduled but not all replicas ready: Starting / Restarting, or Running with fewer ready than wanted (whose
+    replicas' readiness is then worth reading)."""
     wanted, ready, active = _replicas(job)
     state = state_of(job)
     return state in START_STATES or (state == "Running" and ready < max(active, wanted))
+
+
+def epoch_seconds(stamp: Any) -> float | None:
+    """An API time stamp as epoch seconds, whichever unit it is in: ``metadata.created_at`` is milliseconds (the
+    CLI's ``format_timestamp_ms``), ``ReplicaTermination`` times are seconds (the CLI's ``datetime.fromtimestamp``),
+    and the unit of ``status.creation_time`` / ``completion_time`` is not documented. A stamp past 10^11 s (year
+    5138) is read as milliseconds; anything else that is not a positive number is unknown (None)."""
+    try:
+        value = float(stamp)
+    except (TypeError, ValueError):
+        return None
+    if value <= 0:
+        return None
+    return value / 1000 if value > 1e11 else value
 
 
 # ----------------------------------------------------------------------------- the status rule
@@ -140,11 +154,11 @@ def job_status(
 ) -> JobStatus:
     """A Lepton job's state in the shared vocabulary (the seed's map), from the job's JSON.
 
-    Queueing / Awaiting / PendingRetry / Starting are Pending, and so is Running while fewer replicas are ready than
-    active ("starting replicas"); Completed is Complete, Stopped Paused, Deleted Canceled, Failed or Archived without
-    completing Error. Queueing past the job's capacity bound is an Error ``NoCapacity``; starting past its start
-    bound an Error named after the replicas' readiness (``ImagePullFailed``, ``ConfigError``, ``StartTimeout``), as
-    is a replica whose image pull failed.
+    Queueing / Awaiting / PendingRetry / Starting are Pending; Running is Running whatever ``ready`` says (what a
+    dip in it means is not documented); Completed is Complete, Stopped Paused, Deleted Canceled, Failed or Archived
+    without completing Error. Queueing past the job's capacity bound is an Error ``NoCapacity``; Starting past its
+    start bound an Error named after the replicas' readiness (``ImagePullFailed``, ``ConfigError``,
+    ``StartTimeout``), as is a replica whose image pull failed (the server's word, not a clock).
 
     :param readiness: the replicas' readiness issue, when known.
     :param starting_since: when the job was first seen starting (else its creation).
@@ -188,7 +202,7 @@ def job_status(
             raw_state=state,
             capacity_wait_since=created,  # the bound above counts from the same moment
         )
-    if is_starting(job):
+    if state in START_STATES:
         since = starting_since if starting_since is not None else created
         bound = float(labels.get(LABEL_START) or DEFAULT_START_TIMEOUT)
         if now - since > bound:
@@ -208,7 +222,12 @@ def job_status(
             JobState.PENDING, f"Lepton job {name}: starting replicas ({ready}/{wanted} ready){why}", raw_state=state
         )
     if state == "Running":
-        return JobStatus(JobState.RUNNING, f"Lepton job {name}: {ready}/{wanted} replica(s) running", raw_state=state)
+        # Running: a replica has run. Fewer ready than wanted may be a replica still starting, a dip in readiness or
+        # a worker that finished before rank 0 -- which one is not knowable here, and a job that has run is never a
+        # start failure (the safe reading): it runs until its replicas end it.
+        return JobStatus(
+            JobState.RUNNING, f"Lepton job {name}: {ready}/{wanted} replica(s) ready{why}", raw_state=state
+        )
     return JobStatus(JobState.PENDING, f"Lepton job {name} is in state {state!r}", raw_state=state)
 
 
@@ -216,28 +235,24 @@ def job_status(
 
 
 def usage_of(job: dict[str, Any], replicas: list[dict[str, Any]], shape: dict[str, Any] | None) -> JobUsage:
-    """A job's usage from what the API reports: its ``creation_time`` (queued from then on), its replicas'
-    terminations (``started_at`` / ``finished_at``, Lepton's ReplicaTermination), its ``completion_time``, and its
-    resource shape's accelerators per replica.
+    """A job's usage from what the client models: the job's creation (queued from then on), its replicas'
+    ``metadata.created_at`` (milliseconds; a replica with a node was placed then: its start), the job's
+    ``completion_time`` and its resource shape's accelerators per replica.
 
-    A replica that still runs has no termination record, and Lepton reports no start time for it: its creation
-    (when it was placed on a node) stands in for its start.
+    The client models no termination record for a job's replicas (``Replica`` is metadata, id, public IP, node and
+    domains; ``ReplicaTermination`` belongs to deployments, in seconds): whatever such fields a server adds is not
+    read. A time the API does not give is unknown (None), never guessed.
 
     :param shape: the job's shape as :meth:`list_resource_shapes` gives it (``gpus``, ``gpu_type``), if known.
     """
     status, spec = job.get("status") or {}, job.get("spec") or {}
-    starts, ends, live = [], [], False
-    for replica in replicas:
-        term = (replica.get("status") or {}).get("last_termination") or (replica.get("status") or {}).get("termination")
-        if term and term.get("started_at"):
-            starts.append(float(term["started_at"]) / 1000)
-            if term.get("finished_at"):
-                ends.append(float(term["finished_at"]) / 1000)
-        elif (replica.get("status") or {}).get("node") and (replica.get("metadata") or {}).get("created_at"):
-            live = True
-            starts.append(float(replica["metadata"]["created_at"]) / 1000)
-    completion = status.get("completion_time")
-    ended = max(ends) if ends and not live else float(completion) / 1000 if completion and not live else None
+    starts = [
+        started
+        for replica in replicas
+        if (replica.get("status") or {}).get("node")
+        and (started := epoch_seconds((replica.get("metadata") or {}).get("created_at"))) is not None
+    ]
+    ended = epoch_seconds(status.get("completion_time")) if state_of(job) in FINISHED_STATES else None
     nodes = int(spec.get("completions") or spec.get("parallelism") or 1)
     return JobUsage(
         queued_at=created_at(job),
@@ -246,7 +261,7 @@ def usage_of(job: dict[str, Any], replicas: list[dict[str, Any]], shape: dict[st
         gpus_per_node=int(shape["gpus"]) if shape else None,
         nodes=nodes,
         gpu_type=(str(shape.get("gpu_type") or "") or None) if shape and shape.get("gpus") else None,
-        source="the Lepton job's creation_time and its replicas' termination times",
+        source="the Lepton job's creation and completion times and its replicas' placement times",
     )
 
 
@@ -259,6 +274,36 @@ def log_lines(data: dict[str, Any]) -> list[tuple[str, str]]:
     return [(str(ts).zfill(19), str(text).rstrip("\n")) for stream in result for ts, text in stream.get("values") or []]
 
 
+def _event_evidence(event: dict[str, Any]) -> str:
+    """One event as evidence: ``LeptonEvent`` models type, reason, count and what it is about (``regarding``), no
+    message -- a message a server adds is kept, its absence loses nothing else."""
+    reason, message = str(event.get("reason") or ""), str(event.get("message") or "")
+    count = event.get("count")
+    regarding = event.get("regarding")
+    about = (
+        " ".join(str(regarding[k]) for k in ("kind", "name") if regarding.get(k)) if isinstance(regarding, dict) else ""
+    )
+    line = f"event {reason}" + (f" (x{count})" if isinstance(count, int) and count > 1 else "")
+    line += f" on {about}" if about else ""
+    return f"{line}: {message}" if message else line
+
+
+def _stream_lines(stream: Any) -> list[str]:
+    """The lines of one of the analysis' ``log_streams`` (its shape is not modelled by the client: lines, Loki
+    values, or plain text)."""
+    if isinstance(stream, dict):
+        if stream.get("lines"):
+            return [str(line) for line in stream["lines"]]
+        if stream.get("values"):
+            return [str(v[-1] if isinstance(v, list | tuple) and v else v) for v in stream["values"]]
+        return (
+            [str(stream.get("message") or stream.get("text") or "")]
+            if stream.get("message") or stream.get("text")
+            else []
+        )
+    return str(stream).splitlines()
+
+
 def failure_facts_of(
     status: JobStatus,
     *,
@@ -269,8 +314,9 @@ def failure_facts_of(
     job: str | None,
     workspace: Any,
 ) -> FailureFacts:
-    """The facts of a failed job from what the API holds about it: its status, its replicas (terminations), its
-    events, the server's failure analysis (node events, terminations, log streams) and the failed replica's log tail.
+    """The facts of a failed job from what the API holds about it: its status, its events, the server's failure
+    analysis (its verdict ``err_class`` / ``suggestion``, node events, log streams) and the failed replica's log
+    tail. Replicas give their ids only: no client model has a job replica's termination record.
 
     :param job: the job's id on the server; :param workspace: the workspace id (both only reported).
     """
@@ -280,29 +326,17 @@ def failure_facts_of(
     exit_code = status.exit_code
     for event in analysis.get("job_failure_by_node_event") or []:
         name = str(event.get("node_event_name") or "")
-        evidence.append(f"node event {name}: {event.get('message', '')}")
+        evidence.append(f"node event {name}: {event.get('message', '')}".rstrip(": "))
         oom = oom or name.upper() in ("OOM", "OOMKILLED", "OOMKILLING")
         if _EVICTED.search(name):
             raw = "Evicted"
     for event in events:
-        reason, message = str(event.get("reason") or ""), str(event.get("message") or "")
+        reason = str(event.get("reason") or "")
         if event.get("type", "Warning") != "Normal":
-            evidence.append(f"event {reason}: {message}".rstrip(": "))
+            evidence.append(_event_evidence(event))
         oom = oom or "oom" in reason.lower()
         if _EVICTED.search(reason):
             raw = "Evicted"
-    terminations = list(analysis.get("replica_terminations") or [])
-    for replica in replicas:  # Lepton's ReplicaTermination shape, under either name
-        replica_status = replica.get("status") or {}
-        if term := replica_status.get("last_termination") or replica_status.get("termination"):
-            terminations.append(term)
-    for term in terminations:
-        reason = str(term.get("reason") or "")
-        oom = oom or reason == "OOMKilled"
-        if reason == "Evicted":
-            raw = "Evicted"
-        if exit_code is None and term.get("exit_code") not in (None, 0):
-            exit_code = int(term["exit_code"])
     if exit_code is None:
         for line in evidence:
             if match := _EXIT_CODE.search(line):
@@ -310,7 +344,7 @@ def failure_facts_of(
                 break
     tail = list(log_tail)
     for stream in analysis.get("log_streams") or []:
-        tail += [str(line) for line in stream.get("lines") or []] if isinstance(stream, dict) else [str(stream)]
+        tail += _stream_lines(stream)
     return FailureFacts(
         exit_code=exit_code,
         raw_state=raw,
@@ -321,8 +355,38 @@ def failure_facts_of(
         details={
             "job": job,
             "workspace": workspace,
-            "replicas": [r.get("id") for r in replicas],
-            "lepton_err_class": analysis.get("err_class"),
-            "lepton_suggestion": analysis.get("suggestion"),
+            "replicas": [r.get("id") or (r.get("metadata") or {}).get("id") for r in replicas],
+            "lepton_err_class": analysis.get("err_class") or None,
+            "lepton_suggestion": analysis.get("suggestion") or None,
         },
+    )
+
+
+def follow_server_verdict(result: FailureAnalysis, facts: FailureFacts) -> FailureAnalysis:
+    """The class of a failed job when Lepton's failure analysis gives one: the platform's own verdict, which beats
+    what the taxonomy reads from log lines and exit codes (a program error is not retried because a log line looks
+    like a network fault). Stronger facts keep their class: a cancel, the in-job runner's own verdict, the kernel's
+    OOM kill, a deadline, and the platform states our status rule names (no capacity, image pull, eviction)."""
+    try:
+        server = ErrClass(str(facts.details.get("lepton_err_class") or "").strip().upper())
+    except ValueError:
+        return result  # none given, or a word of no class ("OOM"): the facts decide
+    raw = facts.raw_state.replace(" ", "_").upper()
+    stronger = (
+        facts.canceled
+        or facts.oom_killed
+        or facts.timed_out
+        or runner_verdict(facts.log_tail) is not None
+        or raw in RAW_STATE_CLASSES
+    )
+    if stronger or server is result.err_class:
+        return result
+    said = str(facts.details.get("lepton_suggestion") or "").strip().rstrip(".")
+    return replace(
+        result,
+        err_class=server,
+        retriable=server.retriable,
+        suggestion=f"{said}. {SUGGESTIONS[server]}" if said else SUGGESTIONS[server],
+        evidence=[f"Lepton's failure analysis: {server.value}" + (f": {said}" if said else ""), *result.evidence],
+        details={**result.details, "classified_by": "lepton_failure_analysis", "facts_class": result.err_class.value},
     )

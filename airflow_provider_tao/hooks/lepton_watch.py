@@ -43,6 +43,9 @@ MISSING_LOOKUPS_PER_POLL = 20
 #: earlier than one already shown would otherwise be skipped). An ended job's log is read to its end.
 LOG_SETTLE_NS = 2 * 10**9
 LOG_LIMIT = 5000
+#: A log read ends this far past the later of the Airflow host's clock and the cursor: the lines are stamped by the
+#: nodes' clocks, which may run ahead of this host's (the client refuses ``end <= start`` outright).
+LOG_END_SLACK_NS = 3600 * 10**9
 
 
 class LeptonWatchHook(LeptonAPIHook):
@@ -82,11 +85,18 @@ class LeptonWatchHook(LeptonAPIHook):
         lookups = 0
         for handle in handles:
             job = jobs.get(handle.job_id)
+            looked_up = False
             if job is None and lookups < MISSING_LOOKUPS_PER_POLL and handle.backend_job_id:
-                lookups += 1
+                lookups, looked_up = lookups + 1, True
                 job = self._get_job(handle.backend_job_id)
                 if job is not None and labels_of(job).get(LABEL_JOB_ID) not in (None, handle.job_id):
                     job = None  # the id now belongs to a newer job of the same name
+            if job is None and handle.backend_job_id and not looked_up:
+                # not looked up in this poll: absent from one list is not gone (a page may have been missed)
+                statuses[handle.job_id] = JobStatus.unknown(
+                    f"Lepton job {handle.backend_job_id} was not in this poll's job list; it is looked up next time"
+                )
+                continue
             if job is None:
                 statuses[handle.job_id] = JobStatus.missing(
                     f"Lepton job {handle.backend_job_id or handle.name} no longer exists: it was deleted outside "
@@ -159,6 +169,7 @@ class LeptonWatchHook(LeptonAPIHook):
         now = time.time_ns()
         last, _ = ct.parse_log_cursor("" if tail is not None else cursor)
         start = last or str(int((handle.submitted_at - 60) * 1e9))
+        end = str(max(now, int(start)) + LOG_END_SLACK_NS)
         backward = tail is not None
 
         def call(client: Any) -> dict[str, Any]:
@@ -167,7 +178,7 @@ class LeptonWatchHook(LeptonAPIHook):
                     name_or_job=handle.backend_job_id,
                     replica=replica,
                     start=start,
-                    end=str(now),
+                    end=end,
                     limit=tail if backward else LOG_LIMIT,
                     direction="backward" if backward else "forward",
                 )

@@ -10,7 +10,8 @@ GPUs and memory (so an OOM kill is real) and DNS names that resolve between repl
 (``--sim``), a simulated one.
 
 Where the real server's behaviour is not known, the fake can do each variant (``/fake/config`` settings:
-``patch_labels``, ``unique_names``, ``mount_check``, ``secret_overwrite``, ``label_rules``; ``--id-mode``), so the
-hook is tested against every one. Run it with ``python -m tests.leptonfake --ready-file F``; the tests start it
-through :func:`tests.leptonfake.control.start_server`.
+``patch_labels``, ``unique_names``, ``mount_check``, ``secret_overwrite``, ``label_rules``, ``shape_filter``,
+``page_cap``, ``ready_counts``, ``event_message``; ``--id-mode``), so the hook is tested against every one; where
+each behaviour comes from is in ``tests/FIDELITY.md``. Run it with ``python -m tests.leptonfake --ready-file F``;
+the tests start it through :func:`tests.leptonfake.control.start_server`.
 """

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from tests.leptonfake.controller import Controller
 from tests.leptonfake.store import ApiError, Injection, Job, Store, bad_request, not_found
 
-_INJECTIONS = ("oom", "image_pull", "no_capacity", "evict", "preempt", "unhealthy_node", "exit")
+_INJECTIONS = ("oom", "image_pull", "no_capacity", "evict", "preempt", "unhealthy_node", "exit", "unready")
 
 
 class FakeLeptonServer(ThreadingHTTPServer):
@@ -185,7 +185,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, job.render())
 
     def job_events(self, parts: list[str], query: dict[str, list[str]], raw: bytes) -> None:
-        self._send(200, list(self._job(parts[1], query).events))
+        events = list(self._job(parts[1], query).events)
+        if not self.server.world.settings["event_message"]:
+            events = [{k: v for k, v in e.items() if k != "message"} for e in events]
+        self._send(200, events)
 
     def job_replicas(self, parts: list[str], query: dict[str, list[str]], raw: bytes) -> None:
         job = self._job(parts[1], query)
@@ -292,11 +295,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def shapes(self, parts: list[str], query: dict[str, list[str]], raw: bytes) -> None:
         world = self.server.world
-        wanted = [g for value in query.get("node_groups") or [] for g in value.split(",") if g]
-        for ng in wanted:
-            self._group(ng)
+        asked = [g for value in query.get("node_groups") or [] for g in value.split(",") if g]
+        wanted = [ng for ng in (world.group_by_filter(value) for value in asked) if ng is not None]
         purpose = (query.get("purpose") or [""])[-1] or None
-        self._send(200, world.render_shapes(wanted or [""], purpose))
+        self._send(200, world.render_shapes(wanted if asked else [""], purpose))
 
     def storage_permissions(self, parts: list[str], query: dict[str, list[str]], raw: bytes) -> None:
         ng = self._group((query.get("nodegroup_id") or [""])[-1])
@@ -456,6 +458,7 @@ class _Handler(BaseHTTPRequestHandler):
             replica=body.get("replica"),
             times=int(body.get("times", 1)),
             message=str(body.get("message") or ""),
+            seconds=float(body.get("seconds", 0)),
         )
         applied = []
         with store.lock:

@@ -90,8 +90,9 @@ class LeptonFake:
         self._fake("faults", {"clear": True})
 
     def inject(self, kind: str, **match_and_options: Any) -> dict[str, Any]:
-        """Plant a failure (oom, image_pull, no_capacity, evict, preempt, unhealthy_node, exit) in the jobs that
-        match ``id`` / ``name`` / ``name_prefix`` / ``labels``, now and (``times``, default 1) to come."""
+        """Plant a failure (oom, image_pull, no_capacity, evict, preempt, unhealthy_node, exit; unready: a running
+        replica not ready for ``seconds``) in the jobs that match ``id`` / ``name`` / ``name_prefix`` / ``labels``,
+        now and (``times``, default 1) to come."""
         return dict(self._fake("inject", {"kind": kind, **match_and_options}))
 
     def clear_injections(self) -> None:

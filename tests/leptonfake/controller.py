@@ -2,7 +2,8 @@
 
 A job moves ``Queueing`` (while its node group has no room for its shape) -> ``Starting`` (replicas placed on
 nodes, "Pulling image") -> ``Running`` (as soon as one replica runs; ``ready`` follows ``active`` after
-``ready_seconds``) -> ``Completed`` / ``Failed``; ``spec.stopped`` gives ``Stopping`` -> ``Stopped``;
+``ready_seconds``; what ``ready`` counts is the ``ready_counts`` mode, and an ``unready`` injection dips it) ->
+``Completed`` / ``Failed``; ``spec.stopped`` gives ``Stopping`` -> ``Stopped``;
 ``DELETE`` gives ``Deleting`` -> ``Deleted``; a finished job is ``Archived`` after ``ttl_seconds_after_finished``.
 A failed replica is restarted while ``max_failure_retry`` allows; then the whole job is retried
 (``PendingRetry`` -> ``Restarting`` -> ``Queueing``) while ``max_job_failure_retry`` allows; both default to 0.
@@ -305,8 +306,11 @@ class Controller:
     def _watch(self, job: Job, replica: Replica, state: dict[str, Any] | None) -> None:
         now = time.time()
         since = replica.running_since or now
-        if not replica.ready and now - since >= float(self.world.settings["ready_seconds"]):
-            replica.ready = True
+        dip = job.injection("unready", replica.index)
+        if dip and (replica.rid, "unready") not in self._applied and now - since >= dip.after_seconds:
+            self._applied.add((replica.rid, "unready"))
+            replica.unready_until = now + dip.seconds
+        replica.ready = now - since >= float(self.world.settings["ready_seconds"]) and now >= replica.unready_until
         for kind in ("oom", "evict", "preempt", "exit"):
             inj = job.injection(kind, replica.index)
             if inj and (replica.rid, kind) not in self._applied and now - since >= inj.after_seconds:

@@ -88,6 +88,7 @@ class Replica:
     oom: bool = False
     logs: list[tuple[int, str]] | None = None  # kept once the container has ended (the platform's log store)
     terminating: bool = False
+    unready_until: float = 0.0  # an injected readiness dip: not ready until then, though running
 
     @property
     def alive(self) -> bool:
@@ -98,13 +99,14 @@ class Replica:
 class Injection:
     """A fault the tests asked for: applies to the next ``times`` jobs that match (0 = every one)."""
 
-    kind: str  # oom | image_pull | no_capacity | evict | preempt | unhealthy_node | exit
+    kind: str  # oom | image_pull | no_capacity | evict | preempt | unhealthy_node | exit | unready
     match: dict[str, Any]  # id / name / name_prefix: str; labels: dict
     code: int = 1
     after_seconds: float = 0.0
     replica: int | None = None
     times: int = 1
     message: str = ""
+    seconds: float = 0.0  # how long an "unready" dip lasts
 
     def matches(self, job: Job) -> bool:
         m = self.match
@@ -144,6 +146,7 @@ class Job:
     attempts: list[dict[str, Any]] = field(default_factory=list)  # status details of earlier attempts
     injections: list[Injection] = field(default_factory=list)
     failure: dict[str, Any] | None = None  # err_class + suggestion once something went wrong
+    ready_counts: str = "running"  # the world's ready_counts when the job was created
 
     def set_state(self, state: str) -> None:
         if self.state in ("Deleting", "Deleted") and state != "Deleted":
@@ -204,8 +207,9 @@ class Job:
     def counts(self) -> dict[str, int]:
         current = self.current()
         done = {r.index for r in self.replicas if r.phase == "Succeeded" and r.attempt == self.attempt}
+        finished = "Succeeded" if self.ready_counts == "succeeded_too" else None
         return {
-            "ready": sum(1 for r in current if r.phase == "Running" and r.ready),
+            "ready": sum(1 for r in current if (r.phase == "Running" and r.ready) or r.phase == finished),
             "active": sum(1 for r in current if r.alive and not r.terminating),
             "failed": self.failed,
             "succeeded": len(done),
@@ -241,15 +245,6 @@ class Job:
             reason, message = replica.issue
             since = iso(replica.created)
             status["readiness_issue"] = {"reason": reason, "message": message, "creationTimestamp": since}
-        if replica.finished is not None:
-            # the shape of Lepton's ReplicaTermination (what its termination records carry)
-            status["last_termination"] = {
-                "started_at": int((replica.running_since or replica.created) * 1000),
-                "finished_at": int(replica.finished * 1000),
-                "exit_code": replica.exit_code,
-                "reason": replica.reason,
-                "message": replica.message,
-            }
         meta = {"id": replica.rid, "name": replica.rid, "created_at": int(replica.created * 1000)}
         return {"metadata": meta, "id": replica.rid, "status": status}
 
@@ -259,25 +254,12 @@ class Job:
         for replica in self.replicas:
             if replica.phase == "Failed" and replica.logs:
                 streams.append({"replica": replica.rid, "lines": [line for _, line in replica.logs[-50:]]})
-        terminations = [
-            {
-                "replica_id": r.rid,
-                "worker_index": r.index,
-                "exit_code": r.exit_code,
-                "reason": r.reason,
-                "message": r.message,
-                "finished_at": int(r.finished * 1000) if r.finished else None,
-            }
-            for r in self.replicas
-            if r.phase == "Failed"
-        ]
         return {
             "job_id": self.id,
             "err_class": failure.get("err_class", ""),
             "suggestion": failure.get("suggestion", ""),
             "job_failure_by_node_event": copy.deepcopy(self.node_events),
             "log_streams": streams,
-            "replica_terminations": terminations,
         }
 
 
@@ -361,6 +343,7 @@ class Store:
             spec.setdefault("parallelism", 1)
             spec.setdefault("ttl_seconds_after_finished", 600)
             job = Job(uuid.uuid4().hex, job_id, name, copy.deepcopy(body), metadata, spec)
+            job.ready_counts = str(settings["ready_counts"])
             job.history.append({"state": job.state, "at": job.created})
             for rule in list(self.injections):
                 if rule.matches(job):
@@ -461,6 +444,7 @@ class Store:
         page, size = _one(query, "page"), _one(query, "page_size")
         if page or size:
             n, per = max(int(page or 1), 1), max(int(size or 50), 1)
+            per = min(per, int(self.world.settings["page_cap"]) or per)
             found = found[(n - 1) * per : n * per]
         return found
 
@@ -573,9 +557,11 @@ class Store:
                     "exit_code": r.exit_code,
                     "reason": r.reason,
                     "node": r.placement.node if r.placement else None,
+                    "placed_at": r.created if r.placement else None,  # its metadata.created_at
                 }
                 for r in job.replicas
             ],
+            "completion_time": job.completion_time,
             "deleted": job.deleted_at is not None,
             "purged": job.purged,
         }

@@ -72,6 +72,14 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "failure_analysis": True,  # False: GET /jobs/{id}/failure-analysis answers 404 (the route is not in leptonai)
     "label_rules": "kubernetes",  # label values checked as Kubernetes label values | none
     "auth": "ok",  # ok | forbid (every workspace route answers 403)
+    # GET /shapes?node_groups=X: X is matched against the node group's id | name (a miss is an empty list)
+    "shape_filter": "id",
+    # GET /jobs: at most this many jobs on a page, whatever page_size asked (0: as asked)
+    "page_cap": 0,
+    # status.ready counts running ready replicas only | running ready and succeeded ones (a worker done early)
+    "ready_counts": "running",
+    # GET /jobs/{id}/events: each event carries a "message" (LeptonEvent models none) | it does not
+    "event_message": True,
     "workspace_state": "normal",  # GET /workspace's workspace_state: normal | paused | all-pods-terminated | terminated
     # limits derived from what a Kubernetes-based control plane stores (etcd objects, Secrets)
     "max_job_bytes": 1536 * 1024,
@@ -133,6 +141,13 @@ class World:
     def group(self, ng_id: str) -> dict[str, Any] | None:
         return self.groups().get(ng_id)
 
+    def group_by_filter(self, value: str) -> str | None:
+        """The id of the node group a ``node_groups`` filter value names, as ``shape_filter`` says the server
+        matches it (by id or by name); None when it names none."""
+        if self.settings["shape_filter"] == "name":
+            return next((ng for ng, g in self.groups().items() if g["name"] == value), None)
+        return value if self.group(value) is not None else None
+
     def node_names(self, ng_id: str) -> list[str]:
         group = self.group(ng_id)
         if group is None:
@@ -155,7 +170,7 @@ class World:
                 "allocation_mode": "static",
                 "owner": "customer",
             },
-            "status": {"ready_nodes": int(group["nodes"]), "quota_enabled": False},
+            "status": {"ready_nodes": int(group["nodes"]), "quota_enabled": bool(group.get("quota_enabled"))},
         }
 
     def render_nodes(self, ng_id: str, allocated: dict[str, int], idle_only: bool) -> list[dict[str, Any]]:

@@ -222,21 +222,6 @@ def test_kubernetes_usage_from_the_job_and_its_pods() -> None:
     assert ks.usage_of(job, []).started_at is None
 
 
-def test_lepton_usage_from_replica_terminations_and_the_shape() -> None:
-    job = {"metadata": {"created_at": (NOW - 100) * 1000}, "spec": {"completions": 2},
-           "status": {"state": "Completed", "completion_time": (NOW - 10) * 1000}}  # fmt: skip
-    replicas = [
-        {"status": {"last_termination": {"started_at": (NOW - 80) * 1000, "finished_at": (NOW - 12) * 1000}}},
-        {"status": {"last_termination": {"started_at": (NOW - 79) * 1000, "finished_at": (NOW - 11) * 1000}}},
-    ]
-    usage = ls.usage_of(job, replicas, {"gpus": 8, "gpu_type": "H100"})
-    assert (usage.queued_at, usage.started_at, usage.ended_at) == (NOW - 100, NOW - 80, NOW - 11)
-    assert (usage.gpus_per_node, usage.nodes, usage.gpu_type) == (8, 2, "H100")
-    running = [{"metadata": {"created_at": (NOW - 70) * 1000}, "status": {"node": {"name": "n1"}}}]
-    live = ls.usage_of(job, running, None)
-    assert (live.started_at, live.ended_at, live.gpus_per_node) == (NOW - 70, None, None)
-
-
 def test_container_usage_from_docker_state() -> None:
     state = {"Status": "exited", "StartedAt": "2027-01-15T08:00:00.123456789Z", "FinishedAt": "2027-01-15T08:01:00.5Z"}
     usage = ct.container_usage(NOW, state, 2, "docker inspect")

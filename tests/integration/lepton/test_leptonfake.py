@@ -435,8 +435,7 @@ def test_an_oom_is_a_real_kill_reported_as_the_oom_node_event(client: Any, lepto
     analysis = raw(lepton_fake, "GET", f"/jobs/{name}/failure-analysis").json()
     assert [e["node_event_name"] for e in analysis["job_failure_by_node_event"]] == ["OOM"]
     assert "OOM encountered, victim process: python3" in analysis["job_failure_by_node_event"][0]["message"]
-    assert analysis["replica_terminations"][0]["reason"] == "OOMKilled"
-    assert analysis["replica_terminations"][0]["exit_code"] == 137
+    assert [(r["reason"], r["exit_code"]) for r in lepton_fake.job_named(name)[-1]["replicas"]] == [("OOMKilled", 137)]
     assert any(e.reason == "OOMKilling" for e in client.job.get_events(name))
 
 
@@ -447,25 +446,26 @@ def test_a_non_zero_exit_fails_the_job_with_its_exit_code(client: Any, lepton_fa
     assert done.status.state == LeptonJobState.Failed and done.status.failed == 1
     analysis = raw(lepton_fake, "GET", f"/jobs/{name}/failure-analysis").json()
     assert analysis["err_class"] == "ERR_PROGRAM"
-    assert analysis["replica_terminations"][0]["exit_code"] == 3
     assert analysis["log_streams"][0]["lines"] == ["about to fail"]
+    assert [r["exit_code"] for r in lepton_fake.job_named(name)[-1]["replicas"]] == [3]
     replica = raw(lepton_fake, "GET", f"/jobs/{name}/replicas").json()[0]
-    assert replica["status"]["last_termination"]["exit_code"] == 3
+    assert "last_termination" not in replica["status"], "no client model has a job replica's termination"
     assert any(e.reason == "BackoffLimitExceeded" for e in client.job.get_events(name))
     with configured(lepton_fake, failure_analysis=False):
         assert raw(lepton_fake, "GET", f"/jobs/{name}/failure-analysis").status_code == 404
 
 
-def test_an_env_over_the_exec_limit_is_a_start_failure_with_the_runtime_message(client: Any) -> None:
+def test_an_env_over_the_exec_limit_is_a_start_failure_with_the_runtime_message(
+    client: Any, lepton_fake: LeptonFake
+) -> None:
     name = _name("e2big")
     envs = [{"name": "HUGE", "value": "y" * 200_000}]  # one string over Linux's MAX_ARG_STRLEN (128 KiB)
     client.job.create(job(name, ["true"], client=client, envs=envs))
     done = wait_job(client, name, FINAL)
     assert done.status.state == LeptonJobState.Failed
+    assert [(r["reason"], r["exit_code"]) for r in lepton_fake.job_named(name)[-1]["replicas"]] == [("StartError", 128)]
     analysis = client.job._get(f"/jobs/{name}/failure-analysis").json()
-    termination = analysis["replica_terminations"][0]
-    assert termination["reason"] == "StartError" and termination["exit_code"] == 128
-    assert "argument list too long" in termination["message"]
+    assert "argument list too long" in analysis["suggestion"]
 
 
 def test_retries_follow_max_failure_retry_then_max_job_failure_retry(client: Any, lepton_fake: LeptonFake) -> None:
@@ -494,8 +494,7 @@ def test_eviction_and_an_unhealthy_node_as_injected(client: Any, lepton_fake: Le
     wait_job(client, exited, ("Running",))
     lepton_fake.inject("exit", id=exited, code=7)
     assert wait_job(client, exited, FINAL).status.state == LeptonJobState.Failed
-    terminations = raw(lepton_fake, "GET", f"/jobs/{exited}/failure-analysis").json()["replica_terminations"]
-    assert [t["exit_code"] for t in terminations] == [7]
+    assert [r["exit_code"] for r in lepton_fake.job_named(exited)[-1]["replicas"]] == [7]
     sick = _name("sick")
     assert lepton_fake.inject("unhealthy_node", name=sick)["pending"]
     client.job.create(job(sick, ["true"], client=client))
