@@ -14,7 +14,7 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Callable, Container
+from collections.abc import Callable, Collection, Container
 from typing import Any, TypeVar
 
 from airflow_provider_tao.hooks.base import MARK_CANCELED_BY, ConnectionProblem, JobValidationError, TAOPlatformHook
@@ -223,11 +223,17 @@ class LeptonAPIHook(TAOPlatformHook):
 
     # ----------------------------------------------------------------- jobs and their replicas
 
-    def _list_jobs(self, selector: str, mode: str = "alive_only") -> list[dict[str, Any]]:
+    def _list_jobs(self, selector: str, mode: str = "alive_only", wanted: Collection[str] = ()) -> list[dict[str, Any]]:
         """Every job matching a label selector, as JSON, paged as the client's ``JobAPI.list_all`` pages: pages of
         500 until an EMPTY page (a server may cap a page below what was asked: a short page is not the last). A job
-        seen on two pages (the list shifted while paging) is kept once."""
+        seen on two pages (the list shifted while paging) is kept once.
+
+        :param wanted: our job ids (``tao-job-id`` labels) the caller looks for: once every one of them was seen,
+            the pages after are not asked for (a poll whose jobs are all listed costs one request, not two). A job
+            not seen is only ever judged on the whole list.
+        """
         jobs: dict[str, dict[str, Any]] = {}
+        missing = set(wanted)
         page = 1
         while True:
             params = {"job_query_mode": mode, "query": selector, "page": page, "page_size": PAGE_SIZE}
@@ -238,6 +244,9 @@ class LeptonAPIHook(TAOPlatformHook):
             for item in items:
                 meta = item.get("metadata") or {}
                 jobs.setdefault(f"{meta.get('id')}@{meta.get('created_at')}", item)
+                missing.discard(labels_of(item).get(LABEL_JOB_ID, ""))
+            if wanted and not missing:
+                return list(jobs.values())
             page += 1
 
     def _get_job(self, backend_id: str) -> dict[str, Any] | None:

@@ -79,7 +79,8 @@ class LeptonWatchHook(LeptonAPIHook):
         """ONE job list (pages of 500) for every handle; jobs missing from it (deleted, archived) are looked up one
         by one, and starting jobs' replicas are asked for their readiness (every 2 s at first, backing off to 30 s)."""
         narrow = f",{LABEL_JOB_ID}={handles[0].job_id}" if len(handles) == 1 else ""
-        jobs = {labels_of(j).get(LABEL_JOB_ID): j for j in self._list_jobs(f"{LABEL_MANAGED}=true{narrow}")}
+        listed = self._list_jobs(f"{LABEL_MANAGED}=true{narrow}", wanted=[h.job_id for h in handles])
+        jobs = {labels_of(j).get(LABEL_JOB_ID): j for j in listed}
         statuses: dict[str, JobStatus] = {}
         now = time.time()
         lookups = 0

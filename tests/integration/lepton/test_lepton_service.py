@@ -97,6 +97,27 @@ def test_a_capped_page_hides_no_job_and_the_mark_sweep_keeps_every_live_jobs_mar
     assert marks[-1] not in left, "the marks of a job that does not exist stay"
 
 
+@pytest.mark.parametrize("page_cap", [0, 2])
+def test_a_poll_stops_paging_once_every_watched_job_was_seen_and_finds_those_on_later_pages(
+    lepton_fake: LeptonFake, five_live_jobs: list[tuple[str, str]], page_cap: int
+) -> None:
+    """The poll's list needs no empty page when every job it watches is listed (one request, not two); a watched
+    job on a later page of a capped list is still found (the pages go on until it is seen or a page is empty)."""
+    hook = LeptonHook(CONN_ID)
+    selector = f"{ls.LABEL_MANAGED}=true"
+    with configured(lepton_fake, page_cap=page_cap):
+        first_page = lepton_fake.client().job.list_all(query=selector, page=1, page_size=500)
+        on_first = [(j.metadata.labels or {}).get(ls.LABEL_JOB_ID) for j in first_page]
+        lepton_fake.stats(reset=True)
+        hook._list_jobs(selector, wanted=[job_id for job_id in on_first if job_id][:1])
+        assert lepton_fake.stats()["by"] == {"GET /jobs": 1}
+        lepton_fake.stats(reset=True)
+        everyone = [job_id for _, job_id in five_live_jobs]
+        listed = {ls.labels_of(j).get(ls.LABEL_JOB_ID) for j in hook._list_jobs(selector, wanted=everyone)}
+        assert set(everyone) <= listed
+        assert lepton_fake.stats()["by"]["GET /jobs"] <= (-(-len(listed) // page_cap) if page_cap else 1)
+
+
 # ----------------------------------------------------------------------------- 8: ready dips on a Running job
 
 
