@@ -299,3 +299,34 @@ def test_serialize_round_trip(fake_platform: type[FakeHook]) -> None:
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_provider_tao.triggers.job.TAOJobTrigger"
     assert TAOJobTrigger(**kwargs).serialize() == (classpath, kwargs)
+
+
+async def test_issue_22_hole_7_a_failing_cancel_in_on_kill_is_asked_again_until_it_takes(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The platform fails the first cancels of a killed task's job (an outage): on_kill asks again instead of
+    abandoning the job to the next sweep."""
+    real_cancel = FakeHook._cancel
+    failures = {"left": 2}
+
+    def flaky_cancel(self: FakeHook, handle: JobHandle) -> bool:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise ConnectionError("platform unreachable")
+        return real_cancel(self, handle)
+
+    monkeypatch.setattr(FakeHook, "_cancel", flaky_cancel)
+    monkeypatch.setattr(asyncio, "sleep", _no_wait(asyncio.sleep))
+    handle = _submit(fake_platform)
+    await _trigger(handle).on_kill()
+    assert failures["left"] == 0
+    assert fake_platform.jobs[handle.job_id]["state"] is JobState.CANCELED
+
+
+def _no_wait(sleep: Any) -> Any:
+    """``asyncio.sleep`` without the wait (the retry's pauses), still yielding to the loop."""
+
+    async def no_wait(delay: float, result: Any = None) -> Any:
+        return await sleep(0, result)
+
+    return no_wait
