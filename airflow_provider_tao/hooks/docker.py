@@ -450,8 +450,8 @@ class TAODockerHook(TAOPlatformHook):
             self.client.stop(name, timeout=self.cancel_grace_seconds)
         except NotFound:
             return True
-        if self.auto_remove:
-            self._remove(name)
+        # Even with auto_remove the stopped container stays: its cancel marks are what a waiting task reads to
+        # fail for good (ERR_CANCELED) rather than see "no such job" and resubmit. cleanup_job removes it.
         return True
 
     def failure_facts(self, handle: JobHandle) -> FailureFacts:
