@@ -782,6 +782,18 @@ def test_cancel_terminates_a_running_job(local_env):
     assert analysis.err_class is ErrClass.ERR_CANCELED
 
 
+def test_issue_22_hole_5_a_job_that_exits_0_on_sigterm_reads_as_canceled(local_env):
+    hook = LocalHook(conn_id=PATIENT_CONN_ID)
+    handle = hook.create_job(
+        make_spec("trap 'echo checkpoint; exit 0' TERM; echo started; while :; do sleep 0.1; done")
+    )
+    wait_log(hook, handle, "started")
+    assert hook.cancel_job(handle) is True
+    status = wait_terminal(hook, handle, timeout=5)
+    assert "checkpoint" in whole_log(hook, handle)
+    assert (status.state, status.exit_code) == (JobState.CANCELED, 0)
+
+
 def test_cancel_kills_a_term_ignoring_job_after_the_grace_period(hook):
     handle = hook.create_job(make_spec("trap '' TERM; echo ready; sleep 30 & sleep 30; wait"))
     wait_log(hook, handle, "ready")
