@@ -23,10 +23,11 @@ STEPS = {
     "create": (None, "create_job"),
     "record": ("airflow_provider_tao.operators.submit.TAOSubmitOperator", "_keep"),
     "cancel": (None, "_cancel"),
+    "start": (None, "_resume"),  # kubernetes: the suspended Job, its Secret and ConfigMaps exist; it starts
 }
 
 
-class WorkerDied(BaseException):  # noqa: N818 -- it is what happened, not an error of the code
+class WorkerDied(BaseException):
     """The worker process died at a step (SIGKILL, OOM, a lost host)."""
 
 

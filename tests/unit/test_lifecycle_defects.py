@@ -300,8 +300,8 @@ def test_issue_22_hole_1_a_retry_after_a_worker_died_between_submission_and_reco
     first = _defer(op(), make_context(store, 1))
     a = JobHandle.from_json(first.trigger.serialize()[1]["handle"])
     local_conn.append(a.name)
-    _wait_for(lambda: (Path(a.console_url.removeprefix(f"file://{os.uname().nodename}")).parent / "pid").exists(),
-              "job A's supervisor to start")  # fmt: skip
+    pid_file = Path(a.console_url.removeprefix(f"file://{os.uname().nodename}")).parent / "pid"
+    _wait_for(pid_file.exists, "job A's supervisor to start")
     assert kill_local_job(a.job_id)  # the job crashed while no try watched it
     _wait_for(lambda: not live_local_jobs(a.name), "job A to end")
 

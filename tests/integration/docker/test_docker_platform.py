@@ -215,7 +215,7 @@ def test_issue_22_hole_2_a_persons_cancel_with_auto_remove_stays_final(
     rm_hook = TAODockerHook("tao_docker_rm")
     rm_hook.load_connection()
     assert rm_hook.cancel_job(JobHandle.from_json(run.handle), requested_by="cli:jdoe")
-    with pytest.raises(AirflowFailException, match="ERR_CANCELED.*canceled by cli:jdoe"):
+    with pytest.raises(AirflowFailException, match=r"ERR_CANCELED.*canceled by cli:jdoe"):
         finish(run, timeout=60)
     assert docker_engine.named(_name(run)) == []  # removed once the verdict was read
 
