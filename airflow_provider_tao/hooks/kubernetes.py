@@ -792,29 +792,6 @@ class TAOKubernetesHook(TAOPlatformHook):
                     raise
         return False
 
-    async def _acancel(self, handle: JobHandle) -> bool:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        for _ in range(CANCEL_CONFLICT_RETRIES):
-            try:
-                job = await self._acall("batch", "read_namespaced_job", handle.name, self.namespace)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-                return True
-            if (patch := self._suspension(job, handle)) is None:
-                return True
-            try:
-                await self._acall("batch", "patch_namespaced_job", handle.name, self.namespace, patch,
-                                  _content_type="application/merge-patch+json")  # fmt: skip
-                return True
-            except ApiException as exc:
-                if exc.status == 404:
-                    return True
-                if exc.status != 409:
-                    raise
-        return False
-
     def failure_facts(self, handle: JobHandle) -> FailureFacts:
         job = self._read_job(handle.name)
         pods = [p for p in self._pods_of(handle.name) if _labels(p).get(ct.LABEL_JOB_ID) == handle.job_id]

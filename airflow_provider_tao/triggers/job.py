@@ -38,6 +38,8 @@ XCOM_LOG_CURSOR = "tao_log_cursor"
 #: How long a trigger's on_kill keeps asking a failing platform to cancel the job (it runs on past on_kill's own
 #: timeout, as a task of the triggerer's loop).
 CANCEL_RETRY_SECONDS = 300.0
+#: The first pause between two cancels; each next one doubles, up to ``MAX_BACKOFF_SECONDS``.
+CANCEL_RETRY_PAUSE = 1.0
 #: Cancels started by on_kill, kept referenced until they finish (the event loop holds tasks only weakly).
 _CANCELS: set[asyncio.Future[None]] = set()
 
@@ -450,7 +452,7 @@ class TAOJobTrigger(BaseTrigger):
         """The cancel, asked again with a growing pause while the platform fails it (an outage, a blip) until
         :data:`CANCEL_RETRY_SECONDS` have passed: nothing else would cancel the job before the next sweep."""
         give_up = time.monotonic() + CANCEL_RETRY_SECONDS
-        pause = 1.0
+        pause = CANCEL_RETRY_PAUSE
         while True:
             try:
                 return await hook.acancel_job(self.handle)

@@ -63,7 +63,7 @@ def live_local_jobs(name: str) -> set[str]:
     jobs = set()
     for pid in _pids():
         environ = _environ(pid)
-        if environ.get("TAO_JOB_NAME") == name and _alive(pid):
+        if environ.get("TAO_JOB_NAME") == name and alive(pid):
             jobs.add(environ["TAO_JOB_ID"])
     return jobs
 
@@ -92,8 +92,8 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
-def _alive(pid: int) -> bool:
-    """A live (non-zombie) process."""
+def alive(pid: int) -> bool:
+    """True while ``pid`` is a live (non-zombie) process."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:

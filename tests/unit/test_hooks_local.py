@@ -25,6 +25,7 @@ from airflow_provider_tao.hooks import local_supervisor
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.local import LocalHook
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
+from tests.unit.lifecycle_steps import alive as _alive
 
 CONN_ID = "tao_local_unit"
 GRACE = 0.5  # cancel_grace_seconds of the test connection
@@ -34,15 +35,6 @@ PY = sys.executable
 
 
 # ----------------------------------------------------------------------------- fixtures and helpers
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` is a live (non-zombie) process."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def _kill_leftovers(jobs_dir: Path) -> list[int]:
