@@ -764,23 +764,25 @@ class TAOKubernetesHook(TAOPlatformHook):
             if exc.status not in (404, 409):
                 raise
 
-    def _suspension(self, job: dict[str, Any] | None, handle: JobHandle) -> dict[str, Any] | None:
-        """The merge patch that suspends ``handle``'s Job as read in ``job`` -- only that version of it (a
-        ``resourceVersion`` precondition: a Job changed since, or a newer Job of the name, is read again) -- or
-        None when there is nothing to stop (gone, a newer job of the same name, or suspended already)."""
-        if job is None or (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) != handle.job_id:
-            return None
-        if job["spec"].get("suspend"):
-            return None
-        return {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]}, "spec": {"suspend": True}}
-
     def _cancel(self, handle: JobHandle) -> bool:
-        """Suspend the Job: Kubernetes stops its pods and the Job stays, with its marks, for the task to read."""
+        """Suspend the Job: Kubernetes stops its pods and the Job stays, with its marks, for the task to read.
+
+        Check and act are one step: the Job is suspended only in the version read here (a ``resourceVersion``
+        precondition), and only while its cancel mark names the try that owns it -- a newer try that claimed it
+        after the cancel routine's ownership check (a clear) keeps it. Another version is read again."""
         from kubernetes.client.exceptions import ApiException
 
         for _ in range(CANCEL_CONFLICT_RETRIES):
-            if (patch := self._suspension(self._read_job(handle.name), handle)) is None:
+            job = self._read_job(handle.name)
+            if job is None or (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) != handle.job_id:
+                return True  # gone, or a newer job of the same name: nothing of this one runs
+            marks = _marks(job, handle)
+            if marks.get(MARK_CANCEL) != marks.get(MARK_OWNER, handle.try_number):
+                self.log.info("Not canceling Job %s: try %s owns it now", handle.name, marks.get(MARK_OWNER))
+                return False
+            if job["spec"].get("suspend"):
                 return True
+            patch = {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]}, "spec": {"suspend": True}}
             try:
                 self._call("batch", "patch_namespaced_job", handle.name, self.namespace, patch,
                            _content_type="application/merge-patch+json")  # fmt: skip

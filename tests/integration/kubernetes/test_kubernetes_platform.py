@@ -221,6 +221,31 @@ def test_issue_22_hole_2_a_persons_cancel_stays_final_though_the_job_is_stopped(
     assert [c["name"] for c in kubefake.created() if c["name"] == _name(run)] == [_name(run)]  # one Job ever
 
 
+def test_issue_22_hole_3_an_old_trys_cancel_leaves_the_job_a_newer_try_claimed_meanwhile(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer, hook: TAOKubernetesHook,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Try 1's cancel read the Job as its own; right before it suspends it, a clear's try 2 claims it: the
+    suspension holds only for the version read (a resourceVersion precondition), so try 2's Job runs on."""
+    run = start(triggerer, _op(docker_engine.busybox, "sleep 300"))
+    kubefake.wait_running(_name(run))
+    handle = JobHandle.from_json(run.handle)
+    real_call = TAOKubernetesHook._call
+
+    def claimed_meanwhile(self: TAOKubernetesHook, group: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "patch_namespaced_job" and (args[2].get("spec") or {}).get("suspend"):
+            hook.claim_job(handle.owned_by(2))  # the new try reattaches between the check and the act
+        return real_call(self, group, method, *args, **kwargs)
+
+    monkeypatch.setattr(TAOKubernetesHook, "_call", claimed_meanwhile)
+    assert hook.cancel_job(handle) is False
+    assert hook.get_job_status(handle).state is JobState.RUNNING
+    run.future.cancel()
+    monkeypatch.undo()
+    assert hook.cancel_job(handle.owned_by(2)) and hook.cleanup_job(handle) is None
+    kubefake.wait_gone(run.job_id)
+
+
 def test_issue_22_hole_6_a_job_left_suspended_by_a_dead_worker_is_reaped_with_what_it_owns(
     docker_engine: DockerEngine, kubefake: KubeFake, hook: TAOKubernetesHook, monkeypatch: pytest.MonkeyPatch
 ) -> None:
