@@ -314,7 +314,7 @@ class TAOPlatformHook(BaseHook):
     ) -> list[dict[str, str]]:
         """What ``airflow tao reap`` also stops on this connection besides jobs: machines the platform rents for
         jobs (Brev's instances whose lease expired or whose task finished), objects no TTL would ever remove
-        (Kubernetes' Jobs left suspended). Default: none.
+        (Kubernetes' Jobs left suspended, Docker's containers never started). Default: none.
 
         :param task_state: the Airflow state of a task instance given as ``{dag_id, run_id, task_id, map_index}``
             (None when Airflow does not know it), from the metadata database.

@@ -207,10 +207,15 @@ def _positive_number(value: Any) -> bool:
 # ----------------------------------------------------------------------------- a container's state as a job status
 
 
+def never_started(state: str, created_at: float | None) -> bool:
+    """A container ``created`` more than :data:`START_TIMEOUT_SECONDS` ago: its submitting worker died."""
+    return state == "created" and time.time() - float(created_at or 0) > START_TIMEOUT_SECONDS
+
+
 def live_status(name: str, state: str, created_at: float, message: str) -> JobStatus:
     """The status of a container that has not ended (``state`` in :data:`LIVE_STATES`). One created but never
     started for :data:`START_TIMEOUT_SECONDS` belongs to a submission that died half-way: it will never run."""
-    if state == "created" and time.time() - created_at > START_TIMEOUT_SECONDS:
+    if never_started(state, created_at):
         return JobStatus(
             JobState.ERROR,
             f"container {name} was created but never started (the submitting worker died?)",

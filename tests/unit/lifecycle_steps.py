@@ -42,6 +42,11 @@ def die_at(
         module, _, name = owner_path.rpartition(".")
         owner = getattr(__import__(module, fromlist=[name]), name)
     assert owner is not None, f"step {step!r} is a platform step: pass hook="
+    die_in(monkeypatch, owner, method, after=after, times=times)
+
+
+def die_in(monkeypatch: pytest.MonkeyPatch, owner: Any, method: str, *, after: bool = True, times: int = 1) -> None:
+    """:func:`die_at` for any call: ``owner.method`` (a class's method, a client library's call)."""
     real = getattr(owner, method)
     left = {"n": times}
 
@@ -51,9 +56,9 @@ def die_at(
             return real(*args, **kwargs)
         left["n"] -= 1
         if not after:
-            raise WorkerDied(f"before {step}")
+            raise WorkerDied(f"before {method}")
         real(*args, **kwargs)
-        raise WorkerDied(f"after {step}")
+        raise WorkerDied(f"after {method}")
 
     monkeypatch.setattr(owner, method, interrupted)
 

@@ -34,6 +34,7 @@ from tests.integration.taskrun import (
     worker_process,
 )
 from tests.unit.fakes import Store, make_context
+from tests.unit.lifecycle_steps import WorkerDied, die_in
 
 pytestmark = pytest.mark.integration
 
@@ -218,6 +219,33 @@ def test_issue_22_hole_2_a_persons_cancel_with_auto_remove_stays_final(
     with pytest.raises(AirflowFailException, match=r"ERR_CANCELED.*canceled by cli:jdoe"):
         finish(run, timeout=60)
     assert docker_engine.named(_name(run)) == []  # removed once the verdict was read
+
+
+def test_issue_22_hole_6_a_container_its_dead_worker_never_started_is_reaped(
+    docker_engine: DockerEngine, hook: TAODockerHook, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker dies after the container (with the job's files and secrets in it) was created, before starting
+    it, and no try comes again: ``airflow tao reap`` removes it past the start window, not before."""
+    from docker import APIClient
+
+    from airflow_provider_tao import sweeper
+    from airflow_provider_tao.jobs import JobSpec
+
+    spec = JobSpec(name=f"lost-{uuid.uuid4().hex[:8]}", job_id=uuid.uuid4().hex[:12], command="sleep 300",
+                   gpu_count=0, image=docker_engine.busybox, secret_env={"TOKEN": "s3cret-value"})  # fmt: skip
+    die_in(monkeypatch, APIClient, "start", after=False)
+    with pytest.raises(WorkerDied):
+        hook.create_job(spec)
+    assert docker_engine.state(spec.job_id)["Status"] == "created"
+    mine = (f"container tao-job-{spec.job_id}", "removed")
+    rows = sweeper.sweep_machines(hook, lambda origin: None, dry_run=False)
+    assert mine not in [(r["name"], r["action"]) for r in rows]  # still in its start window
+    # a shorter window (the engine is shared: other sessions' submissions between create and start take far less)
+    monkeypatch.setattr(ct, "START_TIMEOUT_SECONDS", 3.0)
+    time.sleep(4)  # the list's creation times have whole seconds
+    rows = sweeper.sweep_machines(hook, lambda origin: None, dry_run=False)
+    assert mine in [(r["name"], r["action"]) for r in rows], rows
+    assert docker_engine.containers(f"{ct.LABEL_JOB_ID}={spec.job_id}") == []
 
 
 # --------------------------------------------------------------------------- GPUs
