@@ -139,8 +139,9 @@ def sweep_connection(
 def sweep_machines(
     hook: TAOPlatformHook, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
 ) -> list[dict[str, Any]]:
-    """The machines a platform rents for jobs (Brev's instances), reaped by the platform's own rule
-    (:meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.reap_resources`); one row per machine, each logged.
+    """What outlives its job besides the job -- the machines a platform rents for jobs (Brev's instances), a
+    Kubernetes Job left suspended, a Docker container never started --, reaped by the platform's own rule
+    (:meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.reap_resources`); one row per resource, each logged.
 
     :param hook: the connection's hook (connection loaded).
     :param task_state: the Airflow state of a task instance given as ``{dag_id, run_id, task_id, map_index}``.
@@ -149,7 +150,8 @@ def sweep_machines(
     rows = []
     for resource in hook.reap_resources(task_state, dry_run=dry_run):
         row = {"platform": hook.platform, "conn_id": hook.conn_id, "job_id": None, "name": resource["resource"],
-               "action": resource["action"], "why": resource["why"]}  # fmt: skip
+               "kind": resource.get("kind", "machine"), "action": resource["action"],
+               "why": resource["why"]}  # fmt: skip
         log.info("%s", describe(row))
         rows.append(row)
     return rows
@@ -167,8 +169,9 @@ def _cancel(hook: TAOPlatformHook, handle: JobHandle, job: IndexedJob | None, wh
 
 
 def describe(row: Mapping[str, Any]) -> str:
-    """One decision as a log line: what was done to which job (or machine) of which task, and why."""
-    what = f"job {row['job_id']}" if row.get("job_id") else f"machine {row.get('name')}"
+    """One decision as a log line: what was done to which job (or machine, or other resource) of which task, and
+    why."""
+    what = f"job {row['job_id']}" if row.get("job_id") else f"{row.get('kind') or 'machine'} {row.get('name')}"
     task = f" of {row['dag_id']}.{row['task_id']}" if row.get("dag_id") else ""
     return f"{row['action']}: {row['platform']} {what} on {row.get('conn_id')}{task} -- {row['why']}"
 

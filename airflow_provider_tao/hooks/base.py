@@ -319,7 +319,7 @@ class TAOPlatformHook(BaseHook):
         :param task_state: the Airflow state of a task instance given as ``{dag_id, run_id, task_id, map_index}``
             (None when Airflow does not know it), from the metadata database.
         :param dry_run: decide and report, stop nothing.
-        :returns: one row per resource: ``{"resource", "action", "why"}``.
+        :returns: one row per resource: ``{"resource", "action", "why"}`` and its ``kind`` (default ``machine``).
         """
         return []
 

@@ -170,7 +170,7 @@ class TAODockerHook(TAOPlatformHook):
             name = str((container.get("Names") or [container["Id"][:12]])[0]).lstrip("/")
             if not dry_run:
                 self._remove(container["Id"])
-            rows.append({"resource": f"container {name}", "action": "would remove" if dry_run else "removed",
+            rows.append({"resource": name, "kind": "container", "action": "would remove" if dry_run else "removed",
                          "why": "created but never started: its submitting worker died"})  # fmt: skip
         return rows
 

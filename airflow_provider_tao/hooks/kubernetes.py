@@ -295,7 +295,7 @@ class TAOKubernetesHook(TAOPlatformHook):
                 continue
             if not dry_run:
                 self._delete(meta["name"], meta["uid"])
-            rows.append({"resource": f"Job {meta['name']}", "action": "would delete" if dry_run else "deleted",
+            rows.append({"resource": meta["name"], "kind": "Job", "action": "would delete" if dry_run else "deleted",
                          "why": why})  # fmt: skip
         return rows
 

@@ -237,7 +237,7 @@ def test_issue_22_hole_6_a_container_its_dead_worker_never_started_is_reaped(
     with pytest.raises(WorkerDied):
         hook.create_job(spec)
     assert docker_engine.state(spec.job_id)["Status"] == "created"
-    mine = (f"container tao-job-{spec.job_id}", "removed")
+    mine = (f"tao-job-{spec.job_id}", "removed")
     rows = sweeper.sweep_machines(hook, lambda origin: None, dry_run=False)
     assert mine not in [(r["name"], r["action"]) for r in rows]  # still in its start window
     # a shorter window (the engine is shared: other sessions' submissions between create and start take far less)

@@ -263,7 +263,7 @@ def test_issue_22_hole_6_a_job_left_suspended_by_a_dead_worker_is_reaped_with_wh
     with pytest.raises(WorkerDied):
         hook.create_job(spec)
     assert set(kubefake.objects_of(spec.job_id)) == {"jobs", "secrets", "configmaps"}
-    mine = (f"Job {spec.name}", "deleted")
+    mine = (spec.name, "deleted")
     rows = sweeper.sweep_machines(hook, lambda origin: None, dry_run=False)
     assert mine not in [(r["name"], r["action"]) for r in rows]  # still in its setup window
     monkeypatch.setattr(kubernetes_status, "SETUP_TIMEOUT_SECONDS", 0.0)
