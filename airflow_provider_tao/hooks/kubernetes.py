@@ -641,7 +641,7 @@ class TAOKubernetesHook(TAOPlatformHook):
         job = self._read_job(name)
         if job is None or ct.LABEL_JOB_ID not in (job["metadata"].get("labels") or {}):
             return None
-        if job["spec"].get("suspend"):
+        if job["spec"].get("suspend") and not is_canceled(job):  # a canceled one is an ended job like any other
             self.log.info("Deleting Job %s: its try died before starting it", name)
             self._delete(name, job["metadata"]["uid"])
             return None
