@@ -102,7 +102,8 @@ DETAIL_KEYS = frozenset(
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _MARK_KEYS = frozenset({MARK_OWNER, MARK_CANCEL, MARK_CONSUMED, MARK_CANCELED_BY})
 _ORIGIN_KEYS = ("dag_id", "run_id", "task_id", "map_index")
-#: Times a cancel re-reads a Job that changed between its read and its suspension (a status update, a mark).
+JSON_PATCH = "application/json-patch+json"
+#: Times a cancel re-reads a Job whose marks changed between its read and its suspension.
 CANCEL_CONFLICT_RETRIES = 5
 
 
@@ -764,34 +765,58 @@ class TAOKubernetesHook(TAOPlatformHook):
             if exc.status not in (404, 409):
                 raise
 
-    def _cancel(self, handle: JobHandle) -> bool:
-        """Suspend the Job: Kubernetes stops its pods and the Job stays, with its marks, for the task to read.
+    def _suspension(self, job: dict[str, Any] | None, handle: JobHandle) -> bool | list[dict[str, Any]]:
+        """How to stop ``handle``'s Job as read in ``job``: True when nothing is left to stop (gone, a newer job of
+        the name, suspended already), False when another try owns it now, else a JSON patch that suspends it only
+        as read -- ``test`` operations on its job id and on the owner and cancel marks, so check and act are one
+        step: a newer try that claims the Job in between (a clear) fails the test and keeps its Job."""
+        if job is None or (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) != handle.job_id:
+            return True
+        marks = _marks(job, handle)
+        if marks.get(MARK_CANCEL) != marks.get(MARK_OWNER, handle.try_number):
+            self.log.info("Not canceling Job %s: try %s owns it now", handle.name, marks.get(MARK_OWNER))
+            return False
+        if job["spec"].get("suspend"):
+            return True
+        annotations = job["metadata"].get("annotations") or {}
+        held = [("labels", ct.LABEL_JOB_ID, handle.job_id)]
+        held += [("annotations", a, annotations[a]) for a in map(mark_annotation, (MARK_OWNER, MARK_CANCEL))
+                 if a in annotations]  # fmt: skip
+        ops: list[dict[str, Any]] = [
+            {"op": "test", "path": f"/metadata/{where}/{_pointer(key)}", "value": value} for where, key, value in held
+        ]
+        return [*ops, {"op": "add", "path": "/spec/suspend", "value": True}]
 
-        Check and act are one step: the Job is suspended only in the version read here (a ``resourceVersion``
-        precondition), and only while its cancel mark names the try that owns it -- a newer try that claimed it
-        after the cancel routine's ownership check (a clear) keeps it. Another version is read again."""
+    def _cancel(self, handle: JobHandle) -> bool:
+        """Suspend the Job (see :meth:`_suspension`): Kubernetes stops its pods and the Job stays, with its marks,
+        for the task to read. A Job whose marks changed since it was read (a failed test: 422) is read again."""
         from kubernetes.client.exceptions import ApiException
 
         for _ in range(CANCEL_CONFLICT_RETRIES):
-            job = self._read_job(handle.name)
-            if job is None or (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) != handle.job_id:
-                return True  # gone, or a newer job of the same name: nothing of this one runs
-            marks = _marks(job, handle)
-            if marks.get(MARK_CANCEL) != marks.get(MARK_OWNER, handle.try_number):
-                self.log.info("Not canceling Job %s: try %s owns it now", handle.name, marks.get(MARK_OWNER))
-                return False
-            if job["spec"].get("suspend"):
-                return True
-            patch = {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]}, "spec": {"suspend": True}}
+            if isinstance(ops := self._suspension(self._read_job(handle.name), handle), bool):
+                return ops
             try:
-                self._call("batch", "patch_namespaced_job", handle.name, self.namespace, patch,
-                           _content_type="application/merge-patch+json")  # fmt: skip
+                self._call("batch", "patch_namespaced_job", handle.name, self.namespace, ops, _content_type=JSON_PATCH)
                 return True
             except ApiException as exc:
-                if exc.status == 404:
-                    return True
-                if exc.status != 409:
-                    raise
+                if exc.status != 422:
+                    return _gone(exc)
+        return False
+
+    async def _acancel(self, handle: JobHandle) -> bool:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        for _ in range(CANCEL_CONFLICT_RETRIES):
+            try:
+                job = await self._acall("batch", "read_namespaced_job", handle.name, self.namespace)
+                if isinstance(ops := self._suspension(job, handle), bool):
+                    return ops
+                await self._acall("batch", "patch_namespaced_job", handle.name, self.namespace, ops,
+                                  _content_type=JSON_PATCH)  # fmt: skip
+                return True
+            except ApiException as exc:
+                if exc.status != 422:
+                    return _gone(exc)
         return False
 
     def failure_facts(self, handle: JobHandle) -> FailureFacts:
@@ -937,6 +962,18 @@ def _marks(job: dict[str, Any] | None, handle: JobHandle) -> dict[str, Any]:
             with contextlib.suppress(ValueError):
                 marks[key.removeprefix(prefix)] = json.loads(value)
     return marks
+
+
+def _gone(exc: Exception) -> bool:
+    """True for the API's 404 (the Job is gone: nothing to stop); any other error is raised again."""
+    if getattr(exc, "status", None) == 404:
+        return True
+    raise exc
+
+
+def _pointer(key: str) -> str:
+    """``key`` as one JSON Pointer token (RFC 6901: ``~`` and ``/`` escaped)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _secret_name(job_id: str) -> str:
