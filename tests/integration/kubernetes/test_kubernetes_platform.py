@@ -226,7 +226,7 @@ def test_issue_22_hole_3_an_old_trys_cancel_leaves_the_job_a_newer_try_claimed_m
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """Try 1's cancel read the Job as its own; right before it suspends it, a clear's try 2 claims it: the
-    suspension holds only for the version read (a resourceVersion precondition), so try 2's Job runs on."""
+    suspension holds only for the marks read (a JSON patch's test operations), so try 2's Job runs on."""
     run = start(triggerer, _op(docker_engine.busybox, "sleep 300"))
     kubefake.wait_running(_name(run))
     handle = JobHandle.from_json(run.handle)
