@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.hooks import container as ct
+from airflow_provider_tao.hooks.base import MARK_CANCEL
 from airflow_provider_tao.jobs import JobState, JobStatus
 
 #: The container of the job's pods (its log is the job's).
@@ -43,6 +44,9 @@ _MULTI_ATTACH_HINT = (
     " (a ReadWriteOnce volume, such as the connection's results_pvc, is in use on another node: use a "
     "ReadWriteMany claim)"
 )
+#: The annotation of the Job's cancel mark: a cancel suspends the Job (its pods stop) and keeps it, marks and all,
+#: until the task has read its verdict.
+ANNOTATION_CANCELED = f"{ct.LABEL_DOMAIN}/{MARK_CANCEL}"
 
 
 # ----------------------------------------------------------------------------- the status rule
@@ -117,6 +121,10 @@ def job_status(
     if failed is not None:
         return _failed_status(name, failed, pods)
     annotations = meta.get("annotations") or {}
+    if is_canceled(job):
+        return JobStatus(
+            JobState.CANCELED, f"Job {name} was canceled (suspended: its pods are stopped)", None, "Canceled"
+        )
     if job["spec"].get("suspend"):
         return _suspended_status(job, conditions.get("Suspended"), now)
     if not pods and (ready := (job.get("status") or {}).get("ready") or 0):  # the poll did not list the pods
@@ -177,7 +185,7 @@ def _suspended_status(job: dict[str, Any], condition: dict[str, Any] | None, now
             raw_state="Queued",
             capacity_wait_since=since,
         )
-    if now - (epoch(meta.get("creationTimestamp")) or now) > SETUP_TIMEOUT_SECONDS:
+    if never_started(job, now):
         return JobStatus(
             JobState.ERROR,
             f"Job {name} was created but never started (the submitting worker died?)",
@@ -372,6 +380,25 @@ def is_finished(job: dict[str, Any]) -> bool:
     return any(
         c["type"] in ("Complete", "Failed") and c.get("status") == "True"
         for c in (job.get("status") or {}).get("conditions") or []
+    )
+
+
+def is_canceled(job: dict[str, Any]) -> bool:
+    """A Job a cancel stopped: suspended, with the cancel mark."""
+    return bool(job["spec"].get("suspend")) and ANNOTATION_CANCELED in (job["metadata"].get("annotations") or {})
+
+
+def never_started(job: dict[str, Any], now: float) -> bool:
+    """A Job still suspended past :data:`SETUP_TIMEOUT_SECONDS` that we never resumed and nobody canceled: its
+    submitting worker died. (One we resumed and a queue such as Kueue suspended again waits for capacity.)"""
+    meta = job["metadata"]
+    created = epoch(meta.get("creationTimestamp")) or now
+    resumed = ANNOTATION_RESUMED in (meta.get("annotations") or {})
+    return (
+        bool(job["spec"].get("suspend"))
+        and not resumed
+        and not is_canceled(job)
+        and now - created > SETUP_TIMEOUT_SECONDS
     )
 
 
