@@ -380,6 +380,16 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
             found = self._find_in_chain(context, hook, name) if reattach else None
         except JobValidationError as exc:  # e.g. the platform refused the connection's credentials
             raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
+        except Exception as exc:
+            # A platform error that a retry cannot mend (refused credentials, a configuration error) fails the task
+            # now; anything else -- an outage above all -- is retried, never taken as "no earlier job".
+            err_class = getattr(exc, "err_class", None)
+            if isinstance(err_class, ErrClass) and not err_class.retriable:
+                raise AirflowFailException(
+                    f"Nothing was submitted: looking for this task's earlier job on {hook.platform} failed with "
+                    f"{err_class.value}: {exc}"
+                ) from exc
+            raise
         if found is not None and found[2].state is JobState.COMPLETE:
             hook, handle, status = found
             self._handle = handle

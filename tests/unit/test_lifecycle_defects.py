@@ -15,7 +15,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_provider_tao.hooks.base import MARK_CONSUMED, JobValidationError
-from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
+from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
 from airflow_provider_tao.records import STATE_KEY
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
@@ -314,3 +314,25 @@ def test_issue_22_hole_1_a_retry_after_a_worker_died_between_submission_and_reco
     third = _defer(op(), make_context(store, 3))
     assert live_local_jobs(a.name) == {b}  # one live job of the task instance: B, not B and C
     assert JobHandle.from_json(third.trigger.serialize()[1]["handle"]).job_id == b
+
+
+@pytest.mark.parametrize(("err_class", "fails_for_good"), [(ErrClass.ERR_AUTH, True), (ErrClass.ERR_INFRA, False)])
+def test_a_lookup_of_the_earlier_job_refused_for_good_fails_the_task_and_an_outage_is_retried(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, err_class: ErrClass, fails_for_good: bool
+) -> None:
+    """A platform error raised while the try looks for its earlier job is never "no job" (that would submit a
+    second one); a class a retry cannot mend (refused credentials) fails the task, any other is retried."""
+
+    class PlatformError(RuntimeError):
+        def __init__(self) -> None:
+            super().__init__("the platform said no")
+            self.err_class = err_class
+
+    def refused(self: FakeHook, name: str) -> JobHandle | None:
+        raise PlatformError()
+
+    monkeypatch.setattr(FakeHook, "find_job", refused)
+    with pytest.raises(PlatformError if not fails_for_good else AirflowFailException) as raised:
+        _op(deferrable=True).execute(make_context(Store(), 1))
+    assert isinstance(raised.value, AirflowFailException) is fails_for_good
+    assert fake_platform.jobs == {}

@@ -313,10 +313,11 @@ def test_a_wrong_token_is_err_auth_before_anything_is_created(
     conn = json.loads(brev_connection(brev_world))
     conn["password"] = "0123456789abcdef:not-a-device"
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(conn))
-    # the search for an earlier try's job is refused first: never "no job" (issue 21 point 6), the task fails
-    with pytest.raises(BrevError) as refused:
+    # the search for an earlier try's job is refused first: never "no job" (issue 21 point 6); the task fails for
+    # good (a refused token is not mended by a retry)
+    with pytest.raises(AirflowFailException, match="ERR_AUTH") as refused:
         start(triggerer, _op(docker_engine.busybox, "echo never"))
-    assert refused.value.err_class is ErrClass.ERR_AUTH
+    assert isinstance(refused.value.__cause__, BrevError) and refused.value.__cause__.err_class is ErrClass.ERR_AUTH
     assert "password of the tao_brev connection" in str(refused.value)
     assert brev_world.instances() == [] and not any(_sub(c) == "create" for c in brev_world.calls())
 
