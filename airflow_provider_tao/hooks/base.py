@@ -191,6 +191,10 @@ class TAOPlatformHook(BaseHook):
     #: Where the ownership marks live, for the docs and the logs (e.g. "files in the job folder").
     marks_storage: ClassVar[str]
     supports_multi_node: ClassVar[bool] = False
+    #: True when one poll's status call also reads the new log bytes of every watched job (or they are local files):
+    #: the trigger then reads every watched log at every poll; otherwise ``[tao] log_reads_per_interval`` bounds the
+    #: log reads of a connection per interval (see :mod:`airflow_provider_tao.triggers.log_budget`).
+    log_reads_batched: ClassVar[bool] = False
     #: Environment variable fallbacks for connection fields, e.g. {"login": "SLURM_USER"}.
     env_fallbacks: ClassVar[dict[str, str]] = {}
 

@@ -100,6 +100,7 @@ class SlurmHook(TAOPlatformHook):
     name_rule = ss.NAME_RULE
     name_max_length = 128
     marks_storage = "small files in the job's folder on the shared filesystem (marks/)"
+    log_reads_batched = True  # the poll's one command reads every watched job's new log bytes
     env_fallbacks = {
         "login": "SLURM_USER",
         "host": "SLURM_HOSTNAME",

@@ -28,13 +28,16 @@ from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobState, JobStatus
 from airflow_provider_tao.outage import OutageLog
-from airflow_provider_tao.settings import outage_report_seconds, trigger_event_hold_seconds
+from airflow_provider_tao.settings import log_reads_per_interval, outage_report_seconds, trigger_event_hold_seconds
+from airflow_provider_tao.triggers.log_budget import LogBudget
 
 #: Upper bound of one batched status call; a hung backend must not hang the trigger.
 STATUS_CALL_TIMEOUT = 60.0
 MAX_BACKOFF_SECONDS = 30.0  # after an outage the first good poll must not come much later
 #: XCom key of the log cursor (kept with the task instance: survives triggerer restarts, cleared by a new try).
 XCOM_LOG_CURSOR = "tao_log_cursor"
+#: Bounded reads of an ended job's log before its end is reported anyway (about a GiB at the hooks' bounds).
+FINAL_LOG_READS = 1024
 #: Cancels started by on_kill, kept referenced until they finish (the event loop holds tasks only weakly).
 _CANCELS: set[asyncio.Future[None]] = set()
 
@@ -60,6 +63,8 @@ class TriggerOutcome:
 class _Watch:
     handle: JobHandle
     interval: float
+    logs: bool = False  # its trigger streams the job's log
+    log_turn: bool = False  # the poller granted it a live log read, not made yet
     updates: asyncio.Queue[JobStatus] = field(default_factory=lambda: asyncio.Queue(maxsize=1))
 
     def publish(self, status: JobStatus) -> None:
@@ -68,6 +73,10 @@ class _Watch:
             self.updates.get_nowait()
         self.updates.put_nowait(status)
 
+    def take_log_turn(self) -> bool:
+        turn, self.log_turn = self.log_turn, False
+        return turn
+
 
 class StatusPoller:
     """Polls every watched job of one (platform, connection) with one backend call per interval.
@@ -75,7 +84,7 @@ class StatusPoller:
     One instance per event loop and connection (the triggerer runs all triggers on one loop), holding the one
     hook -- and so the one async client -- that status, logs, marks and cancel share. It starts with its first
     watcher, restarts its task if that task ever dies, and closes the hook when the last watcher leaves. Failed
-    calls publish ``Unknown`` and back off.
+    calls publish ``Unknown`` and back off. Its :class:`LogBudget` says which jobs read their log at each poll.
 
     :param hook: the platform hook (connection already loaded).
     """
@@ -86,6 +95,7 @@ class StatusPoller:
         self.hook = hook
         self.watches: dict[int, _Watch] = {}
         self.calls = 0  # backend calls made, for tests and benchmarks
+        self.logs = LogBudget(None if hook.log_reads_batched else log_reads_per_interval())
         self.restarts = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -110,8 +120,8 @@ class StatusPoller:
         return cls._instances.get(cls._key(platform, conn_id))
 
     @contextlib.asynccontextmanager
-    async def watch(self, handle: JobHandle, interval: float) -> AsyncIterator[_Watch]:
-        watch = _Watch(handle, interval)
+    async def watch(self, handle: JobHandle, interval: float, logs: bool = False) -> AsyncIterator[_Watch]:
+        watch = _Watch(handle, interval, logs)
         self.watches[id(watch)] = watch
         self._wake.set()  # a new job is polled at once, not after the current interval
         self.ensure_running()
@@ -119,6 +129,7 @@ class StatusPoller:
             yield watch
         finally:
             del self.watches[id(watch)]
+            self.logs.forget(handle.job_id)
             if not self.watches:
                 await self._stop()
 
@@ -152,7 +163,10 @@ class StatusPoller:
             handles = list({w.handle.job_id: w.handle for w in watches}.values())
             statuses = await self._poll(handles)
             failed = all(s.state is JobState.UNKNOWN and not s.not_found for s in statuses.values())
+            live = [w.handle.job_id for w in watches if w.logs and _running(statuses.get(w.handle.job_id))]
+            readers = self.logs.plan(live)
             for watch in watches:
+                watch.log_turn |= watch.handle.job_id in readers
                 watch.publish(statuses.get(watch.handle.job_id) or JobStatus.unknown("not in the platform's answer"))
             interval = min(w.interval for w in watches)
             backoff = min(max(interval, backoff * 2), MAX_BACKOFF_SECONDS) if failed else 0.0
@@ -168,6 +182,11 @@ class StatusPoller:
         except Exception as exc:
             self.hook.log.warning("Status poll of %d job(s) on %s failed: %s", len(handles), self.hook.platform, exc)
             return {h.job_id: JobStatus.unknown(f"status call failed: {exc}") for h in handles}
+
+
+def _running(status: JobStatus | None) -> bool:
+    """A job whose log may grow: known and not ended."""
+    return status is not None and status.state is not JobState.UNKNOWN and not status.state.is_terminal
 
 
 class TAOJobTrigger(BaseTrigger):
@@ -243,7 +262,7 @@ class TAOJobTrigger(BaseTrigger):
         status = JobStatus.unknown("no status yet")
         outage = OutageLog(self.log, hook.platform, outage_report_seconds())
         not_found = 0
-        async with poller.watch(self.handle, self.poll_interval) as watch:
+        async with poller.watch(self.handle, self.poll_interval, self.stream_logs) as watch:
             if problem := hook.watch_problem(self.handle):
                 yield self._event(TriggerOutcome.MISPLACED, JobStatus.unknown(problem), problem)
                 return
@@ -260,9 +279,9 @@ class TAOJobTrigger(BaseTrigger):
                         status = JobStatus.unknown(f"no status from the {hook.platform} platform for {wait:.1f} s")
                 outage.update(status)
                 not_found = not_found + 1 if status.not_found else 0
-                # An ended job's log is read once, by the final read below.
-                if self.stream_logs and status.state is not JobState.UNKNOWN and not status.state.is_terminal:
-                    await self._stream_logs(hook)
+                # An ended job's log is read by the final reads below; a live one when the poller grants it a turn.
+                if self.stream_logs and _running(status) and watch.take_log_turn():
+                    await self._live_log(poller)
                 if self.deadline is not None and time.time() >= self.deadline:
                     yield self._event(TriggerOutcome.TIMEOUT, status, "the task's execution_timeout passed")
                     return
@@ -278,7 +297,7 @@ class TAOJobTrigger(BaseTrigger):
                     continue
                 if status.state.is_terminal:
                     if self.stream_logs:
-                        await self._stream_logs(hook, final=True)
+                        await self._final_log(poller)
                     yield self._event(TriggerOutcome.BY_STATE[status.state], status, status.message)
                     return
 
@@ -302,6 +321,23 @@ class TAOJobTrigger(BaseTrigger):
             }
         )
 
+    async def _live_log(self, poller: StatusPoller) -> None:
+        before = self.log_cursor
+        await self._stream_logs(poller.hook)
+        poller.logs.record(self.handle.job_id, self.log_cursor != before, self.poll_interval)
+
+    async def _final_log(self, poller: StatusPoller) -> None:
+        """An ended job's log in full: bounded reads, each on a turn of the connection's log budget, until one
+        brings nothing new (that one also writes an unfinished last line)."""
+        for _ in range(FINAL_LOG_READS):
+            await poller.logs.final_turn()
+            before = self.log_cursor
+            await self._stream_logs(poller.hook, final=True)
+            if self.log_cursor == before:
+                return
+        self.log.warning("Job %s: its log is longer than %d reads; the rest is not copied", self.handle.job_id,
+                         FINAL_LOG_READS)  # fmt: skip
+
     async def _stream_logs(self, hook: TAOPlatformHook, final: bool = False) -> None:
         """Copy complete new log lines into the task log; a trailing partial line waits for its newline. The new
         cursor is stored before the lines are written: a triggerer dying in between loses lines rather than
@@ -315,8 +351,9 @@ class TAOJobTrigger(BaseTrigger):
             return
         lines = (self._partial_line + text).split("\n")
         self._partial_line = lines.pop()  # the text after the last newline: an unfinished line, or ""
-        if final and self._partial_line:
+        if final and self._partial_line and cursor == self.log_cursor:  # the end of an ended job's log
             lines.append(self._partial_line)
+            self._partial_line = ""
         try:
             if cursor != self.log_cursor:
                 self.log_cursor = cursor

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import re
 import time
 import uuid
 from typing import Any
@@ -299,3 +301,44 @@ def test_serialize_round_trip(fake_platform: type[FakeHook]) -> None:
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_provider_tao.triggers.job.TAOJobTrigger"
     assert TAOJobTrigger(**kwargs).serialize() == (classpath, kwargs)
+
+
+async def test_a_log_budget_bounds_each_poll_and_every_line_arrives_once_in_order(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """50 watched jobs on a connection without a batched log read, [tao] log_reads_per_interval = 5: no poll interval
+    makes more than 5 log reads; quiet jobs are read less often than printing ones; every job's log -- a quiet job's
+    burst at its end many reads long included -- reaches the task log in full, in order, each line once."""
+    monkeypatch.setenv("AIRFLOW__TAO__LOG_READS_PER_INTERVAL", "5")
+    fake_platform.log_read_limit = 100  # bytes: a burst of 10 lines takes 3 reads
+    handles = [_submit(fake_platform) for _ in range(50)]
+    chatty, quiet, bursting = handles[:5], handles[5:45], handles[45:]
+    logs = fake_platform.logs
+
+    def emit(handle: JobHandle, lines: int) -> None:
+        for _ in range(lines):
+            text = logs.get(handle.job_id, "")
+            logs[handle.job_id] = text + f"{handle.job_id} line {text.count(chr(10)):03}\n"
+
+    tasks = [asyncio.ensure_future(_first_event(_trigger(h, poll_interval=0.05), timeout=60)) for h in handles]
+    for _ in range(30):
+        await asyncio.sleep(0.05)
+        for h in chatty:
+            emit(h, 1)
+    for h in quiet:
+        emit(h, 1)
+    for h in bursting:
+        emit(h, 10)
+    ended_at = len(fake_platform.status_calls)
+    for h in handles:
+        fake_platform.jobs[h.job_id]["state"] = JobState.COMPLETE
+    assert {p["status"] for p in await asyncio.gather(*tasks)} == {"complete"}
+
+    reads_per_poll = collections.Counter(poll for poll, _ in fake_platform.log_reads)
+    assert max(reads_per_poll.values()) <= 5
+    live = collections.Counter(job for poll, job in fake_platform.log_reads if poll < ended_at)
+    assert min(live[h.job_id] for h in chatty) > max(live[h.job_id] for h in quiet + bursting)
+    out = capsys.readouterr().out
+    for h in handles:
+        shown = re.findall(rf"\[job\] ({h.job_id} line \d+)", out)
+        assert shown == logs[h.job_id].splitlines(), h.job_id

@@ -1,0 +1,110 @@
+"""How often each watched job's log is read: the log budget of one connection's :class:`StatusPoller`.
+
+Platforms whose one status call also reads every watched job's new log bytes (SLURM, Brev) or whose logs are files
+on this host (local) read every watched log at every poll: a read costs no backend call there. The others (Docker,
+Kubernetes, Lepton) have no batched log API, so each read is a call of its own; there a connection spends at most
+``[tao] log_reads_per_interval`` reads per poll interval:
+
+* an ended job's reads come first: its log is read in full (bounded reads until one brings nothing new) before its
+  trigger reports the end, waiting for the next interval's reads when this one's are spent -- no line is lost, some
+  come later;
+* then the live reads, to the jobs that printed at their last read first; a job whose read brought nothing is read
+  less and less often (its gap doubles, up to :data:`QUIET_CEILING_SECONDS`) and every job waiting longer than the
+  ceiling goes before them all, so no live job is starved while the budget can serve it.
+
+What a trigger writes to its task log stays in order and complete: a skipped read only moves lines to a later read
+from the same cursor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+#: The longest gap between two live reads of a quiet job (seconds), when the budget allows it.
+QUIET_CEILING_SECONDS = 60.0
+
+
+@dataclass
+class _Pace:
+    due: float = -math.inf  # monotonic time from which the job's next live read is due (a new job: at once)
+    gap: float = 0.0  # seconds between its reads now (doubles while its reads bring nothing)
+    printed: bool = True  # its last read brought lines (a new job counts as printing: its backlog is read first)
+
+
+class LogBudget:
+    """The log reads of one connection: which jobs read their log at a poll, and turns for ended jobs' reads.
+
+    :param reads_per_interval: reads a poll interval may spend; None = every watched log at every poll (the
+        platform reads logs in its status call or from local files).
+    :param ceiling: the longest gap between two live reads of a quiet job, in seconds.
+    """
+
+    def __init__(self, reads_per_interval: int | None, ceiling: float = QUIET_CEILING_SECONDS) -> None:
+        self.reads_per_interval = reads_per_interval
+        self.ceiling = ceiling
+        self.tokens = math.inf if reads_per_interval is None else float(reads_per_interval)
+        self.granted = 0  # live reads granted and final turns given, for tests and benchmarks
+        self._paces: dict[str, _Pace] = {}
+        self._finals: list[asyncio.Future[None]] = []
+
+    def plan(self, readers: Iterable[str], now: float | None = None) -> set[str]:
+        """A new poll interval: refill the reads, serve the ended jobs waiting for a turn, then pick the live
+        jobs (``readers``: watched, streaming, not ended) whose log is read at this poll."""
+        readers = list(dict.fromkeys(readers))
+        if self.reads_per_interval is None:
+            self.granted += len(readers)
+            return set(readers)
+        now = time.monotonic() if now is None else now
+        self.tokens = float(self.reads_per_interval)
+        while self._finals and self.tokens >= 1:
+            future = self._finals.pop(0)
+            if not future.done():
+                self._spend()
+                future.set_result(None)
+        due = [job for job in readers if self._pace(job).due <= now]
+        # Waiting past the ceiling first, then the jobs that printed lately, then the longest waiting.
+        due.sort(key=lambda job: (now - self._paces[job].due < self.ceiling, not self._paces[job].printed,
+                                  self._paces[job].due))  # fmt: skip
+        chosen = due[: int(self.tokens)]
+        for _ in chosen:
+            self._spend()
+        return set(chosen)
+
+    async def final_turn(self) -> None:
+        """Wait for one read of an ended job's log: at once while this interval has reads left, else at the next
+        poll (before any live read)."""
+        if self.tokens >= 1 and not self._finals:
+            self._spend()
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._finals.append(future)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future in self._finals:
+                self._finals.remove(future)
+            raise
+
+    def record(self, job_id: str, printed: bool, interval: float, now: float | None = None) -> None:
+        """A live read of ``job_id`` brought lines (``printed``) or nothing: when its next read is due."""
+        now = time.monotonic() if now is None else now
+        pace = self._pace(job_id)
+        pace.printed = printed
+        pace.gap = interval if printed else min(self.ceiling, max(interval, pace.gap * 2))
+        # half an interval early: a read due just after a poll is made at that poll, not one interval later
+        pace.due = now + pace.gap - interval / 2
+
+    def forget(self, job_id: str) -> None:
+        """The job's watch ended."""
+        self._paces.pop(job_id, None)
+
+    def _pace(self, job_id: str) -> _Pace:
+        return self._paces.setdefault(job_id, _Pace())
+
+    def _spend(self) -> None:
+        self.tokens -= 1
+        self.granted += 1
