@@ -424,6 +424,12 @@ class TAOPlatformHook(BaseHook):
         lines instead, and a cursor at the end of the log."""
         raise NotImplementedError
 
+    def log_read_reached_end(self, text: str) -> bool:
+        """Whether a read of an ended job's log that returned ``text`` reached the log's end, so the trigger makes
+        no read just to find nothing more: a read of less than half ``LOG_READ_LIMIT`` was not cut by the bound.
+        Platforms whose reads are bounded otherwise override it."""
+        return len(text.encode()) < LOG_READ_LIMIT // 2
+
     def _cancel(self, handle: JobHandle) -> bool:
         """Stop the job on the platform; True when it is gone or already terminal. Idempotent."""
         raise NotImplementedError

@@ -675,6 +675,10 @@ class SlurmHook(TAOPlatformHook):
         text = "".join(t if t.endswith("\n") or not t else t + "\n" for t in texts)
         return text, str(ss.pack_offset(sizes[0], sizes[1]))
 
+    def log_read_reached_end(self, text: str) -> bool:
+        # a poll reads less than LOG_READ_LIMIT of each job; the read that finds nothing more costs no command
+        return False
+
     async def aget_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
         """New log text, mostly for free: the poller already read it in its status command. Pending jobs have no
         log yet (no command at all); other reads of the same moment are batched into one command."""

@@ -50,6 +50,7 @@ from airflow_provider_tao.operators.failover import CapacityFailoverMixin, secon
 from airflow_provider_tao.operators.staging import S3StagingMixin
 from airflow_provider_tao.outage import OutageLog
 from airflow_provider_tao.records import STATE_KEY, XCOM_RECORD, JobRecord
+from airflow_provider_tao.triggers.log_budget import FINAL_LOG_READS
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -608,6 +609,13 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
             self.log.info("[job] %s", line)
         return cursor
 
+    def _copy_rest_of_log(self, hook: TAOPlatformHook, handle: JobHandle, cursor: str) -> None:
+        """An ended job's log from ``cursor`` to its end (bounded reads until one brings nothing new)."""
+        for _ in range(FINAL_LOG_READS):
+            cursor, before = self._copy_logs(hook, handle, cursor), cursor
+            if cursor == before:
+                return
+
     @staticmethod
     def _payload(outcome: str, handle: JobHandle, status: JobStatus, cursor: str) -> dict[str, Any]:
         return {
@@ -626,6 +634,8 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         self._handle = handle
         hook = get_platform_hook(handle.platform, handle.conn_id)
         hook.load_connection()
+        if not event.get("log_complete", True):  # the trigger's log reads ran out at the job's end
+            self._copy_rest_of_log(hook, handle, str(event.get("log_cursor") or ""))
         if outcome == "misplaced":
             raise AirflowFailException(event.get("message") or status.message)
         message = event.get("message") or status.message

@@ -9,7 +9,9 @@ that it keeps as an XCom of its task instance, so a restarted triggerer resumes 
 The event contract (a plain dict, see :class:`TriggerOutcome`): ``status`` is one of ``complete``, ``error``,
 ``canceled``, ``timeout`` (the task's deadline passed), ``capacity`` (the job waited for resources past the task's
 ``capacity_timeout``: the operator fails over) or ``misplaced`` (this triggerer cannot see the job), plus
-``handle``, ``job_status``, ``log_cursor`` and ``message``. An unanswerable platform is never an outcome: the
+``handle``, ``job_status``, ``log_cursor``, ``log_complete`` (False: the connection's log reads of the interval were
+spent before the ended job's log was read to its end; the operator copies the rest from ``log_cursor``) and
+``message``. An unanswerable platform is never an outcome: the
 trigger keeps waiting (and says so in the task log) until the job ends or the task's deadline passes.
 """
 
@@ -29,15 +31,13 @@ from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobState, JobStatus
 from airflow_provider_tao.outage import OutageLog
 from airflow_provider_tao.settings import log_reads_per_interval, outage_report_seconds, trigger_event_hold_seconds
-from airflow_provider_tao.triggers.log_budget import LogBudget
+from airflow_provider_tao.triggers.log_budget import FINAL_LOG_READS, LogBudget
 
 #: Upper bound of one batched status call; a hung backend must not hang the trigger.
 STATUS_CALL_TIMEOUT = 60.0
 MAX_BACKOFF_SECONDS = 30.0  # after an outage the first good poll must not come much later
 #: XCom key of the log cursor (kept with the task instance: survives triggerer restarts, cleared by a new try).
 XCOM_LOG_CURSOR = "tao_log_cursor"
-#: Bounded reads of an ended job's log before its end is reported anyway (about a GiB at the hooks' bounds).
-FINAL_LOG_READS = 1024
 #: Cancels started by on_kill, kept referenced until they finish (the event loop holds tasks only weakly).
 _CANCELS: set[asyncio.Future[None]] = set()
 
@@ -164,7 +164,8 @@ class StatusPoller:
             statuses = await self._poll(handles)
             failed = all(s.state is JobState.UNKNOWN and not s.not_found for s in statuses.values())
             live = [w.handle.job_id for w in watches if w.logs and _running(statuses.get(w.handle.job_id))]
-            readers = self.logs.plan(live)
+            ending = [w.handle.job_id for w in watches if w.logs and _ended(statuses.get(w.handle.job_id))]
+            readers = self.logs.plan(live, ending)
             for watch in watches:
                 watch.log_turn |= watch.handle.job_id in readers
                 watch.publish(statuses.get(watch.handle.job_id) or JobStatus.unknown("not in the platform's answer"))
@@ -187,6 +188,10 @@ class StatusPoller:
 def _running(status: JobStatus | None) -> bool:
     """A job whose log may grow: known and not ended."""
     return status is not None and status.state is not JobState.UNKNOWN and not status.state.is_terminal
+
+
+def _ended(status: JobStatus | None) -> bool:
+    return status is not None and status.state.is_terminal
 
 
 class TAOJobTrigger(BaseTrigger):
@@ -296,9 +301,8 @@ class TAOJobTrigger(BaseTrigger):
                     self.log.warning("Job %s: %s", self.handle.job_id, note)
                     continue
                 if status.state.is_terminal:
-                    if self.stream_logs:
-                        await self._final_log(poller)
-                    yield self._event(TriggerOutcome.BY_STATE[status.state], status, status.message)
+                    complete = await self._final_log(poller) if self.stream_logs else True
+                    yield self._event(TriggerOutcome.BY_STATE[status.state], status, status.message, complete)
                     return
 
     async def _resubmitted(self, hook: TAOPlatformHook, status: JobStatus) -> str | None:
@@ -310,13 +314,14 @@ class TAOJobTrigger(BaseTrigger):
             self.log.warning("Resubmitting job %s failed: %s", self.handle.job_id, exc)
             return None
 
-    def _event(self, outcome: str, status: JobStatus, message: str) -> TriggerEvent:
+    def _event(self, outcome: str, status: JobStatus, message: str, log_complete: bool = True) -> TriggerEvent:
         return TriggerEvent(
             {
                 "status": outcome,
                 "handle": self.handle.to_json(),
                 "job_status": status.to_json(),
                 "log_cursor": self.log_cursor,
+                "log_complete": log_complete,
                 "message": message,
             }
         )
@@ -326,32 +331,35 @@ class TAOJobTrigger(BaseTrigger):
         await self._stream_logs(poller.hook)
         poller.logs.record(self.handle.job_id, self.log_cursor != before, self.poll_interval)
 
-    async def _final_log(self, poller: StatusPoller) -> None:
-        """An ended job's log in full: bounded reads, each on a turn of the connection's log budget, until one
-        brings nothing new (that one also writes an unfinished last line)."""
+    async def _final_log(self, poller: StatusPoller) -> bool:
+        """An ended job's log to its end, in bounded reads on the connection's log budget; False when the budget
+        (or a failed read) left some of it: the worker resuming the task copies the rest from the event's cursor."""
         for _ in range(FINAL_LOG_READS):
-            await poller.logs.final_turn()
-            before = self.log_cursor
-            await self._stream_logs(poller.hook, final=True)
-            if self.log_cursor == before:
-                return
-        self.log.warning("Job %s: its log is longer than %d reads; the rest is not copied", self.handle.job_id,
-                         FINAL_LOG_READS)  # fmt: skip
+            if not poller.logs.final_turn(self.handle.job_id):
+                break
+            if await self._stream_logs(poller.hook, final=True):
+                return True
+        if self._partial_line:  # the operator continues after it: written now, the line is split, never lost
+            self.log.info("[job] %s", self._partial_line)
+            self._partial_line = ""
+        self.log.info("Job %s ended; the rest of its log is copied when the task resumes", self.handle.job_id)
+        return False
 
-    async def _stream_logs(self, hook: TAOPlatformHook, final: bool = False) -> None:
-        """Copy complete new log lines into the task log; a trailing partial line waits for its newline. The new
-        cursor is stored before the lines are written: a triggerer dying in between loses lines rather than
-        writing them twice."""
+    async def _stream_logs(self, hook: TAOPlatformHook, final: bool = False) -> bool:
+        """Copy complete new log lines into the task log; a trailing partial line waits for its newline, or for the
+        end of an ended job's log (``final``: True when this read reached it). The new cursor is stored before the
+        lines are written: a triggerer dying in between loses lines rather than writing them twice."""
         try:
             text, cursor = await hook.aget_job_logs(self.handle, self.log_cursor)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # logs are best effort: never fail the watch over them
             self.log.debug("Reading the job log failed: %s", exc)
-            return
+            return False
+        at_end = final and (cursor == self.log_cursor or hook.log_read_reached_end(text))
         lines = (self._partial_line + text).split("\n")
         self._partial_line = lines.pop()  # the text after the last newline: an unfinished line, or ""
-        if final and self._partial_line and cursor == self.log_cursor:  # the end of an ended job's log
+        if at_end and self._partial_line:
             lines.append(self._partial_line)
             self._partial_line = ""
         try:
@@ -363,6 +371,7 @@ class TAOJobTrigger(BaseTrigger):
         finally:
             for line in lines:
                 self.log.info("[job] %s", line)
+        return at_end
 
     # ----------------------------------------------------------------- what the triggerer keeps for us
 

@@ -5,9 +5,10 @@ on this host (local) read every watched log at every poll: a read costs no backe
 Kubernetes, Lepton) have no batched log API, so each read is a call of its own; there a connection spends at most
 ``[tao] log_reads_per_interval`` reads per poll interval:
 
-* an ended job's reads come first: its log is read in full (bounded reads until one brings nothing new) before its
-  trigger reports the end, waiting for the next interval's reads when this one's are spent -- no line is lost, some
-  come later;
+* an ended job's reads come first: each job that ended at this poll has one read set aside for it, and reads on
+  (bounded reads) while the interval has reads left; when they are spent, its trigger reports the end at once and
+  the task's worker, resuming, reads the rest of the log from the event's cursor -- no line is lost, and the end
+  is noticed no later;
 * then the live reads, to the jobs that printed at their last read first; a job whose read brought nothing is read
   less and less often (its gap doubles, up to :data:`QUIET_CEILING_SECONDS`) and every job waiting longer than the
   ceiling goes before them all, so no live job is starved while the budget can serve it.
@@ -18,7 +19,6 @@ from the same cursor.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Iterable
@@ -26,6 +26,9 @@ from dataclasses import dataclass
 
 #: The longest gap between two live reads of a quiet job (seconds), when the budget allows it.
 QUIET_CEILING_SECONDS = 60.0
+#: The most bounded reads of an ended job's log (about a GiB at the hooks' bounds): a guard against a log that
+#: never stops growing, not a limit any training log meets.
+FINAL_LOG_READS = 1024
 
 
 @dataclass
@@ -49,22 +52,23 @@ class LogBudget:
         self.tokens = math.inf if reads_per_interval is None else float(reads_per_interval)
         self.granted = 0  # live reads granted and final turns given, for tests and benchmarks
         self._paces: dict[str, _Pace] = {}
-        self._finals: list[asyncio.Future[None]] = []
+        self._reserved: set[str] = set()
 
-    def plan(self, readers: Iterable[str], now: float | None = None) -> set[str]:
-        """A new poll interval: refill the reads, serve the ended jobs waiting for a turn, then pick the live
-        jobs (``readers``: watched, streaming, not ended) whose log is read at this poll."""
+    def plan(self, readers: Iterable[str], ending: Iterable[str] = (), now: float | None = None) -> set[str]:
+        """A new poll interval: refill the reads, set one aside for each job that ended at this poll (``ending``),
+        then pick the live jobs (``readers``: watched, streaming, not ended) whose log is read at this poll."""
         readers = list(dict.fromkeys(readers))
         if self.reads_per_interval is None:
             self.granted += len(readers)
             return set(readers)
         now = time.monotonic() if now is None else now
         self.tokens = float(self.reads_per_interval)
-        while self._finals and self.tokens >= 1:
-            future = self._finals.pop(0)
-            if not future.done():
-                self._spend()
-                future.set_result(None)
+        self._reserved = set()
+        for job in dict.fromkeys(ending):
+            if self.tokens < 1:
+                break
+            self._reserved.add(job)
+            self.tokens -= 1
         due = [job for job in readers if self._pace(job).due <= now]
         # Waiting past the ceiling first, then the jobs that printed lately, then the longest waiting.
         due.sort(key=lambda job: (now - self._paces[job].due < self.ceiling, not self._paces[job].printed,
@@ -74,20 +78,17 @@ class LogBudget:
             self._spend()
         return set(chosen)
 
-    async def final_turn(self) -> None:
-        """Wait for one read of an ended job's log: at once while this interval has reads left, else at the next
-        poll (before any live read)."""
-        if self.tokens >= 1 and not self._finals:
+    def final_turn(self, job_id: str) -> bool:
+        """One read of an ended job's log: the one set aside for it, or one this interval has left; False when
+        they are spent (never waits: the job's end is not reported later for its log)."""
+        if job_id in self._reserved:
+            self._reserved.discard(job_id)
+            self.granted += 1
+            return True
+        if self.tokens >= 1:
             self._spend()
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._finals.append(future)
-        try:
-            await future
-        except asyncio.CancelledError:
-            if future in self._finals:
-                self._finals.remove(future)
-            raise
+            return True
+        return False
 
     def record(self, job_id: str, printed: bool, interval: float, now: float | None = None) -> None:
         """A live read of ``job_id`` brought lines (``printed``) or nothing: when its next read is due."""
@@ -101,6 +102,7 @@ class LogBudget:
     def forget(self, job_id: str) -> None:
         """The job's watch ended."""
         self._paces.pop(job_id, None)
+        self._reserved.discard(job_id)
 
     def _pace(self, job_id: str) -> _Pace:
         return self._paces.setdefault(job_id, _Pace())

@@ -124,7 +124,12 @@ class FakeHook(TAOPlatformHook):
         data = self.logs.get(handle.job_id, "").encode()
         start = int(cursor or 0)
         new = data[start : start + self.log_read_limit]
+        if len(new) == self.log_read_limit and b"\n" in new:
+            new = new[: new.rfind(b"\n") + 1]  # whole lines, as the timestamp-cursor platforms return them
         return new.decode(), str(start + len(new))
+
+    def log_read_reached_end(self, text: str) -> bool:
+        return len(text.encode()) < self.log_read_limit - 30  # shorter than a cut read (lines are shorter)
 
     def _cancel(self, handle: JobHandle) -> bool:
         job = self.jobs[handle.job_id]

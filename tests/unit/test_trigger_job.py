@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
+from airflow_provider_tao.operators.submit import TAOSubmitOperator
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
 from tests.unit.fakes import FakeHook
 
@@ -307,8 +308,9 @@ async def test_a_log_budget_bounds_each_poll_and_every_line_arrives_once_in_orde
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """50 watched jobs on a connection without a batched log read, [tao] log_reads_per_interval = 5: no poll interval
-    makes more than 5 log reads; quiet jobs are read less often than printing ones; every job's log -- a quiet job's
-    burst at its end many reads long included -- reaches the task log in full, in order, each line once."""
+    makes more than 5 log reads; quiet jobs are read less often than printing ones; all jobs end at once: the ends
+    are reported at once, each job's log -- a quiet job's burst at its end many reads long included -- reaches the
+    task log in full, in order, each line once (what the budget left is copied by the resuming operator)."""
     monkeypatch.setenv("AIRFLOW__TAO__LOG_READS_PER_INTERVAL", "5")
     fake_platform.log_read_limit = 100  # bytes: a burst of 10 lines takes 3 reads
     handles = [_submit(fake_platform) for _ in range(50)]
@@ -332,12 +334,21 @@ async def test_a_log_budget_bounds_each_poll_and_every_line_arrives_once_in_orde
     ended_at = len(fake_platform.status_calls)
     for h in handles:
         fake_platform.jobs[h.job_id]["state"] = JobState.COMPLETE
-    assert {p["status"] for p in await asyncio.gather(*tasks)} == {"complete"}
+    payloads = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert {p["status"] for p in payloads} == {"complete"}
+    assert len(fake_platform.status_calls) - ended_at <= 2  # no end waited for its log
 
     reads_per_poll = collections.Counter(poll for poll, _ in fake_platform.log_reads)
     assert max(reads_per_poll.values()) <= 5
     live = collections.Counter(job for poll, job in fake_platform.log_reads if poll < ended_at)
     assert min(live[h.job_id] for h in chatty) > max(live[h.job_id] for h in quiet + bursting)
+    handed_over = [p for p in payloads if not p["log_complete"]]
+    assert handed_over  # 50 ends in one interval of 5 reads
+    for payload in handed_over:
+        handle = JobHandle.from_json(payload["handle"])
+        TAOSubmitOperator(task_id="t", conn_id="fake_conn", image="i", command="x")._copy_rest_of_log(
+            FakeHook(conn_id="fake_conn"), handle, payload["log_cursor"]
+        )
     out = capsys.readouterr().out
     for h in handles:
         shown = re.findall(rf"\[job\] ({h.job_id} line \d+)", out)
