@@ -279,7 +279,10 @@ async def _run(kind: str, jobs: int, interval: float, duration: float, instances
     stop, worst = asyncio.Event(), [0.0]
     monitor = asyncio.create_task(_lag_monitor(stop, worst))
     watch, logs = SIDES[kind], kind.endswith("+logs")
-    tasks = [asyncio.create_task(watch(h, interval, logs)) for h in handles]
+    tasks = []
+    for handle in handles:  # as the triggerer starts them: one per turn of the loop (TriggerRunner.create_triggers)
+        tasks.append(asyncio.create_task(watch(handle, interval, logs)))
+        await asyncio.sleep(0)
     await asyncio.sleep(min(interval * 3, duration / 2))
     rss_peak = rss_mib()
     noticed = await asyncio.gather(*tasks)

@@ -36,6 +36,7 @@ from airflow_provider_tao.triggers.log_budget import FINAL_LOG_READS, LogBudget
 #: Upper bound of one batched status call; a hung backend must not hang the trigger.
 STATUS_CALL_TIMEOUT = 60.0
 MAX_BACKOFF_SECONDS = 30.0  # after an outage the first good poll must not come much later
+NEW_JOB_POLL_GAP = 1.0  # seconds from one poll to an early one for newly watched jobs
 #: XCom key of the log cursor (kept with the task instance: survives triggerer restarts, cleared by a new try).
 XCOM_LOG_CURSOR = "tao_log_cursor"
 #: Cancels started by on_kill, kept referenced until they finish (the event loop holds tasks only weakly).
@@ -90,6 +91,9 @@ class StatusPoller:
     """
 
     _instances: ClassVar[dict[tuple[int, str, str | None], StatusPoller]] = {}
+    #: pollers being created: the triggers that start meanwhile wait for the same one (one connection load, not one
+    #: per trigger when a restarted triggerer starts thousands at once)
+    _creating: ClassVar[dict[tuple[int, str, str | None], asyncio.Future[StatusPoller]]] = {}
 
     def __init__(self, hook: TAOPlatformHook) -> None:
         self.hook = hook
@@ -108,12 +112,19 @@ class StatusPoller:
     async def for_connection(cls, platform: str, conn_id: str | None) -> StatusPoller:
         """This event loop's poller of the connection, created (and its connection loaded) on first use."""
         key = cls._key(platform, conn_id)
-        poller = cls._instances.get(key)
-        if poller is None:
-            hook = get_platform_hook(platform, conn_id)
-            await hook.aload_connection()
-            poller = cls._instances.setdefault(key, cls(hook))
-        return poller
+        if (poller := cls._instances.get(key)) is not None:
+            return poller
+        creating = cls._creating.get(key)
+        if creating is None:
+            creating = cls._creating[key] = asyncio.ensure_future(cls._create(key, platform, conn_id))
+            creating.add_done_callback(lambda _: cls._creating.pop(key, None))
+        return await asyncio.shield(creating)  # a waiter cancelled does not cancel the others' poller
+
+    @classmethod
+    async def _create(cls, key: tuple[int, str, str | None], platform: str, conn_id: str | None) -> StatusPoller:
+        hook = get_platform_hook(platform, conn_id)
+        await hook.aload_connection()
+        return cls._instances.setdefault(key, cls(hook))
 
     @classmethod
     def existing(cls, platform: str, conn_id: str | None) -> StatusPoller | None:
@@ -159,20 +170,24 @@ class StatusPoller:
         backoff = 0.0
         while self.watches:
             self._wake.clear()
+            started = time.monotonic()
             watches = list(self.watches.values())
             handles = list({w.handle.job_id: w.handle for w in watches}.values())
             statuses = await self._poll(handles)
             failed = all(s.state is JobState.UNKNOWN and not s.not_found for s in statuses.values())
             live = [w.handle.job_id for w in watches if w.logs and _running(statuses.get(w.handle.job_id))]
             ending = [w.handle.job_id for w in watches if w.logs and _ended(statuses.get(w.handle.job_id))]
-            readers = self.logs.plan(live, ending)
+            interval = min(w.interval for w in watches)
+            readers = self.logs.plan(live, ending, interval)
             for watch in watches:
                 watch.log_turn |= watch.handle.job_id in readers
                 watch.publish(statuses.get(watch.handle.job_id) or JobStatus.unknown("not in the platform's answer"))
-            interval = min(w.interval for w in watches)
             backoff = min(max(interval, backoff * 2), MAX_BACKOFF_SECONDS) if failed else 0.0
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=backoff or interval)
+            # A new job is polled at once, but a burst of them (a restarted triggerer starts thousands, one per turn
+            # of its loop) shares one early poll: at most one a NEW_JOB_POLL_GAP.
+            await asyncio.sleep(max(0.0, started + min(interval, NEW_JOB_POLL_GAP) - time.monotonic()))
 
     async def _poll(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
         self.calls += 1

@@ -53,16 +53,22 @@ class LogBudget:
         self.granted = 0  # live reads granted and final turns given, for tests and benchmarks
         self._paces: dict[str, _Pace] = {}
         self._reserved: set[str] = set()
+        self._refilled = -math.inf
 
-    def plan(self, readers: Iterable[str], ending: Iterable[str] = (), now: float | None = None) -> set[str]:
-        """A new poll interval: refill the reads, set one aside for each job that ended at this poll (``ending``),
-        then pick the live jobs (``readers``: watched, streaming, not ended) whose log is read at this poll."""
+    def plan(
+        self, readers: Iterable[str], ending: Iterable[str] = (), interval: float = 0.0, now: float | None = None
+    ) -> set[str]:
+        """A poll: refill the reads when an ``interval`` has passed since the last refill (an early poll for new jobs
+        spends what is left), set one aside for each job that ended at this poll (``ending``), then pick the live
+        jobs (``readers``: watched, streaming, not ended) whose log is read at this poll."""
         readers = list(dict.fromkeys(readers))
         if self.reads_per_interval is None:
             self.granted += len(readers)
             return set(readers)
         now = time.monotonic() if now is None else now
-        self.tokens = float(self.reads_per_interval)
+        if now - self._refilled >= interval * 0.9:  # a poll a little early still starts a new interval
+            self.tokens = float(self.reads_per_interval)
+            self._refilled = now
         self._reserved = set()
         for job in dict.fromkeys(ending):
             if self.tokens < 1:

@@ -353,3 +353,26 @@ async def test_a_log_budget_bounds_each_poll_and_every_line_arrives_once_in_orde
     for h in handles:
         shown = re.findall(rf"\[job\] ({h.job_id} line \d+)", out)
         assert shown == logs[h.job_id].splitlines(), h.job_id
+
+
+async def test_triggers_started_one_per_loop_turn_share_one_connection_load_and_one_early_poll(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restarted triggerer starts its triggers one per turn of its loop (TriggerRunner.create_triggers): they
+    share one connection load and, before the interval's next poll, one early poll -- not one each."""
+    from airflow_provider_tao.triggers import job
+
+    loads = []
+    real = job.get_platform_hook
+    monkeypatch.setattr(job, "get_platform_hook", lambda *args: loads.append(args) or real(*args))
+    handles = [_submit(fake_platform) for _ in range(50)]
+    tasks = []
+    for h in handles:
+        tasks.append(asyncio.ensure_future(_first_event(_trigger(h, poll_interval=30))))
+        await asyncio.sleep(0)
+    await asyncio.sleep(1.5)  # past NEW_JOB_POLL_GAP
+    assert len(loads) == 1
+    assert len(fake_platform.status_calls) <= 2 and len(fake_platform.status_calls[-1]) == 50
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
