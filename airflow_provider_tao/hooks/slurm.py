@@ -705,9 +705,9 @@ class SlurmHook(TAOPlatformHook):
             entry.log_offsets[job] = new
             return text, new
         entry.log_offsets[job] = offset
-        if state is JobState.PENDING:
-            return "", offset
         final = state is not None and state.is_terminal
+        if not final:  # registered: the next poll's one command reads its new bytes with every other job's
+            return "", offset
         text, new, at_end = await _batched_read(entry, ss.log_requests(layout, offset, "{tag}"), offset, final)
         entry.log_offsets[job] = new
         if final and at_end:
