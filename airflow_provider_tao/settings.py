@@ -104,7 +104,11 @@ def stream_logs() -> bool:
 
 def log_reads_per_interval() -> int:
     """``[tao] log_reads_per_interval`` (at least 1: an ended job's log is always read)."""
-    return max(1, int(_raw("log_reads_per_interval") or OPTIONS["log_reads_per_interval"][1] or 8))
+    raw = _raw("log_reads_per_interval") or OPTIONS["log_reads_per_interval"][1] or "8"
+    try:
+        return max(1, int(raw))
+    except ValueError:
+        raise ValueError(f"[tao] log_reads_per_interval must be a whole number of log reads, not {raw!r}") from None
 
 
 def lease_hours() -> float:
