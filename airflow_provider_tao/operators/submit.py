@@ -596,7 +596,10 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
                 cursor = self._copy_logs(hook, handle, cursor)
             if status.state.is_terminal:
                 outcome = {JobState.COMPLETE: "complete", JobState.ERROR: "error", JobState.CANCELED: "canceled"}
-                return self._payload(outcome[status.state], handle, status, cursor)
+                # one bounded read per poll: execute_complete copies what the last one left
+                return self._payload(outcome[status.state], handle, status, cursor) | {
+                    "log_complete": not self.streaming
+                }
             time.sleep(self.interval)
 
     def _copy_logs(self, hook: TAOPlatformHook, handle: JobHandle, cursor: str) -> str:
