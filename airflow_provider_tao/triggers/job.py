@@ -100,6 +100,9 @@ class StatusPoller:
         self.watches: dict[int, _Watch] = {}
         self.calls = 0  # backend calls made, for tests and benchmarks
         self.logs = LogBudget(None if hook.log_reads_batched else log_reads_per_interval())
+        # [tao] settings its triggers use, read once per poller: a read costs more than a trigger's poll
+        self.event_hold = trigger_event_hold_seconds()
+        self.outage_report = outage_report_seconds()
         self.restarts = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -247,6 +250,7 @@ class TAOJobTrigger(BaseTrigger):
         self.secret_conn_ids = list(secret_conn_ids or [])
         self.capacity_timeout = None if capacity_timeout is None else float(capacity_timeout)
         self._partial_line = ""
+        self._event_hold = 0.0  # [tao] trigger_event_hold_seconds, from the poller before the first event
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -265,11 +269,10 @@ class TAOJobTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.monotonic()
-        hold = trigger_event_hold_seconds()
         async with contextlib.aclosing(self._watch()) as events:  # closed with run(): the poller's watch ends
             async for event in events:
                 # an event right after the deferral races the scheduler (see [tao] trigger_event_hold_seconds)
-                await asyncio.sleep(max(0.0, started + hold - time.monotonic()))
+                await asyncio.sleep(max(0.0, started + self._event_hold - time.monotonic()))
                 yield event
 
     async def _watch(self) -> AsyncGenerator[TriggerEvent, None]:
@@ -280,7 +283,8 @@ class TAOJobTrigger(BaseTrigger):
             self.log_cursor = await self._stored_cursor() or self.log_cursor
         self.log.info("Watching %s job %s (%s)", hook.platform, self.handle.job_id, self.handle.name)
         status = JobStatus.unknown("no status yet")
-        outage = OutageLog(self.log, hook.platform, outage_report_seconds())
+        self._event_hold = poller.event_hold
+        outage = OutageLog(self.log, hook.platform, poller.outage_report)
         not_found = 0
         async with poller.watch(self.handle, self.poll_interval, self.stream_logs) as watch:
             if problem := hook.watch_problem(self.handle):
@@ -291,7 +295,8 @@ class TAOJobTrigger(BaseTrigger):
                 if self.deadline is not None:
                     wait = min(wait, max(0.0, self.deadline - time.time()))
                 try:
-                    status = await asyncio.wait_for(watch.updates.get(), timeout=wait)
+                    async with asyncio.timeout(wait):  # no task per wait, as wait_for makes: thousands a poll
+                        status = await watch.updates.get()
                 except TimeoutError:
                     poller.ensure_running()
                     # No fresh answer (the poller is backing off): keep the last failure's reason.
