@@ -98,6 +98,8 @@ class LogBudget:
 
     def record(self, job_id: str, printed: bool, interval: float, now: float | None = None) -> None:
         """A live read of ``job_id`` brought lines (``printed``) or nothing: when its next read is due."""
+        if self.reads_per_interval is None:
+            return  # every log at every poll: nothing to pace
         now = time.monotonic() if now is None else now
         pace = self._pace(job_id)
         pace.printed = printed
