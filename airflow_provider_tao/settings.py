@@ -35,6 +35,14 @@ OPTIONS: dict[str, tuple[str, str | None, str]] = {
         "True",
         "Copy each job's new log lines into its task log while the task waits, for tasks that do not set stream_logs.",
     ),
+    "log_reads_per_interval": (
+        "integer",
+        "8",
+        "Log reads per poll interval per connection on the platforms without a batched log read (docker, kubernetes, "
+        "lepton): so many jobs' logs are read per interval, those that printed lately first, quiet ones less often "
+        "(down to once a minute), and every job's log in full at its end. SLURM, Brev and local read every watched "
+        "log in their one status call and ignore it.",
+    ),
     "lease_hours": (
         "float",
         "0",
@@ -94,6 +102,15 @@ def stream_logs() -> bool:
     return str(_raw("stream_logs") or "True").strip().lower() in ("1", "true", "yes", "on")
 
 
+def log_reads_per_interval() -> int:
+    """``[tao] log_reads_per_interval`` (at least 1: an ended job's log is always read)."""
+    raw = _raw("log_reads_per_interval") or OPTIONS["log_reads_per_interval"][1] or "8"
+    try:
+        return max(1, int(raw))
+    except ValueError:
+        raise ValueError(f"[tao] log_reads_per_interval must be a whole number of log reads, not {raw!r}") from None
+
+
 def lease_hours() -> float:
     """``[tao] lease_hours`` (0 = no lease)."""
     return max(0.0, float(_raw("lease_hours") or 0))
@@ -143,6 +160,7 @@ _EXAMPLES = {
     "default_storage_conn_id": "aws_default",
     "default_results_uri": "s3://ml-artifacts/tao/results",
     "stream_logs": "False",
+    "log_reads_per_interval": "20",
     "lease_hours": "24",
     "outage_report_seconds": "60",
     "trigger_event_hold_seconds": "10",

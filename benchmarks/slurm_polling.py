@@ -93,12 +93,13 @@ class CommandLog:
         self._original = slurm_ssh._Entry.run
 
         async def run(entry: Any, command: str, stdin: bytes | None = None, timeout: float = 60.0) -> Any:
+            program = command.removeprefix("SLURM_TIME_FORMAT=%s ")  # past the status command's environment
             kind = (
-                "squeue+logs" if command.startswith("squeue") and "@@F" in command
-                else "squeue" if command.startswith("squeue")
-                else "sacct" if command.startswith("sacct -X")
-                else "logs" if "@@F" in command
-                else command.split(maxsplit=1)[0]
+                "squeue+logs" if program.startswith("squeue") and "@@F" in program
+                else "squeue" if program.startswith("squeue")
+                else "sacct" if program.startswith("sacct -X")
+                else "logs" if "@@F" in program
+                else program.split(maxsplit=1)[0]
             )  # fmt: skip
             self.records.append((time.monotonic(), kind))
             return await self._original(entry, command, stdin, timeout)

@@ -202,6 +202,10 @@ class TAOPlatformHook(BaseHook):
     #: Where the ownership marks live, for the docs and the logs (e.g. "files in the job folder").
     marks_storage: ClassVar[str]
     supports_multi_node: ClassVar[bool] = False
+    #: True when one poll's status call also reads the new log bytes of every watched job (or they are local files):
+    #: the trigger then reads every watched log at every poll; otherwise ``[tao] log_reads_per_interval`` bounds the
+    #: log reads of a connection per interval (see :mod:`airflow_provider_tao.triggers.log_budget`).
+    log_reads_batched: ClassVar[bool] = False
     #: Environment variable fallbacks for connection fields, e.g. {"login": "SLURM_USER"}.
     env_fallbacks: ClassVar[dict[str, str]] = {}
     #: Connection extras that are seconds (read only when a job is canceled: checked before it is submitted).
@@ -479,6 +483,12 @@ class TAOPlatformHook(BaseHook):
         trigger, so a restarted triggerer resumes where the last one stopped. With ``tail`` the last ``tail``
         lines instead, and a cursor at the end of the log."""
         raise NotImplementedError
+
+    def log_read_reached_end(self, text: str) -> bool:
+        """Whether a read of an ended job's log that returned ``text`` reached the log's end, so the trigger makes
+        no read just to find nothing more: a read of less than half ``LOG_READ_LIMIT`` was not cut by the bound.
+        Platforms whose reads are bounded otherwise override it."""
+        return len(text.encode()) < LOG_READ_LIMIT // 2
 
     def _cancel(self, handle: JobHandle) -> bool:
         """Stop the job on the platform; True when it is gone or already terminal. Idempotent."""

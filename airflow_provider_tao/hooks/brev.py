@@ -131,6 +131,7 @@ class BrevHook(TAOPlatformHook):
     name_pattern = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$")
     name_rule = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 63 characters"
     marks_storage = "small files next to the job on its instance (~/.tao-brev/jobs/<job_id>/marks), read by brev exec"
+    log_reads_batched = True  # the log lines come with the per-instance status probe
     env_fallbacks = {"password": "BREV_API_TOKEN", "ngc_api_key": "NGC_KEY"}
 
     def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:

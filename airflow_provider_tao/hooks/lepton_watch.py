@@ -197,6 +197,9 @@ class LeptonWatchHook(LeptonAPIHook):
             lines = [line for line in lines if line[0] <= settled]
         return ct.read_after(lines, "" if tail is not None else cursor)
 
+    def log_read_reached_end(self, text: str) -> bool:
+        return text.count("\n") < LOG_LIMIT and super().log_read_reached_end(text)  # reads are bounded in lines too
+
     async def aget_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
         await self._aready()
         return await asyncio.to_thread(self.get_job_logs, handle, cursor, tail)

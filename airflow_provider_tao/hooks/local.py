@@ -113,6 +113,7 @@ class LocalHook(TAOPlatformHook):
     name_rule = "letters, digits, '_', '.' and '-', at most 128 characters, starting with a letter or digit"
     name_max_length = 128
     marks_storage = "small files in the job's folder (marks/)"
+    log_reads_batched = True  # files on this host: no backend call
 
     # ----------------------------------------------------------------- settings
 

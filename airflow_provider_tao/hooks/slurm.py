@@ -101,6 +101,7 @@ class SlurmHook(TAOPlatformHook):
     name_rule = ss.NAME_RULE
     name_max_length = 128
     marks_storage = "small files in the job's folder on the shared filesystem (marks/)"
+    log_reads_batched = True  # the poll's one command reads every watched job's new log bytes
     env_fallbacks = {
         "login": "SLURM_USER",
         "host": "SLURM_HOSTNAME",
@@ -581,7 +582,7 @@ class SlurmHook(TAOPlatformHook):
         requests = [line for i, h in enumerate(readers) for line in self._log_requests(h, entry, f"p{i}")]
         command = ss.squeue_command(ids) + "; printf '@@SQ %d\\n' $?" if ids else "printf '@@SQ 0\\n'"
         if requests:
-            command += "; " + ss.log_reader_command()
+            command += "; " + ss.log_reader_command(ss.poll_log_bound(len(readers)))  # bounded per job and poll
         result = await entry.run(command, stdin="\n".join(requests).encode() + b"\n" if requests else None)
         queue_text, _, rest = result.out.partition(ss.SQUEUE_MARK)
         rc_text, _, log_data = rest.partition(b"\n")
@@ -617,7 +618,8 @@ class SlurmHook(TAOPlatformHook):
             offset = entry.log_offsets.get(handle.job_id, 0)
             final = statuses[handle.job_id].state.is_terminal
             text, new = ss.merge_log_chunks(chunks, f"p{i}", offset, final)
-            entry.log_cache[handle.job_id] = (offset, text, new, final)
+            # the last read of an ended job only when nothing is left after it (a cut chunk is read on)
+            entry.log_cache[handle.job_id] = (offset, text, new, final and ss.chunks_at_end(chunks, f"p{i}"))
         return statuses
 
     @staticmethod
@@ -674,6 +676,10 @@ class SlurmHook(TAOPlatformHook):
         text = "".join(t if t.endswith("\n") or not t else t + "\n" for t in texts)
         return text, str(ss.pack_offset(sizes[0], sizes[1]))
 
+    def log_read_reached_end(self, text: str) -> bool:
+        # a poll reads less than LOG_READ_LIMIT of each job; the read that finds nothing more costs no command
+        return False
+
     async def aget_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
         """New log text, mostly for free: the poller already read it in its status command. Pending jobs have no
         log yet (no command at all); other reads of the same moment are batched into one command."""
@@ -700,12 +706,12 @@ class SlurmHook(TAOPlatformHook):
             entry.log_offsets[job] = new
             return text, new
         entry.log_offsets[job] = offset
-        if state is JobState.PENDING:
-            return "", offset
         final = state is not None and state.is_terminal
-        text, new = await _batched_read(entry, ss.log_requests(layout, offset, "{tag}"), offset, final)
+        if not final:  # registered: the next poll's one command reads its new bytes with every other job's
+            return "", offset
+        text, new, at_end = await _batched_read(entry, ss.log_requests(layout, offset, "{tag}"), offset, final)
         entry.log_offsets[job] = new
-        if final:
+        if final and at_end:
             entry.log_cache[job] = (new, None, new, True)
         return text, new
 
@@ -877,9 +883,10 @@ def layout_logs(layout: ss.JobLayout) -> str:
     return f"{layout.out_file} | {layout.err_file}"
 
 
-async def _batched_read(entry: Any, requests: list[str], offset: int, final: bool) -> tuple[str, int]:
-    """Read one job's logs; reads asked for in the same moment share one remote command."""
-    future: asyncio.Future[tuple[str, int]] = asyncio.get_running_loop().create_future()
+async def _batched_read(entry: Any, requests: list[str], offset: int, final: bool) -> tuple[str, int, bool]:
+    """Read one job's logs (its text, the offset after it, whether that is the files' end); reads asked for in the
+    same moment share one remote command."""
+    future: asyncio.Future[tuple[str, int, bool]] = asyncio.get_running_loop().create_future()
     entry.pending_reads.append(((requests, offset, final), future))
     if entry.read_task is None or entry.read_task.done():
         entry.read_task = asyncio.create_task(_flush_reads(entry))
@@ -900,4 +907,4 @@ async def _flush_reads(entry: Any) -> None:
         return
     for i, ((_, offset, final), future) in enumerate(batch):
         if not future.done():
-            future.set_result(ss.merge_log_chunks(chunks, f"b{i}", offset, final))
+            future.set_result((*ss.merge_log_chunks(chunks, f"b{i}", offset, final), ss.chunks_at_end(chunks, f"b{i}")))

@@ -93,6 +93,10 @@ RUN_MARK = "TAO: run"
 LOG_CHUNK_BYTES = 1 << 20
 #: An unterminated line is shown once this much of it piled up (progress bars that only use ``\r``).
 PARTIAL_LINE_FLUSH_BYTES = 64 * 1024
+#: Log bytes one poll's status command reads of all its jobs together: each log file gets its share, between
+#: ``PARTIAL_LINE_FLUSH_BYTES`` (a share below would hold a long unfinished line back for ever) and
+#: ``LOG_CHUNK_BYTES``; a job that printed more is read on at the next polls.
+POLL_LOG_BYTES = 8 << 20
 #: Offsets of main.out and main.err travel as one opaque integer: out + err * 2**40.
 OFFSET_SHIFT = 40
 
@@ -630,14 +634,19 @@ def log_reader_command(max_bytes: int = LOG_CHUNK_BYTES) -> str:
     )
 
 
+def poll_log_bound(jobs: int) -> int:
+    """Bytes per log file a poll's command reads of each of ``jobs`` jobs (see ``POLL_LOG_BYTES``)."""
+    return max(PARTIAL_LINE_FLUSH_BYTES, min(LOG_CHUNK_BYTES, POLL_LOG_BYTES // max(1, 2 * jobs)))
+
+
 def log_requests(layout: JobLayout, offset: int, tag: str) -> list[str]:
     out, err = unpack_offset(offset)
     return [f"{tag}.o|{out}|{layout.out_file}", f"{tag}.e|{err}|{layout.err_file}"]
 
 
-def parse_log_chunks(data: bytes) -> dict[str, tuple[int, bytes]]:
-    """``tag -> (start offset, bytes)`` from the reader's output."""
-    chunks: dict[str, tuple[int, bytes]] = {}
+def parse_log_chunks(data: bytes) -> dict[str, tuple[int, bytes, int]]:
+    """``tag -> (start offset, bytes, file size)`` from the reader's output."""
+    chunks: dict[str, tuple[int, bytes, int]] = {}
     pos = 0
     while pos < len(data):
         end = data.find(b"\n", pos)
@@ -646,7 +655,7 @@ def parse_log_chunks(data: bytes) -> dict[str, tuple[int, bytes]]:
         tag, size, start, length = data[pos + 4 : end].decode().split(" ")
         body = data[end + 1 : end + 1 + int(length)]
         if int(size) >= 0:
-            chunks[tag] = (int(start), body)
+            chunks[tag] = (int(start), body, int(size))
         pos = end + 1 + int(length)
     return chunks
 
@@ -659,13 +668,20 @@ def complete_lines(chunk: bytes, final: bool) -> bytes:
     return chunk[: cut + 1] if cut >= 0 else b""
 
 
-def merge_log_chunks(chunks: dict[str, tuple[int, bytes]], tag: str, offset: int, final: bool) -> tuple[str, int]:
-    """Text of main.out then main.err from the reader's chunks, and the packed offset to continue from."""
+def chunks_at_end(chunks: dict[str, tuple[int, bytes, int]], tag: str) -> bool:
+    """Whether the reader's chunks of ``tag`` reach the end of both files (a read bound did not cut them)."""
+    return all(start + len(body) >= size for start, body, size in (chunks.get(f"{tag}.{s}", (0, b"", 0)) for s in "oe"))
+
+
+def merge_log_chunks(chunks: dict[str, tuple[int, bytes, int]], tag: str, offset: int, final: bool) -> tuple[str, int]:
+    """Text of main.out then main.err from the reader's chunks, and the packed offset to continue from. ``final``
+    (the job ended) shows an unfinished last line only where the chunks reach the files' end."""
+    final = final and chunks_at_end(chunks, tag)
     out_off, err_off = unpack_offset(offset)
     texts = []
     offsets = []
     for suffix, current in (("o", out_off), ("e", err_off)):
-        start, body = chunks.get(f"{tag}.{suffix}", (current, b""))
+        start, body, _ = chunks.get(f"{tag}.{suffix}", (current, b"", 0))
         body = complete_lines(body, final)
         text = body.decode(errors="replace")
         texts.append(text + "\n" if final and text and not text.endswith("\n") and suffix == "o" else text)

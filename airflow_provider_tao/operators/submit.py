@@ -52,6 +52,7 @@ from airflow_provider_tao.operators.failover import CapacityFailoverMixin, secon
 from airflow_provider_tao.operators.staging import S3StagingMixin
 from airflow_provider_tao.outage import OutageLog
 from airflow_provider_tao.records import STATE_KEY, XCOM_RECORD, JobRecord
+from airflow_provider_tao.triggers.log_budget import FINAL_LOG_READS
 from airflow_provider_tao.waiting import WaitLog
 
 if TYPE_CHECKING:
@@ -650,21 +651,35 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
             if reason := status.capacity_wait_over(capacity_timeout, time.time()):
                 return self._payload("capacity", handle, status, cursor) | {"message": reason}
             if status.state is not JobState.UNKNOWN and self.streaming:
-                cursor = self._copy_logs(hook, handle, cursor, writer, final=status.state.is_terminal)
+                cursor = self._copy_logs(hook, handle, cursor, writer)
             if status.state.is_terminal:
+                if self.streaming:  # one bounded read per poll: the rest of an ended job's log, to its end
+                    cursor = self._copy_rest_of_log(hook, handle, cursor, writer)
                 outcome = {JobState.COMPLETE: "complete", JobState.ERROR: "error", JobState.CANCELED: "canceled"}
                 return self._payload(outcome[status.state], handle, status, cursor)
             time.sleep(self.interval)
 
-    def _copy_logs(
-        self, hook: TAOPlatformHook, handle: JobHandle, cursor: str, writer: JobLogWriter, final: bool
-    ) -> str:
+    def _copy_logs(self, hook: TAOPlatformHook, handle: JobHandle, cursor: str, writer: JobLogWriter) -> str:
         try:
             text, cursor = hook.get_job_logs(handle, cursor)
         except Exception as exc:  # logs are best effort
             self.log.debug("Reading the job log failed: %s", exc)
             return cursor
-        for line in writer.feed(text, final):
+        for line in writer.feed(text):
+            self.log.info("[job] %s", line)
+        return cursor
+
+    def _copy_rest_of_log(
+        self, hook: TAOPlatformHook, handle: JobHandle, cursor: str, writer: JobLogWriter | None = None
+    ) -> str:
+        """An ended job's log from ``cursor`` to its end (bounded reads until one brings nothing new), its last
+        unfinished line included; returns the cursor at its end."""
+        writer = writer or JobLogWriter()  # the worker's masker knows the job's secrets (_mask_received_secrets)
+        for _ in range(FINAL_LOG_READS):
+            cursor, before = self._copy_logs(hook, handle, cursor, writer), cursor
+            if cursor == before:
+                break
+        for line in writer.feed("", final=True):
             self.log.info("[job] %s", line)
         return cursor
 
@@ -686,6 +701,9 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         self._handle = handle
         hook = get_platform_hook(handle.platform, handle.conn_id)
         hook.load_connection()
+        if not event.get("log_complete", True):  # the trigger's log reads ran out at the job's end
+            self._mask_received_secrets(handle)  # before the job's lines reach this worker's log
+            self._copy_rest_of_log(hook, handle, str(event.get("log_cursor") or ""))
         if outcome == "misplaced":
             raise AirflowFailException(event.get("message") or status.message)
         message = event.get("message") or status.message

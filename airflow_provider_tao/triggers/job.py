@@ -9,10 +9,12 @@ that it keeps as an XCom of its task instance, so a restarted triggerer resumes 
 The event contract (a plain dict, see :class:`TriggerOutcome`): ``status`` is one of ``complete``, ``error``,
 ``canceled``, ``timeout`` (the task's deadline passed), ``capacity`` (the job waited for resources past the task's
 ``capacity_timeout``: the operator fails over) or ``misplaced`` (this triggerer cannot see the job), plus
-``handle``, ``job_status``, ``log_cursor`` and ``message`` (and for ``timeout``, ``waiting``: the job's last waiting
-reason when it was still pending). An unanswerable platform is never an outcome: the trigger keeps waiting (and says
-so in the task log) until the job ends or the task's deadline passes. While the job waits, the task log says why in
-the platform's words (:mod:`~airflow_provider_tao.waiting`).
+``handle``, ``job_status``, ``log_cursor``, ``log_complete`` (False: the connection's log reads of the interval were
+spent before the ended job's log was read to its end; the operator copies the rest from ``log_cursor``) and
+``message`` (and for ``timeout``, ``waiting``: the job's last waiting reason when it was still pending). An
+unanswerable platform is never an outcome: the trigger keeps waiting (and says so in the task log) until the job ends
+or the task's deadline passes. While the job waits, the task log says why in the platform's words
+(:mod:`~airflow_provider_tao.waiting`).
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.joblog import JobLogWriter
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobState, JobStatus
 from airflow_provider_tao.outage import OutageLog
-from airflow_provider_tao.settings import outage_report_seconds, trigger_event_hold_seconds
+from airflow_provider_tao.settings import log_reads_per_interval, outage_report_seconds, trigger_event_hold_seconds
+from airflow_provider_tao.triggers.log_budget import FINAL_LOG_READS, LogBudget
 from airflow_provider_tao.waiting import WaitLog
 
 #: Upper bound of one batched status call; a hung backend must not hang the trigger.
 STATUS_CALL_TIMEOUT = 60.0
 MAX_BACKOFF_SECONDS = 30.0  # after an outage the first good poll must not come much later
+NEW_JOB_POLL_GAP = 1.0  # seconds from one poll to an early one for newly watched jobs
 #: XCom key of the log cursor (kept with the task instance: survives triggerer restarts, cleared by a new try).
 XCOM_LOG_CURSOR = "tao_log_cursor"
 #: How long a trigger's on_kill keeps asking a failing platform to cancel the job (it runs on past on_kill's own
@@ -69,6 +73,8 @@ class TriggerOutcome:
 class _Watch:
     handle: JobHandle
     interval: float
+    logs: bool = False  # its trigger streams the job's log
+    log_turn: bool = False  # the poller granted it a live log read, not made yet
     updates: asyncio.Queue[JobStatus] = field(default_factory=lambda: asyncio.Queue(maxsize=1))
 
     def publish(self, status: JobStatus) -> None:
@@ -77,6 +83,10 @@ class _Watch:
             self.updates.get_nowait()
         self.updates.put_nowait(status)
 
+    def take_log_turn(self) -> bool:
+        turn, self.log_turn = self.log_turn, False
+        return turn
+
 
 class StatusPoller:
     """Polls every watched job of one (platform, connection) with one backend call per interval.
@@ -84,17 +94,24 @@ class StatusPoller:
     One instance per event loop and connection (the triggerer runs all triggers on one loop), holding the one
     hook -- and so the one async client -- that status, logs, marks and cancel share. It starts with its first
     watcher, restarts its task if that task ever dies, and closes the hook when the last watcher leaves. Failed
-    calls publish ``Unknown`` and back off.
+    calls publish ``Unknown`` and back off. Its :class:`LogBudget` says which jobs read their log at each poll.
 
     :param hook: the platform hook (connection already loaded).
     """
 
     _instances: ClassVar[dict[tuple[int, str, str | None], StatusPoller]] = {}
+    #: pollers being created: the triggers that start meanwhile wait for the same one (one connection load, not one
+    #: per trigger when a restarted triggerer starts thousands at once)
+    _creating: ClassVar[dict[tuple[int, str, str | None], asyncio.Future[StatusPoller]]] = {}
 
     def __init__(self, hook: TAOPlatformHook) -> None:
         self.hook = hook
         self.watches: dict[int, _Watch] = {}
         self.calls = 0  # backend calls made, for tests and benchmarks
+        self.logs = LogBudget(None if hook.log_reads_batched else log_reads_per_interval())
+        # [tao] settings its triggers use, read once per poller: a read costs more than a trigger's poll
+        self.event_hold = trigger_event_hold_seconds()
+        self.outage_report = outage_report_seconds()
         self.restarts = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -107,20 +124,27 @@ class StatusPoller:
     async def for_connection(cls, platform: str, conn_id: str | None) -> StatusPoller:
         """This event loop's poller of the connection, created (and its connection loaded) on first use."""
         key = cls._key(platform, conn_id)
-        poller = cls._instances.get(key)
-        if poller is None:
-            hook = get_platform_hook(platform, conn_id)
-            await hook.aload_connection()
-            poller = cls._instances.setdefault(key, cls(hook))
-        return poller
+        if (poller := cls._instances.get(key)) is not None:
+            return poller
+        creating = cls._creating.get(key)
+        if creating is None:
+            creating = cls._creating[key] = asyncio.ensure_future(cls._create(key, platform, conn_id))
+            creating.add_done_callback(lambda _: cls._creating.pop(key, None))
+        return await asyncio.shield(creating)  # a waiter cancelled does not cancel the others' poller
+
+    @classmethod
+    async def _create(cls, key: tuple[int, str, str | None], platform: str, conn_id: str | None) -> StatusPoller:
+        hook = get_platform_hook(platform, conn_id)
+        await hook.aload_connection()
+        return cls._instances.setdefault(key, cls(hook))
 
     @classmethod
     def existing(cls, platform: str, conn_id: str | None) -> StatusPoller | None:
         return cls._instances.get(cls._key(platform, conn_id))
 
     @contextlib.asynccontextmanager
-    async def watch(self, handle: JobHandle, interval: float) -> AsyncIterator[_Watch]:
-        watch = _Watch(handle, interval)
+    async def watch(self, handle: JobHandle, interval: float, logs: bool = False) -> AsyncIterator[_Watch]:
+        watch = _Watch(handle, interval, logs)
         self.watches[id(watch)] = watch
         self._wake.set()  # a new job is polled at once, not after the current interval
         self.ensure_running()
@@ -128,6 +152,7 @@ class StatusPoller:
             yield watch
         finally:
             del self.watches[id(watch)]
+            self.logs.forget(handle.job_id)
             if not self.watches:
                 await self._stop()
 
@@ -157,16 +182,24 @@ class StatusPoller:
         backoff = 0.0
         while self.watches:
             self._wake.clear()
+            started = time.monotonic()
             watches = list(self.watches.values())
             handles = list({w.handle.job_id: w.handle for w in watches}.values())
             statuses = await self._poll(handles)
             failed = all(s.state is JobState.UNKNOWN and not s.not_found for s in statuses.values())
-            for watch in watches:
-                watch.publish(statuses.get(watch.handle.job_id) or JobStatus.unknown("not in the platform's answer"))
+            live = [w.handle.job_id for w in watches if w.logs and _running(statuses.get(w.handle.job_id))]
+            ending = [w.handle.job_id for w in watches if w.logs and _ended(statuses.get(w.handle.job_id))]
             interval = min(w.interval for w in watches)
+            readers = self.logs.plan(live, ending, interval)
+            for watch in watches:
+                watch.log_turn |= watch.handle.job_id in readers
+                watch.publish(statuses.get(watch.handle.job_id) or JobStatus.unknown("not in the platform's answer"))
             backoff = min(max(interval, backoff * 2), MAX_BACKOFF_SECONDS) if failed else 0.0
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=backoff or interval)
+            # A new job is polled at once, but a burst of them (a restarted triggerer starts thousands, one per turn
+            # of its loop) shares one early poll: at most one a NEW_JOB_POLL_GAP.
+            await asyncio.sleep(max(0.0, started + min(interval, NEW_JOB_POLL_GAP) - time.monotonic()))
 
     async def _poll(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
         self.calls += 1
@@ -177,6 +210,15 @@ class StatusPoller:
         except Exception as exc:
             self.hook.log.warning("Status poll of %d job(s) on %s failed: %s", len(handles), self.hook.platform, exc)
             return {h.job_id: JobStatus.unknown(f"status call failed: {exc}") for h in handles}
+
+
+def _running(status: JobStatus | None) -> bool:
+    """A job whose log may grow: known and not ended."""
+    return status is not None and status.state is not JobState.UNKNOWN and not status.state.is_terminal
+
+
+def _ended(status: JobStatus | None) -> bool:
+    return status is not None and status.state.is_terminal
 
 
 class TAOJobTrigger(BaseTrigger):
@@ -217,6 +259,7 @@ class TAOJobTrigger(BaseTrigger):
         self.secret_conn_ids = list(secret_conn_ids or [])
         self.capacity_timeout = None if capacity_timeout is None else float(capacity_timeout)
         self._writer = JobLogWriter()
+        self._event_hold = 0.0  # [tao] trigger_event_hold_seconds, from the poller before the first event
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -235,11 +278,10 @@ class TAOJobTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = time.monotonic()
-        hold = trigger_event_hold_seconds()
         async with contextlib.aclosing(self._watch()) as events:  # closed with run(): the poller's watch ends
             async for event in events:
                 # an event right after the deferral races the scheduler (see [tao] trigger_event_hold_seconds)
-                await asyncio.sleep(max(0.0, started + hold - time.monotonic()))
+                await asyncio.sleep(max(0.0, started + self._event_hold - time.monotonic()))
                 yield event
 
     async def _watch(self) -> AsyncGenerator[TriggerEvent, None]:
@@ -250,10 +292,11 @@ class TAOJobTrigger(BaseTrigger):
             self.log_cursor = await self._stored_cursor() or self.log_cursor
         self.log.info("Watching %s job %s (%s)", hook.platform, self.handle.job_id, self.handle.name)
         status = JobStatus.unknown("no status yet")
-        outage = OutageLog(self.log, hook.platform, outage_report_seconds())
-        waiting = WaitLog(self.log, self.handle.job_id, outage_report_seconds())
+        self._event_hold = poller.event_hold
+        outage = OutageLog(self.log, hook.platform, poller.outage_report)
+        waiting = WaitLog(self.log, self.handle.job_id, poller.outage_report)
         not_found = 0
-        async with poller.watch(self.handle, self.poll_interval) as watch:
+        async with poller.watch(self.handle, self.poll_interval, self.stream_logs) as watch:
             if problem := hook.watch_problem(self.handle):
                 yield self._event(TriggerOutcome.MISPLACED, JobStatus.unknown(problem), problem)
                 return
@@ -262,7 +305,8 @@ class TAOJobTrigger(BaseTrigger):
                 if self.deadline is not None:
                     wait = min(wait, max(0.0, self.deadline - time.time()))
                 try:
-                    status = await asyncio.wait_for(watch.updates.get(), timeout=wait)
+                    async with asyncio.timeout(wait):  # no task per wait, as wait_for makes: thousands a poll
+                        status = await watch.updates.get()
                 except TimeoutError:
                     poller.ensure_running()
                     # No fresh answer (the poller is backing off): keep the last failure's reason.
@@ -271,9 +315,9 @@ class TAOJobTrigger(BaseTrigger):
                 outage.update(status)
                 waiting.update(status)
                 not_found = not_found + 1 if status.not_found else 0
-                # An ended job's log is read once, by the final read below.
-                if self.stream_logs and status.state is not JobState.UNKNOWN and not status.state.is_terminal:
-                    await self._stream_logs(hook)
+                # An ended job's log is read by the final reads below; a live one when the poller grants it a turn.
+                if self.stream_logs and _running(status) and watch.take_log_turn():
+                    await self._live_log(poller)
                 if self.deadline is not None and time.time() >= self.deadline:
                     event = self._event(TriggerOutcome.TIMEOUT, status, "the task's execution_timeout passed")
                     event.payload["waiting"] = waiting.summary()  # why the job had not run yet, if it had not
@@ -290,9 +334,8 @@ class TAOJobTrigger(BaseTrigger):
                     self.log.warning("Job %s: %s", self.handle.job_id, note)
                     continue
                 if status.state.is_terminal:
-                    if self.stream_logs:
-                        await self._stream_logs(hook, final=True)
-                    yield self._event(TriggerOutcome.BY_STATE[status.state], status, status.message)
+                    complete = await self._final_log(poller) if self.stream_logs else True
+                    yield self._event(TriggerOutcome.BY_STATE[status.state], status, status.message, complete)
                     return
 
     async def _resubmitted(self, hook: TAOPlatformHook, status: JobStatus) -> str | None:
@@ -304,29 +347,51 @@ class TAOJobTrigger(BaseTrigger):
             self.log.warning("Resubmitting job %s failed: %s", self.handle.job_id, exc)
             return None
 
-    def _event(self, outcome: str, status: JobStatus, message: str) -> TriggerEvent:
+    def _event(self, outcome: str, status: JobStatus, message: str, log_complete: bool = True) -> TriggerEvent:
         return TriggerEvent(
             {
                 "status": outcome,
                 "handle": self.handle.to_json(),
                 "job_status": status.to_json(),
                 "log_cursor": self.log_cursor,
+                "log_complete": log_complete,
                 "message": message,
             }
         )
 
-    async def _stream_logs(self, hook: TAOPlatformHook, final: bool = False) -> None:
-        """Copy new log lines into the task log (as :class:`~airflow_provider_tao.joblog.JobLogWriter`
-        shapes them: whole lines, a progress bar's latest state, secrets masked). The new cursor is stored before
-        the lines are written: a triggerer dying in between loses lines rather than writing them twice."""
+    async def _live_log(self, poller: StatusPoller) -> None:
+        before = self.log_cursor
+        await self._stream_logs(poller.hook)
+        poller.logs.record(self.handle.job_id, self.log_cursor != before, self.poll_interval)
+
+    async def _final_log(self, poller: StatusPoller) -> bool:
+        """An ended job's log to its end, in bounded reads on the connection's log budget; False when the budget
+        (or a failed read) left some of it: the worker resuming the task copies the rest from the event's cursor."""
+        for _ in range(FINAL_LOG_READS):
+            if not poller.logs.final_turn(self.handle.job_id):
+                break
+            if await self._stream_logs(poller.hook, final=True):
+                return True
+        for line in self._writer.feed("", final=True):  # the operator continues after it: a line may be split
+            self.log.info("[job] %s", line)
+        self.log.info("Job %s ended; the rest of its log is copied when the task resumes", self.handle.job_id)
+        return False
+
+    async def _stream_logs(self, hook: TAOPlatformHook, final: bool = False) -> bool:
+        """Copy new log lines into the task log (as :class:`~airflow_provider_tao.joblog.JobLogWriter` shapes them:
+        whole lines, a progress bar's latest state, secrets masked); a trailing partial line waits for its newline,
+        or for the end of an ended job's log (``final``: returns True when this read reached it). The new cursor is
+        stored before the lines are written: a triggerer dying in between loses lines rather than writing them
+        twice."""
         try:
             text, cursor = await hook.aget_job_logs(self.handle, self.log_cursor)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # logs are best effort: never fail the watch over them
             self.log.debug("Reading the job log failed: %s", exc)
-            return
-        lines = self._writer.feed(text, final)
+            return False
+        at_end = final and (cursor == self.log_cursor or hook.log_read_reached_end(text))
+        lines = self._writer.feed(text, at_end)
         try:
             if cursor != self.log_cursor:
                 self.log_cursor = cursor
@@ -336,6 +401,7 @@ class TAOJobTrigger(BaseTrigger):
         finally:
             for line in lines:
                 self.log.info("[job] %s", line)
+        return at_end
 
     # ----------------------------------------------------------------- what the triggerer keeps for us
 

@@ -67,6 +67,9 @@ FIXES: dict[str, str] = {
     "matches several jobs": "Give more digits of the job id.",
     "no such job": "The job page of a task that never submitted a job, or of a DAG you may not read: open it from the "
     "task's 'TAO job' link.",
+    # settings
+    "log_reads_per_interval must be a whole number": "Set `[tao] log_reads_per_interval` to a whole number (8 by "
+    "default), e.g. `AIRFLOW__TAO__LOG_READS_PER_INTERVAL=20`, and restart the triggerer.",
     # operator
     "Bad input, nothing was submitted": "Fix the parameter the message names (see the table below); the task fails "
     "without retries because a retry would meet the same input.",

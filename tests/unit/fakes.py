@@ -29,6 +29,9 @@ class FakeHook(TAOPlatformHook):
     jobs: dict[str, dict[str, Any]] = {}
     status_calls: list[list[str]] = []
     logs: dict[str, str] = {}
+    #: (status calls made so far, job id) of each log read; the most bytes one read returns
+    log_reads: list[tuple[int, str]] = []
+    log_read_limit: int = 1 << 20
     resubmit_budget: int = 0
     no_capacity: set[str | None] = set()
     queueing: set[str | None] = set()
@@ -40,6 +43,8 @@ class FakeHook(TAOPlatformHook):
         cls.jobs = {}
         cls.status_calls = []
         cls.logs = {}
+        cls.log_reads = []
+        cls.log_read_limit = 1 << 20
         cls.resubmit_budget = 0
         cls.no_capacity = set()
         cls.queueing = set()
@@ -115,8 +120,16 @@ class FakeHook(TAOPlatformHook):
         return {h.job_id: self.get_job_status(h) for h in handles}
 
     def get_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
+        self.log_reads.append((len(self.status_calls), handle.job_id))
         data = self.logs.get(handle.job_id, "").encode()
-        return data[int(cursor or 0) :].decode(), str(len(data))
+        start = int(cursor or 0)
+        new = data[start : start + self.log_read_limit]
+        if len(new) == self.log_read_limit and b"\n" in new:
+            new = new[: new.rfind(b"\n") + 1]  # whole lines, as the timestamp-cursor platforms return them
+        return new.decode(), str(start + len(new))
+
+    def log_read_reached_end(self, text: str) -> bool:
+        return len(text.encode()) < self.log_read_limit - 30  # shorter than a cut read (lines are shorter)
 
     def _cancel(self, handle: JobHandle) -> bool:
         job = self.jobs[handle.job_id]

@@ -11,6 +11,7 @@ import asyncio
 import io
 import json
 import os
+import re
 import shlex
 import signal
 import stat
@@ -624,12 +625,21 @@ def test_log_reader_output_round_trip(tmp_path: Path) -> None:
             command = command.replace("command -v python3", "false")
         out = subprocess.run(["sh", "-c", command], input=requests.encode(), capture_output=True, check=True).stdout
         chunks = ss.parse_log_chunks(out)
-        assert chunks == {"t.o": (4, b"two\npart"), "t.e": (0, "é\n".encode())}
+        assert chunks == {"t.o": (4, b"two\npart", 12), "t.e": (0, "é\n".encode(), 3)}
         text, offset = ss.merge_log_chunks(chunks, "t", ss.pack_offset(4, 0), final=False)
         assert text == "two\né\n"  # the unterminated "part" waits for its newline
         assert ss.unpack_offset(offset) == (8, len("é\n".encode()))
         text, offset = ss.merge_log_chunks(chunks, "t", ss.pack_offset(4, 0), final=True)
         assert text == "two\npart\né\n" and ss.unpack_offset(offset) == (12, 3)
+        # a read bound cut main.out: even an ended job's unfinished line waits for the next read
+        cut = subprocess.run(
+            ["sh", "-c", command.replace(f"M={ss.LOG_CHUNK_BYTES}", "M=5")], input=requests.encode(),
+            capture_output=True, check=True,
+        ).stdout  # fmt: skip
+        chunks = ss.parse_log_chunks(cut)
+        assert chunks["t.o"] == (4, b"two\np", 12) and not ss.chunks_at_end(chunks, "t")
+        text, offset = ss.merge_log_chunks(chunks, "t", ss.pack_offset(4, 0), final=True)
+        assert text == "two\né\n" and ss.unpack_offset(offset) == (8, 3)
 
 
 def test_missing_log_files_keep_the_offset() -> None:
@@ -762,18 +772,23 @@ async def test_poller_reads_logs_in_its_status_command_and_waits_for_accounting(
     statuses = await hook.aget_job_statuses([run, wait])
     assert statuses["j1"].state is JobState.RUNNING and statuses["j2"].message == "PENDING (Priority)"
     assert local.commands == ["squeue"]  # no log read for a job whose trigger has not asked (stream_logs=False)
-    text, offset = await hook.aget_job_logs(run, "")  # the first read, from the trigger's stored cursor
-    assert text == "a\nb\ne1\n"  # the unterminated "par" waits for its newline
+    # the first read, from the trigger's stored cursor, only registers it: the next poll's command reads the bytes
+    assert await hook.aget_job_logs(run, "") == ("", "0")
     assert await hook.aget_job_logs(wait, "") == ("", "0")  # pending: no log yet
-    assert len(local.commands) == 2
+    assert len(local.commands) == 1
+    await hook.aget_job_statuses([run, wait])
+    assert len(local.commands) == 2  # squeue + the new log bytes in ONE command
+    text, offset = await hook.aget_job_logs(run, "0")
+    assert text == "a\nb\ne1\n" and len(local.commands) == 2  # served from the poll; "par" waits for its newline
 
     with out.open("ab") as f:
         f.write(b"tial\nc\n")
     await hook.aget_job_statuses([run, wait])
-    assert len(local.commands) == 3  # squeue + the new log bytes in ONE command
     text, offset = await hook.aget_job_logs(run, offset)
-    assert text == "partial\nc\n" and len(local.commands) == 3  # served from the poll
-    # a reader the poll did not expect (e.g. a restarted triggerer's cursor): one batched read
+    assert text == "partial\nc\n" and len(local.commands) == 3
+    # a reader the poll did not expect (e.g. a restarted triggerer's cursor): read by the next poll's command
+    assert await hook.aget_job_logs(run, "2") == ("", "2")
+    await hook.aget_job_statuses([run, wait])
     assert (await hook.aget_job_logs(run, "2"))[0] == "b\npartial\nc\ne1\n" and len(local.commands) == 4
     offset = str(ss.pack_offset(len(b"a\nb\npartial\nc\n"), len(b"e1\n")))
 
@@ -792,3 +807,54 @@ async def test_poller_reads_logs_in_its_status_command_and_waits_for_accounting(
     assert text == "last words\n"  # final: the partial line too
     assert await hook.aget_job_logs(run, offset) == ("", offset)  # the trigger's final read: free
     assert len(local.commands) == count
+
+
+async def test_fifty_watched_jobs_cost_one_command_per_poll_with_their_logs_and_every_line_arrives(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """50 streaming triggers on one connection: every poll is ONE command (squeue + every job's new log bytes), their
+    first reads included; a quiet job's burst at its end, longer than a poll's share of bytes, still reaches
+    the task log in full; every job's lines arrive in order, each once."""
+    from airflow_provider_tao.hooks.slurm_ssh import AsyncPool
+    from airflow_provider_tao.triggers.job import TAOJobTrigger
+
+    hook = _hook(monkeypatch, results_root=str(tmp_path / "root"))
+    state = tmp_path / "state"
+    state.mkdir()
+    _fake_bin(tmp_path, "squeue", f"cat {state}/squeue\n")
+    _fake_bin(tmp_path, "sacct", f"cat {state}/sacct\n")
+    local = _LocalEntry(str(tmp_path / "bin"))
+    monkeypatch.setattr(AsyncPool, "entry", classmethod(lambda cls, key, settings: local.entry))
+    handles = [JobHandle("slurm", "slurm_x", f"j{i:02}", "n", backend_job_id=str(100 + i)) for i in range(50)]
+    files = {h.job_id: Path(hook.layout(h.job_id, "n").out_file) for h in handles}
+    for path in files.values():
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"")
+    (state / "squeue").write_text("".join(f"{h.backend_job_id}|RUNNING|None|c1\n" for h in handles))
+    (state / "sacct").write_text("")
+
+    def emit(handle: JobHandle, lines: int, width: int = 0) -> None:
+        with files[handle.job_id].open("ab") as f:
+            for _ in range(lines):
+                f.write(f"{handle.job_id} line {f.tell():08} {'x' * width}\n".encode())
+
+    triggers = [TAOJobTrigger(handle=h.to_json(), poll_interval=0.1) for h in handles]
+    tasks = [asyncio.ensure_future(anext(t.run())) for t in triggers]
+    for _ in range(10):
+        for h in handles[:10]:
+            emit(h, 2)
+        await asyncio.sleep(0.1)
+    assert set(local.commands) == {"squeue"}  # the logs came with the status: one command per poll
+
+    emit(handles[0], 1100, width=1000)  # 1.1 MB: more than one read of a job (a poll reads less)
+    for h in handles[1:]:
+        emit(h, 1)
+    (state / "squeue").write_text("")
+    (state / "sacct").write_text("".join(f"{h.backend_job_id}|COMPLETED|0:0|None|c1\n" for h in handles))
+    events = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    assert {e.payload["status"] for e in events} == {"complete"}
+    out = capsys.readouterr().out
+    for h in handles:
+        shown = re.findall(rf"\[job\] ({h.job_id} line \d+) ", out)
+        written = re.findall(rf"^({h.job_id} line \d+) ", files[h.job_id].read_text(), re.M)
+        assert shown == written, h.job_id

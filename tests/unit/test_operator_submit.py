@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -233,6 +234,24 @@ def test_synchronous_mode_waits_on_the_worker(fake_platform: type[FakeHook], mon
     monkeypatch.setattr(FakeHook, "get_job_status", finishing)
     result = _op(deferrable=False, poll_interval=0.01).execute(make_context(Store()))
     assert result["state"] == "Complete" and polls["n"] >= 3
+
+
+def test_synchronous_mode_copies_an_ended_jobs_whole_log(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job that printed more than one bounded read before its end: every line reaches the task log, in order."""
+    fake_platform.log_read_limit = 100
+    real = FakeHook.create_job
+
+    def printing(self: FakeHook, spec: Any, try_number: int = 1) -> JobHandle:
+        handle = real(self, spec, try_number)
+        self.logs[handle.job_id] = "".join(f"line {n:03}\n" for n in range(50))  # 450 bytes: 5 reads
+        self.jobs[handle.job_id]["state"] = JobState.COMPLETE
+        return handle
+
+    monkeypatch.setattr(FakeHook, "create_job", printing)
+    _op(deferrable=False, poll_interval=0.01).execute(make_context(Store()))
+    assert re.findall(r"\[job\] (line \d+)", capsys.readouterr().out) == [f"line {n:03}" for n in range(50)]
 
 
 def test_on_kill_cancels_the_owned_job(fake_platform: type[FakeHook]) -> None:

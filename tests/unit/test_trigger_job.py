@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import re
 import time
 import uuid
 from typing import Any
@@ -10,6 +12,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
+from airflow_provider_tao.operators.submit import TAOSubmitOperator
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
 from tests.unit.fakes import FakeHook
 
@@ -317,3 +320,77 @@ def _failing_first(real: Any, times: int, error: str) -> Any:
 
     flaky.failures = 0  # type: ignore[attr-defined]
     return flaky
+
+
+async def test_a_log_budget_bounds_each_poll_and_every_line_arrives_once_in_order(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """50 watched jobs on a connection without a batched log read, [tao] log_reads_per_interval = 5: no poll interval
+    makes more than 5 log reads; quiet jobs are read less often than printing ones; all jobs end at once: the ends
+    are reported at once, each job's log -- a quiet job's burst at its end many reads long included -- reaches the
+    task log in full, in order, each line once (what the budget left is copied by the resuming operator)."""
+    monkeypatch.setenv("AIRFLOW__TAO__LOG_READS_PER_INTERVAL", "5")
+    fake_platform.log_read_limit = 100  # bytes: a burst of 10 lines takes 3 reads
+    handles = [_submit(fake_platform) for _ in range(50)]
+    chatty, quiet, bursting = handles[:5], handles[5:45], handles[45:]
+    logs = fake_platform.logs
+
+    def emit(handle: JobHandle, lines: int) -> None:
+        for _ in range(lines):
+            text = logs.get(handle.job_id, "")
+            logs[handle.job_id] = text + f"{handle.job_id} line {text.count(chr(10)):03}\n"
+
+    tasks = [asyncio.ensure_future(_first_event(_trigger(h, poll_interval=0.05), timeout=60)) for h in handles]
+    for _ in range(30):
+        await asyncio.sleep(0.05)
+        for h in chatty:
+            emit(h, 1)
+    for h in quiet:
+        emit(h, 1)
+    for h in bursting:
+        emit(h, 10)
+    ended_at = len(fake_platform.status_calls)
+    for h in handles:
+        fake_platform.jobs[h.job_id]["state"] = JobState.COMPLETE
+    payloads = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert {p["status"] for p in payloads} == {"complete"}
+    assert len(fake_platform.status_calls) - ended_at <= 2  # no end waited for its log
+
+    reads_per_poll = collections.Counter(poll for poll, _ in fake_platform.log_reads)
+    assert max(reads_per_poll.values()) <= 5
+    live = collections.Counter(job for poll, job in fake_platform.log_reads if poll < ended_at)
+    assert min(live[h.job_id] for h in chatty) > max(live[h.job_id] for h in quiet + bursting)
+    handed_over = [p for p in payloads if not p["log_complete"]]
+    assert handed_over  # 50 ends in one interval of 5 reads
+    for payload in handed_over:
+        handle = JobHandle.from_json(payload["handle"])
+        TAOSubmitOperator(task_id="t", conn_id="fake_conn", image="i", command="x")._copy_rest_of_log(
+            FakeHook(conn_id="fake_conn"), handle, payload["log_cursor"]
+        )
+    out = capsys.readouterr().out
+    for h in handles:
+        shown = re.findall(rf"\[job\] ({h.job_id} line \d+)", out)
+        assert shown == logs[h.job_id].splitlines(), h.job_id
+
+
+async def test_triggers_started_one_per_loop_turn_share_one_connection_load_and_one_early_poll(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restarted triggerer starts its triggers one per turn of its loop (TriggerRunner.create_triggers): they
+    share one connection load and, before the interval's next poll, one early poll -- not one each."""
+    from airflow_provider_tao.triggers import job
+
+    loads = []
+    real = job.get_platform_hook
+    monkeypatch.setattr(job, "get_platform_hook", lambda *args: loads.append(args) or real(*args))
+    handles = [_submit(fake_platform) for _ in range(50)]
+    tasks = []
+    for h in handles:
+        tasks.append(asyncio.ensure_future(_first_event(_trigger(h, poll_interval=30))))
+        await asyncio.sleep(0)
+    await asyncio.sleep(1.5)  # past NEW_JOB_POLL_GAP
+    assert len(loads) == 1
+    assert len(fake_platform.status_calls) <= 2 and len(fake_platform.status_calls[-1]) == 50
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
