@@ -8,7 +8,8 @@ of the jobs this provider started that the platform still runs (:meth:`~airflow_
 TAOPlatformHook.list_active_jobs`), joins them with what Airflow recorded about their tasks
 (:mod:`airflow_provider_tao.jobindex`) and cancels, through the one cancel routine
 (:meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.cancel_job`), every job whose task instance is no longer
-running or deferred and whose task asked for ``cancel_on_kill`` (plus jobs past their lease or their task's deadline).
+running or deferred and whose task asked for ``cancel_on_kill`` (plus jobs past their task's deadline, which
+carries ``[tao] lease_hours``). A lease never overrides those ownership rules.
 It never cancels a job of a live task, nor one this Airflow has no record of (another deployment's, or a job whose
 submitting try died before recording it: its next try adopts it by name). Every decision is logged with its reason.
 Platforms that rent machines for jobs reap those too (:meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.
@@ -50,8 +51,6 @@ def verdict(
     """
     if now - handle.submitted_at < min_age:
         return False, "younger than --min-age-minutes"
-    if hook.lease_expired(handle, now):
-        return True, "lease expired"
     if job is None:
         # another deployment's job, a job whose try died before recording it (its retry adopts it by name), or
         # one whose records were cleaned up: not ours to judge
@@ -69,6 +68,9 @@ def verdict(
         return False, "its task was cleared and waits to be scheduled"
     if not job.record.cancel_on_kill:
         return False, "its task set cancel_on_kill=False"
+    # A lease only names why an orphan goes: it never overrides the rules above (a live task's lease is its deadline)
+    if hook.lease_expired(handle, now):
+        return True, "lease expired"
     if not job.current:
         return True, "orphan: a newer job of its task replaced it"
     if not job.ti_exists:
@@ -137,8 +139,9 @@ def sweep_connection(
 def sweep_machines(
     hook: TAOPlatformHook, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
 ) -> list[dict[str, Any]]:
-    """The machines a platform rents for jobs (Brev's instances), reaped by the platform's own rule
-    (:meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.reap_resources`); one row per machine, each logged.
+    """What outlives its job besides the job -- the machines a platform rents for jobs (Brev's instances), a
+    Kubernetes Job left suspended, a Docker container never started --, reaped by the platform's own rule
+    (:meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.reap_resources`); one row per resource, each logged.
 
     :param hook: the connection's hook (connection loaded).
     :param task_state: the Airflow state of a task instance given as ``{dag_id, run_id, task_id, map_index}``.
@@ -147,7 +150,8 @@ def sweep_machines(
     rows = []
     for resource in hook.reap_resources(task_state, dry_run=dry_run):
         row = {"platform": hook.platform, "conn_id": hook.conn_id, "job_id": None, "name": resource["resource"],
-               "action": resource["action"], "why": resource["why"]}  # fmt: skip
+               "kind": resource.get("kind", "machine"), "action": resource["action"],
+               "why": resource["why"]}  # fmt: skip
         log.info("%s", describe(row))
         rows.append(row)
     return rows
@@ -165,8 +169,9 @@ def _cancel(hook: TAOPlatformHook, handle: JobHandle, job: IndexedJob | None, wh
 
 
 def describe(row: Mapping[str, Any]) -> str:
-    """One decision as a log line: what was done to which job (or machine) of which task, and why."""
-    what = f"job {row['job_id']}" if row.get("job_id") else f"machine {row.get('name')}"
+    """One decision as a log line: what was done to which job (or machine, or other resource) of which task, and
+    why."""
+    what = f"job {row['job_id']}" if row.get("job_id") else f"{row.get('kind') or 'machine'} {row.get('name')}"
     task = f" of {row['dag_id']}.{row['task_id']}" if row.get("dag_id") else ""
     return f"{row['action']}: {row['platform']} {what} on {row.get('conn_id')}{task} -- {row['why']}"
 

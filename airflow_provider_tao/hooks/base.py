@@ -313,12 +313,13 @@ class TAOPlatformHook(BaseHook):
         self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
     ) -> list[dict[str, str]]:
         """What ``airflow tao reap`` also stops on this connection besides jobs: machines the platform rents for
-        jobs (Brev's instances whose lease expired or whose task finished). Default: none.
+        jobs (Brev's instances whose lease expired or whose task finished), objects no TTL would ever remove
+        (Kubernetes' Jobs left suspended, Docker's containers never started). Default: none.
 
         :param task_state: the Airflow state of a task instance given as ``{dag_id, run_id, task_id, map_index}``
             (None when Airflow does not know it), from the metadata database.
         :param dry_run: decide and report, stop nothing.
-        :returns: one row per resource: ``{"resource", "action", "why"}``.
+        :returns: one row per resource: ``{"resource", "action", "why"}`` and its ``kind`` (default ``machine``).
         """
         return []
 

@@ -23,7 +23,6 @@ import gzip
 import io
 import json
 import re
-import signal
 import tarfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -208,10 +207,15 @@ def _positive_number(value: Any) -> bool:
 # ----------------------------------------------------------------------------- a container's state as a job status
 
 
+def never_started(state: str, created_at: float | None) -> bool:
+    """A container ``created`` more than :data:`START_TIMEOUT_SECONDS` ago: its submitting worker died."""
+    return state == "created" and time.time() - float(created_at or 0) > START_TIMEOUT_SECONDS
+
+
 def live_status(name: str, state: str, created_at: float, message: str) -> JobStatus:
     """The status of a container that has not ended (``state`` in :data:`LIVE_STATES`). One created but never
     started for :data:`START_TIMEOUT_SECONDS` belongs to a submission that died half-way: it will never run."""
-    if state == "created" and time.time() - created_at > START_TIMEOUT_SECONDS:
+    if never_started(state, created_at):
         return JobStatus(
             JobState.ERROR,
             f"container {name} was created but never started (the submitting worker died?)",
@@ -221,22 +225,21 @@ def live_status(name: str, state: str, created_at: float, message: str) -> JobSt
 
 
 def ended_status(name: str, state: Mapping[str, Any], cancel_marked: Callable[[], bool]) -> JobStatus:
-    """The verdict of an ended container from its ``State`` (as ``docker inspect`` shows it): exit code 0 is
-    Complete; a stop's code (SIGTERM/SIGKILL) after a cancel through this provider is Canceled; anything else
+    """The verdict of an ended container from its ``State`` (as ``docker inspect`` shows it): one that carries a
+    cancel mark is Canceled, whatever code it chose to exit with; else exit code 0 is Complete and anything else
     (an OOM kill, a non-zero code, a dead container) is Error with the code.
 
-    :param cancel_marked: whether the job carries a cancel mark; asked only for a stop's exit code.
+    :param cancel_marked: whether the job carries a cancel mark (a cancel through this provider).
     """
     code = int(state.get("ExitCode") or 0)
     raw = "OOMKilled" if state.get("OOMKilled") else str(state.get("Status") or "exited")
     if state.get("Status") in ("dead", "removing"):
         return JobStatus(JobState.ERROR, f"container {name} is {state['Status']}: {state.get('Error')}", code, raw)
+    # The mark decides, not the code: a trainer that checkpoints on SIGTERM and exits 0 was stopped, not done.
+    if not state.get("OOMKilled") and cancel_marked():
+        return JobStatus(JobState.CANCELED, f"container {name} was stopped by a cancel (code {code})", code, raw)
     if code == 0 and not state.get("OOMKilled"):
         return JobStatus(JobState.COMPLETE, f"container {name} exited with code 0", 0, raw)
-    # Only a stop ends a container with SIGTERM/SIGKILL's code: only then can a cancel mark explain it.
-    stopped = code in (128 + signal.SIGTERM, 128 + signal.SIGKILL) and not state.get("OOMKilled")
-    if stopped and cancel_marked():
-        return JobStatus(JobState.CANCELED, f"container {name} was stopped by a cancel (code {code})", code, raw)
     why = "killed by the out-of-memory killer" if state.get("OOMKilled") else f"exited with code {code}"
     error = f" ({state['Error']})" if state.get("Error") else ""
     return JobStatus(JobState.ERROR, f"container {name} {why}{error}", code, raw)

@@ -19,7 +19,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import cached_property
@@ -156,6 +156,23 @@ class TAODockerHook(TAOPlatformHook):
     def list_active_jobs(self) -> list[JobHandle]:
         """This provider's containers that have not ended (one list call)."""
         return [self._handle_of(c) for c in self._list() if c.get("State") in ("running", "paused", "restarting")]
+
+    def reap_resources(
+        self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
+    ) -> list[dict[str, str]]:
+        """Containers created but never started past :data:`~airflow_provider_tao.hooks.container.
+        START_TIMEOUT_SECONDS`: their submitting worker died between creating and starting them. Nothing ran, but
+        the job's files and secrets are in them; no list of active jobs shows them and a next try may never come."""
+        rows = []
+        for container in self._list():
+            if container.get("State") != "created" or not ct.never_started("created", container.get("Created")):
+                continue
+            name = str((container.get("Names") or [container["Id"][:12]])[0]).lstrip("/")
+            if not dry_run:
+                self._remove(container["Id"])
+            rows.append({"resource": name, "kind": "container", "action": "would remove" if dry_run else "removed",
+                         "why": "created but never started: its submitting worker died"})  # fmt: skip
+        return rows
 
     async def aclose(self) -> None:
         if "client" in self.__dict__:
@@ -450,8 +467,8 @@ class TAODockerHook(TAOPlatformHook):
             self.client.stop(name, timeout=self.cancel_grace_seconds)
         except NotFound:
             return True
-        if self.auto_remove:
-            self._remove(name)
+        # Even with auto_remove the stopped container stays: its cancel marks are what a waiting task reads to
+        # fail for good (ERR_CANCELED) rather than see "no such job" and resubmit. cleanup_job removes it.
         return True
 
     def failure_facts(self, handle: JobHandle) -> FailureFacts:

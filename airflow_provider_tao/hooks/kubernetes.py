@@ -10,9 +10,12 @@ job's secret environment (``envFrom``; no value in the Job or pod spec), the job
 immutable ConfigMaps (each well under the 1 MiB object limit; a 4 MiB spec is a handful of them), an image pull
 Secret made from the connection's NGC key, and for multi-node jobs a headless Service. Then it is resumed. All of
 them carry an owner reference to the Job, so deleting the Job -- with ``propagationPolicy: Background``, as every
-cancel here does; the API's default for Jobs orphans the pods -- removes everything, and ``ttlSecondsAfterFinished``
-does the same for finished jobs. A Job left suspended belongs to a worker that died mid-submission; the next try
-deletes it.
+deletion here does; the API's default for Jobs orphans the pods -- removes everything, and ``ttlSecondsAfterFinished``
+does the same for finished jobs. A cancel suspends the Job (Kubernetes stops its pods) and keeps it: its marks --
+who canceled it -- are what the waiting task reads to fail for good instead of seeing "no such job" and resubmitting;
+the task's cleanup deletes it once it has read the verdict. A Job left suspended belongs to a worker that died
+mid-submission (no TTL applies while a Job is suspended): the next try deletes it, and so does ``airflow tao reap``
+(:meth:`TAOKubernetesHook.reap_resources`), with a canceled Job no task waits on.
 
 Status: a Job is Running only while one of its pods runs a container. Pending pods say why (unschedulable, pulling,
 ContainerCreating, a config error); a pod that stays unschedulable past ``unschedulable_timeout_seconds`` (default
@@ -29,7 +32,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
 from typing import Any
@@ -56,7 +59,9 @@ from airflow_provider_tao.hooks.kubernetes_status import (
     DEFAULT_START_TIMEOUT,
     DEFAULT_UNSCHEDULABLE_TIMEOUT,
     INDEX_ANNOTATION,
+    is_canceled,
     job_status,
+    never_started,
     pods_needed,
     usage_of,
 )
@@ -96,6 +101,9 @@ DETAIL_KEYS = frozenset(
 )
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _MARK_KEYS = frozenset({MARK_OWNER, MARK_CANCEL, MARK_CONSUMED, MARK_CANCELED_BY})
+_ORIGIN_KEYS = ("dag_id", "run_id", "task_id", "map_index")
+#: Times a cancel re-reads a Job that changed between its read and its suspension (a status update, a mark).
+CANCEL_CONFLICT_RETRIES = 5
 
 
 def mark_annotation(key: str) -> str:
@@ -261,7 +269,35 @@ class TAOKubernetesHook(TAOPlatformHook):
     def list_active_jobs(self) -> list[JobHandle]:
         """This provider's Jobs in the namespace that have not finished (one list call)."""
         jobs = self._call("batch", "list_namespaced_job", self.namespace, label_selector=f"{ct.LABEL_MANAGED}=true")
-        return [self._handle_of(job) for job in jobs["items"] if not _finished(job)]
+        return [self._handle_of(job) for job in jobs["items"] if not _finished(job) and not is_canceled(job)]
+
+    def reap_resources(
+        self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
+    ) -> list[dict[str, str]]:
+        """Suspended Jobs nothing will resume or read, deleted with what they own (Secret, ConfigMaps, Service): one
+        whose submitting worker died before starting it, and a canceled one whose task does not wait on it. No TTL
+        applies to a suspended Job, so nothing else would ever remove them."""
+        from airflow_provider_tao.jobindex import WAITING_TI_STATES
+
+        jobs = self._call("batch", "list_namespaced_job", self.namespace, label_selector=f"{ct.LABEL_MANAGED}=true")
+        rows, now = [], time.time()
+        for job in jobs["items"]:
+            meta = job["metadata"]
+            annotations = meta.get("annotations") or {}
+            if never_started(job, now):
+                why = "left suspended by a submission whose worker died: it never ran"
+            elif is_canceled(job):
+                origin = {k: annotations.get(f"{ct.LABEL_DOMAIN}/{k.replace('_', '-')}") for k in _ORIGIN_KEYS}
+                if task_state(origin) in WAITING_TI_STATES:
+                    continue  # its task reads the verdict, then deletes it
+                why = "canceled, and no task waits to read its verdict"
+            else:
+                continue
+            if not dry_run:
+                self._delete(meta["name"], meta["uid"])
+            rows.append({"resource": meta["name"], "kind": "Job", "action": "would delete" if dry_run else "deleted",
+                         "why": why})  # fmt: skip
+        return rows
 
     # ----------------------------------------------------------------- validation
 
@@ -359,19 +395,17 @@ class TAOKubernetesHook(TAOPlatformHook):
                     "secret" if body["kind"] == "Secret" else "service" if body["kind"] == "Service" else "config_map"
                 )
                 self._call("core", f"create_namespaced_{kind}", self.namespace, body)
-            self._call(
-                "batch",
-                "patch_namespaced_job",
-                spec.name,
-                self.namespace,
-                {"spec": {"suspend": False}},
-                _content_type="application/merge-patch+json",
-            )
+            self._resume(spec.name)
         except ApiException as exc:
             # Still suspended: nothing ran. Deleting it takes whatever it already owns along.
             self._delete(spec.name, job["metadata"]["uid"])
             raise JobSubmitError(_refusal_class(exc), f"Job {spec.name} could not be set up: {_explain(exc)}") from exc
         return replace(handle, backend_job_id=job["metadata"]["uid"])
+
+    def _resume(self, name: str) -> None:
+        """Start the suspended Job: everything it owns exists."""
+        self._call("batch", "patch_namespaced_job", name, self.namespace, {"spec": {"suspend": False}},
+                   _content_type="application/merge-patch+json")  # fmt: skip
 
     def _create_suspended(self, body: dict[str, Any], name: str) -> dict[str, Any]:
         """Create the Job; a Job of the same name that has ended (an earlier try's) is deleted first, one that is
@@ -607,7 +641,7 @@ class TAOKubernetesHook(TAOPlatformHook):
         job = self._read_job(name)
         if job is None or ct.LABEL_JOB_ID not in (job["metadata"].get("labels") or {}):
             return None
-        if job["spec"].get("suspend"):
+        if job["spec"].get("suspend") and not is_canceled(job):  # a canceled one is an ended job like any other
             self.log.info("Deleting Job %s: its try died before starting it", name)
             self._delete(name, job["metadata"]["uid"])
             return None
@@ -731,24 +765,34 @@ class TAOKubernetesHook(TAOPlatformHook):
                 raise
 
     def _cancel(self, handle: JobHandle) -> bool:
-        self._delete(handle.name, handle.backend_job_id or None)
-        return True
+        """Suspend the Job: Kubernetes stops its pods and the Job stays, with its marks, for the task to read.
 
-    async def _acancel(self, handle: JobHandle) -> bool:
-        from kubernetes_asyncio.client.exceptions import ApiException
+        Check and act are one step: the Job is suspended only in the version read here (a ``resourceVersion``
+        precondition), and only while its cancel mark names the try that owns it -- a newer try that claimed it
+        after the cancel routine's ownership check (a clear) keeps it. Another version is read again."""
+        from kubernetes.client.exceptions import ApiException
 
-        try:
-            await self._acall(
-                "batch",
-                "delete_namespaced_job",
-                handle.name,
-                self.namespace,
-                body=self._delete_options(handle.backend_job_id or None),
-            )
-        except ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
-        return True
+        for _ in range(CANCEL_CONFLICT_RETRIES):
+            job = self._read_job(handle.name)
+            if job is None or (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) != handle.job_id:
+                return True  # gone, or a newer job of the same name: nothing of this one runs
+            marks = _marks(job, handle)
+            if marks.get(MARK_CANCEL) != marks.get(MARK_OWNER, handle.try_number):
+                self.log.info("Not canceling Job %s: try %s owns it now", handle.name, marks.get(MARK_OWNER))
+                return False
+            if job["spec"].get("suspend"):
+                return True
+            patch = {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]}, "spec": {"suspend": True}}
+            try:
+                self._call("batch", "patch_namespaced_job", handle.name, self.namespace, patch,
+                           _content_type="application/merge-patch+json")  # fmt: skip
+                return True
+            except ApiException as exc:
+                if exc.status == 404:
+                    return True
+                if exc.status != 409:
+                    raise
+        return False
 
     def failure_facts(self, handle: JobHandle) -> FailureFacts:
         job = self._read_job(handle.name)
@@ -809,8 +853,9 @@ class TAOKubernetesHook(TAOPlatformHook):
         return usage_of(job, pods, labels)
 
     def cleanup_job(self, handle: JobHandle) -> None:
-        """A job given up on while Kubernetes still holds it (unschedulable, an image it cannot pull) is deleted
-        once its verdict has been read: nothing keeps waiting for a node. Finished Jobs stay until their TTL."""
+        """A job given up on while Kubernetes still holds it (unschedulable, an image it cannot pull) or canceled
+        (suspended) is deleted once its verdict has been read: nothing keeps waiting for a node, and no TTL applies
+        to a suspended Job. Finished Jobs stay until their TTL."""
         try:
             job = self._read_job(handle.name)
             if job is None or (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) != handle.job_id:

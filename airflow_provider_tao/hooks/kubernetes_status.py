@@ -15,6 +15,7 @@ from typing import Any
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.hooks import container as ct
+from airflow_provider_tao.hooks.base import MARK_CANCEL
 from airflow_provider_tao.jobs import JobState, JobStatus
 
 #: The container of the job's pods (its log is the job's).
@@ -26,6 +27,9 @@ DEFAULT_UNSCHEDULABLE_TIMEOUT = 15 * 60
 DEFAULT_START_TIMEOUT = 10 * 60
 #: A Job still suspended after this long was left behind by a worker that died mid-submission.
 SETUP_TIMEOUT_SECONDS = 60.0
+#: The annotation of the Job's cancel mark: a cancel suspends the Job (its pods stop) and keeps it, marks and all,
+#: until the task has read its verdict.
+ANNOTATION_CANCELED = f"{ct.LABEL_DOMAIN}/{MARK_CANCEL}"
 _WAITING_FATAL = {
     "ErrImagePull",
     "ImagePullBackOff",
@@ -76,8 +80,12 @@ def job_status(job: dict[str, Any], pods: list[dict[str, Any]], now: float) -> J
     failed = conditions.get("Failed") or conditions.get("FailureTarget")
     if failed is not None:
         return _failed_status(name, failed, pods)
+    if is_canceled(job):
+        return JobStatus(
+            JobState.CANCELED, f"Job {name} was canceled (suspended: its pods are stopped)", None, "Canceled"
+        )
     if job["spec"].get("suspend"):
-        if now - (epoch(meta.get("creationTimestamp")) or now) > SETUP_TIMEOUT_SECONDS:
+        if never_started(job, now):
             return JobStatus(
                 JobState.ERROR,
                 f"Job {name} was created but never started (the submitting worker died?)",
@@ -242,6 +250,17 @@ def is_finished(job: dict[str, Any]) -> bool:
         c["type"] in ("Complete", "Failed") and c.get("status") == "True"
         for c in (job.get("status") or {}).get("conditions") or []
     )
+
+
+def is_canceled(job: dict[str, Any]) -> bool:
+    """A Job a cancel stopped: suspended, with the cancel mark."""
+    return bool(job["spec"].get("suspend")) and ANNOTATION_CANCELED in (job["metadata"].get("annotations") or {})
+
+
+def never_started(job: dict[str, Any], now: float) -> bool:
+    """A Job still suspended past :data:`SETUP_TIMEOUT_SECONDS` with no cancel: its submitting worker died."""
+    created = epoch(job["metadata"].get("creationTimestamp")) or now
+    return bool(job["spec"].get("suspend")) and not is_canceled(job) and now - created > SETUP_TIMEOUT_SECONDS
 
 
 def epoch(stamp: str | None) -> float | None:

@@ -348,7 +348,8 @@ class LocalHook(TAOPlatformHook):
             return None
         code = int(record["exit_code"])
         at = float(record.get("finished_at", time.time()))
-        if (job_dir / "marks" / "cancel_requested_by").exists() and code != 0:
+        # the cancel mark decides, not the code: a command that checkpoints on SIGTERM and exits 0 was stopped
+        if (job_dir / "marks" / "cancel_requested_by").exists():
             return JobStatus(JobState.CANCELED, "canceled", exit_code=code, raw_state="CANCELED", updated_at=at)
         if code == 0:
             return JobStatus(JobState.COMPLETE, "exit code 0", exit_code=0, raw_state="EXITED", updated_at=at)

@@ -528,19 +528,29 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
     def _find_previous(self, context: Context, hook: TAOPlatformHook, name: str) -> tuple[JobHandle, JobStatus] | None:
         """This task instance's earlier job if it can be reused (active or completed and not yet used), else None.
 
+        The stored job first; when it cannot be reused (it ended, its result was used, it is on another connection
+        of the chain, nothing is stored), the newest job of the deterministic name: a worker may have died between
+        a submission and its record (the write-ahead then names a newer job than the record), and that job runs.
         Whether a job's result was used is kept with the job on the platform (``consumed_by``), so a clear after
         success reruns the job even when ``task_state_store`` was emptied (``clear_on_success``, retention)."""
         record = self._stored(context)
-        candidate = None
-        if record is not None and not record.consumed:
-            candidate = record.job
-        if candidate is not None and (candidate.platform, candidate.conn_id) != (hook.platform, hook.conn_id):
-            candidate = None  # the stored job is on another connection of the chain: look on this one by name
-        if candidate is None:
-            # Nothing usable stored: a worker may have died between submission and the store write.
-            candidate = hook.find_job(name)
-        if candidate is None:
+        stored = record.job if record is not None and not record.consumed else None
+        if stored is not None and (stored.platform, stored.conn_id) != (hook.platform, hook.conn_id):
+            stored = None  # the stored job is on another connection of the chain: look on this one by name
+        if stored is not None and (found := self._reusable(hook, stored)) is not None:
+            return found
+        named = hook.find_job(name)
+        if named is None or (stored is not None and named.job_id == stored.job_id):
             return None
+        if stored is not None:
+            self.log.warning(
+                "Job %s (%s) is newer than the stored job %s: an earlier try died before recording it",
+                named.job_id, name, stored.job_id,
+            )  # fmt: skip
+        return self._reusable(hook, named)
+
+    def _reusable(self, hook: TAOPlatformHook, candidate: JobHandle) -> tuple[JobHandle, JobStatus] | None:
+        """``candidate`` and its status when it is live, or complete and unused; None when it ended otherwise."""
         status = hook.get_job_status(candidate)
         if status.state is JobState.UNKNOWN and not status.not_found:
             raise AirflowException(
@@ -548,15 +558,11 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
                 "not submitting another one, to avoid a duplicate. The next try asks again."
             )
         if status.state not in (JobState.PENDING, JobState.RUNNING, JobState.PAUSED, JobState.COMPLETE):
-            self.log.info(
-                "Earlier job %s ended %s (%s): submitting a new one", candidate.job_id, status.state, status.message
-            )
+            self.log.info("Earlier job %s ended %s (%s)", candidate.job_id, status.state, status.message)
             return None
         if (used_by := hook.consumed_by(candidate)) is not None:
             self.log.info(
-                "Job %s's result was already used by try %s (the task was cleared): submitting a new one",
-                candidate.job_id,
-                used_by,
+                "Job %s's result was already used by try %s (the task was cleared)", candidate.job_id, used_by
             )
             return None
         return candidate, status

@@ -35,6 +35,11 @@ STATUS_CALL_TIMEOUT = 60.0
 MAX_BACKOFF_SECONDS = 30.0  # after an outage the first good poll must not come much later
 #: XCom key of the log cursor (kept with the task instance: survives triggerer restarts, cleared by a new try).
 XCOM_LOG_CURSOR = "tao_log_cursor"
+#: How long a trigger's on_kill keeps asking a failing platform to cancel the job (it runs on past on_kill's own
+#: timeout, as a task of the triggerer's loop).
+CANCEL_RETRY_SECONDS = 300.0
+#: The first pause between two cancels; each next one doubles, up to ``MAX_BACKOFF_SECONDS``.
+CANCEL_RETRY_PAUSE = 1.0
 #: Cancels started by on_kill, kept referenced until they finish (the event loop holds tasks only weakly).
 _CANCELS: set[asyncio.Future[None]] = set()
 
@@ -438,10 +443,29 @@ class TAOJobTrigger(BaseTrigger):
         try:
             # As the operator's on_kill: a job that was stopped (or had just ended) is cleaned up too -- the task
             # will not resume to do it (a Brev instance of the task's own, a container with auto_remove).
-            if await hook.acancel_job(self.handle):
+            if await self._cancel_until_done(hook):
                 await asyncio.to_thread(hook.cleanup_job, self.handle)
         finally:
             await hook.aclose()
+
+    async def _cancel_until_done(self, hook: TAOPlatformHook) -> bool:
+        """The cancel, asked again with a growing pause while the platform fails it (an outage, a blip) until
+        :data:`CANCEL_RETRY_SECONDS` have passed: nothing else would cancel the job before the next sweep."""
+        give_up = time.monotonic() + CANCEL_RETRY_SECONDS
+        pause = CANCEL_RETRY_PAUSE
+        while True:
+            try:
+                return await hook.acancel_job(self.handle)
+            except Exception as exc:
+                if time.monotonic() + pause > give_up:
+                    self.log.error(
+                        "Canceling job %s failed for good (%s): the orphan sweeper cancels it later",
+                        self.handle.job_id, exc,
+                    )  # fmt: skip
+                    raise
+                self.log.warning("Canceling job %s failed (%s); asking again in %.0f s", self.handle.job_id, exc, pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, MAX_BACKOFF_SECONDS)
 
 
 def _on_kill_timeout() -> float:

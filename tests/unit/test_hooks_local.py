@@ -25,6 +25,7 @@ from airflow_provider_tao.hooks import local_supervisor
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.local import LocalHook
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
+from tests.unit.lifecycle_steps import alive as _alive
 
 CONN_ID = "tao_local_unit"
 GRACE = 0.5  # cancel_grace_seconds of the test connection
@@ -34,15 +35,6 @@ PY = sys.executable
 
 
 # ----------------------------------------------------------------------------- fixtures and helpers
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` is a live (non-zombie) process."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def _kill_leftovers(jobs_dir: Path) -> list[int]:
@@ -780,6 +772,18 @@ def test_cancel_terminates_a_running_job(local_env):
     assert hook.cancel_requested_by(handle) == 2
     analysis = hook.get_failure_analysis(handle)
     assert analysis.err_class is ErrClass.ERR_CANCELED
+
+
+def test_issue_22_hole_5_a_job_that_exits_0_on_sigterm_reads_as_canceled(local_env):
+    hook = LocalHook(conn_id=PATIENT_CONN_ID)
+    handle = hook.create_job(
+        make_spec("trap 'echo checkpoint; exit 0' TERM; echo started; while :; do sleep 0.1; done")
+    )
+    wait_log(hook, handle, "started")
+    assert hook.cancel_job(handle) is True
+    status = wait_terminal(hook, handle, timeout=5)
+    assert "checkpoint" in whole_log(hook, handle)
+    assert (status.state, status.exit_code) == (JobState.CANCELED, 0)
 
 
 def test_cancel_kills_a_term_ignoring_job_after_the_grace_period(hook):

@@ -5,8 +5,10 @@ Every test here fails on the code before contract v2: the defect's number is in 
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from airflow_provider_tao.operators.submit import TAOSubmitOperator
 from airflow_provider_tao.records import STATE_KEY
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
 from tests.unit.fakes import FakeHook, Store, make_context
+from tests.unit.lifecycle_steps import WorkerDied, die_at, kill_local_job, live_local_jobs
 from tests.unit.test_operator_submit import _defer, _op
 
 
@@ -256,3 +259,58 @@ def test_defect_8_temporary_credentials_expiring_before_the_deadline_are_warned_
         assert "AWS" not in out
     else:
         assert expected in out and "storage_conn_id" in out
+
+
+# ----------------------------------------------------------------------------- issue 22: holes found by reading
+
+
+@pytest.fixture
+def local_conn(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A ``tao_local`` connection on tmp folders; every job still alive at the end is killed (from ``/proc``)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    extra = {"jobs_dir": str(tmp_path / "jobs"), "results_root": str(tmp_path / "results"), "cancel_grace_seconds": 1}
+    monkeypatch.setenv("AIRFLOW_CONN_TAO_LOCAL_LIFECYCLE", json.dumps({"conn_type": "tao_local", "extra": extra}))
+    names: list[str] = []
+    yield names
+    for name in names:
+        for job_id in live_local_jobs(name):
+            kill_local_job(job_id)
+
+
+def _wait_for(check: Any, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_issue_22_hole_1_a_retry_after_a_worker_died_between_submission_and_record_adopts_that_job(
+    local_conn: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Try 2 finds try 1's job A ended and submits B; the worker dies before B's record is kept. Try 3 must adopt B
+    (the newest job of the task instance's name), not submit C next to it: counted on the backend's processes."""
+    from airflow_provider_tao.hooks.local import LocalHook
+
+    def op() -> TAOSubmitOperator:
+        return TAOSubmitOperator(
+            task_id="train", conn_id="tao_local_lifecycle", command="sleep 60", gpu_count=0, deferrable=True
+        )
+
+    store = Store()
+    first = _defer(op(), make_context(store, 1))
+    a = JobHandle.from_json(first.trigger.serialize()[1]["handle"])
+    local_conn.append(a.name)
+    pid_file = Path(a.console_url.removeprefix(f"file://{os.uname().nodename}")).parent / "pid"
+    _wait_for(pid_file.exists, "job A's supervisor to start")
+    assert kill_local_job(a.job_id)  # the job crashed while no try watched it
+    _wait_for(lambda: not live_local_jobs(a.name), "job A to end")
+
+    die_at(monkeypatch, "create", hook=LocalHook)  # try 2 submits B, then its worker dies before the record
+    with pytest.raises(WorkerDied):
+        op().execute(make_context(store, 2))
+    assert store.data[STATE_KEY]["handle"]["job_id"] == a.job_id  # the record still names A
+    (b,) = live_local_jobs(a.name)
+
+    third = _defer(op(), make_context(store, 3))
+    assert live_local_jobs(a.name) == {b}  # one live job of the task instance: B, not B and C
+    assert JobHandle.from_json(third.trigger.serialize()[1]["handle"]).job_id == b

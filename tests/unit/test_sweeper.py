@@ -41,41 +41,49 @@ def _job(
     return IndexedJob(rec, "train_dag", "manual__1", "train", -1, ti_state, 1, None, current, ti_exists)
 
 
-@pytest.mark.parametrize(
-    ("job", "verdict"),
-    [
-        (_job(ti_state="deferred"), (False, "its task is deferred")),
-        (_job(ti_state="running"), (False, "its task is running")),
-        (_job(ti_state="up_for_retry"), (False, "its task is up_for_retry")),
-        (_job(ti_state="queued"), (False, "its task is queued")),
-        (_job(ti_state=None), (False, "its task was cleared and waits to be scheduled")),
-        (_job(ti_state="failed"), (True, "orphan: its task is failed")),
-        (_job(ti_state="success"), (True, "orphan: its task is success")),
-        (_job(ti_state=None, ti_exists=False), (True, "orphan: its task is gone")),
-        (_job(ti_state="success", cancel_on_kill=False), (False, "its task set cancel_on_kill=False")),
-        (_job(ti_state="running", current=False), (True, "orphan: a newer job of its task replaced it")),
-        (_job(ti_state="running", current=False, cancel_on_kill=False), (False, "its task set cancel_on_kill=False")),
-        (_job(ti_state="deferred", deadline=NOW - 2 * MIN_AGE), (True, "past its task's deadline")),
-        (_job(ti_state="deferred", deadline=NOW - MIN_AGE / 2), (False, "its task is deferred")),
-        (None, (False, "not in this Airflow's task records")),
-        (  # a Brev instance's job container, seen on a Docker daemon that runs the instance too
-            _job(JobHandle("brev", "tao_brev", "a1b2c3d4e5f6", "n", submitted_at=OLD), ti_state="failed"),
-            (False, "started through the brev connection tao_brev"),
-        ),
-    ],
-)
+RULE_CASES = [
+    (_job(ti_state="deferred"), (False, "its task is deferred")),
+    (_job(ti_state="running"), (False, "its task is running")),
+    (_job(ti_state="up_for_retry"), (False, "its task is up_for_retry")),
+    (_job(ti_state="queued"), (False, "its task is queued")),
+    (_job(ti_state=None), (False, "its task was cleared and waits to be scheduled")),
+    (_job(ti_state="failed"), (True, "orphan: its task is failed")),
+    (_job(ti_state="success"), (True, "orphan: its task is success")),
+    (_job(ti_state=None, ti_exists=False), (True, "orphan: its task is gone")),
+    (_job(ti_state="success", cancel_on_kill=False), (False, "its task set cancel_on_kill=False")),
+    (_job(ti_state="running", current=False), (True, "orphan: a newer job of its task replaced it")),
+    (_job(ti_state="running", current=False, cancel_on_kill=False), (False, "its task set cancel_on_kill=False")),
+    (_job(ti_state="deferred", deadline=NOW - 2 * MIN_AGE), (True, "past its task's deadline")),
+    (_job(ti_state="deferred", deadline=NOW - MIN_AGE / 2), (False, "its task is deferred")),
+    (None, (False, "not in this Airflow's task records")),
+    (  # a Brev instance's job container, seen on a Docker daemon that runs the instance too
+        _job(JobHandle("brev", "tao_brev", "a1b2c3d4e5f6", "n", submitted_at=OLD), ti_state="failed"),
+        (False, "started through the brev connection tao_brev"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("job", "verdict"), RULE_CASES)
 def test_the_rule(job: IndexedJob | None, verdict: tuple[bool, str]) -> None:
     assert sweeper.verdict(FakeHook(), _handle(), job, NOW, MIN_AGE) == verdict
 
 
-def test_young_jobs_wait_and_any_job_past_its_lease_goes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_young_jobs_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     young = _handle(submitted=NOW - 60)
     assert sweeper.verdict(FakeHook(), young, _job(young), NOW, MIN_AGE) == (False, "younger than --min-age-minutes")
     # with no minimum age (the default) a young orphan goes at once: a task marked failed seconds after it deferred
     assert sweeper.verdict(FakeHook(), young, _job(young), NOW, 0.0) == (True, "orphan: its task is failed")
+
+
+@pytest.mark.parametrize(("job", "verdict"), RULE_CASES)
+def test_issue_22_hole_4_a_lease_never_overrides_the_ownership_rules(
+    monkeypatch: pytest.MonkeyPatch, job: IndexedJob | None, verdict: tuple[bool, str]
+) -> None:
+    """With ``[tao] lease_hours`` passed, every job the rule keeps is still kept (another deployment's, one seen
+    through another connection, ``cancel_on_kill=False``, a live task's); only an orphan goes, for its lease."""
     monkeypatch.setenv("AIRFLOW__TAO__LEASE_HOURS", "0.5")
-    assert sweeper.verdict(FakeHook(), _handle(), None, NOW, MIN_AGE) == (True, "lease expired")
-    assert sweeper.verdict(FakeHook(), _handle(), _job(ti_state="deferred"), NOW, MIN_AGE) == (True, "lease expired")
+    orphan = verdict[0] and verdict[1] != "past its task's deadline"
+    assert sweeper.verdict(FakeHook(), _handle(), job, NOW, MIN_AGE) == ((True, "lease expired") if orphan else verdict)
 
 
 class ListingHook(FakeHook):

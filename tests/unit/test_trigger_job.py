@@ -144,16 +144,7 @@ async def test_a_job_the_platform_no_longer_knows_ends_as_error(fake_platform: t
 async def test_short_unknown_stretch_is_ridden_out(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = FakeHook.get_job_statuses
-    failures = {"left": 2}
-
-    def flaky(self: FakeHook, handles: Any) -> Any:
-        if failures["left"]:
-            failures["left"] -= 1
-            raise ConnectionError("blip")
-        return real(self, handles)
-
-    monkeypatch.setattr(FakeHook, "get_job_statuses", flaky)
+    monkeypatch.setattr(FakeHook, "get_job_statuses", _failing_first(FakeHook.get_job_statuses, 2, "blip"))
     monkeypatch.setattr("airflow_provider_tao.triggers.job.MAX_BACKOFF_SECONDS", 0.05)
     handle = _submit(fake_platform)
     fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
@@ -299,3 +290,30 @@ def test_serialize_round_trip(fake_platform: type[FakeHook]) -> None:
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_provider_tao.triggers.job.TAOJobTrigger"
     assert TAOJobTrigger(**kwargs).serialize() == (classpath, kwargs)
+
+
+async def test_issue_22_hole_7_a_failing_cancel_in_on_kill_is_asked_again_until_it_takes(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The platform fails the first cancels of a killed task's job (an outage): on_kill asks again instead of
+    abandoning the job to the next sweep."""
+    flaky = _failing_first(FakeHook._cancel, 2, "platform unreachable")
+    monkeypatch.setattr(FakeHook, "_cancel", flaky)
+    monkeypatch.setattr("airflow_provider_tao.triggers.job.CANCEL_RETRY_PAUSE", 0.01)
+    handle = _submit(fake_platform)
+    await _trigger(handle).on_kill()
+    assert flaky.failures == 2
+    assert fake_platform.jobs[handle.job_id]["state"] is JobState.CANCELED
+
+
+def _failing_first(real: Any, times: int, error: str) -> Any:
+    """``real`` (a hook method) raising ``ConnectionError(error)`` the first ``times`` calls (an outage)."""
+
+    def flaky(self: FakeHook, *args: Any) -> Any:
+        if flaky.failures < times:
+            flaky.failures += 1
+            raise ConnectionError(error)
+        return real(self, *args)
+
+    flaky.failures = 0  # type: ignore[attr-defined]
+    return flaky

@@ -34,6 +34,7 @@ from tests.integration.taskrun import (
     worker_process,
 )
 from tests.unit.fakes import Store, make_context
+from tests.unit.lifecycle_steps import WorkerDied, die_in
 
 pytestmark = pytest.mark.integration
 
@@ -187,6 +188,64 @@ def test_worker_side_kill_cancels_a_sync_wait(docker_engine: DockerEngine, docke
     assert worker.wait(timeout=35) != 0
     state = docker_engine.wait_exited(container["Labels"][ct.LABEL_JOB_ID], timeout=1)
     assert state["ExitCode"] == 143 and len(docker_engine.named(name)) == 1
+
+
+def test_issue_22_hole_5_a_trainer_that_exits_0_on_sigterm_reads_as_canceled_not_complete(
+    docker_engine: DockerEngine, triggerer: Triggerer, hook: TAODockerHook
+) -> None:
+    """A trainer that checkpoints on SIGTERM and exits 0: the cancel mark decides, so a person's cancel fails the
+    task with ERR_CANCELED instead of committing its partial outputs as a success."""
+    trainer = "trap 'echo checkpoint; exit 0' TERM; while true; do sleep 1; done"
+    run = start(triggerer, _op(docker_engine.busybox, trainer))
+    docker_engine.wait_running(run.job_id)
+    assert hook.cancel_job(JobHandle.from_json(run.handle), requested_by="cli:jdoe")
+    with pytest.raises(AirflowFailException, match="ERR_CANCELED"):
+        finish(run, timeout=60)
+    assert docker_engine.state(run.job_id)["ExitCode"] == 0  # what the trainer chose on SIGTERM
+    assert len(docker_engine.named(_name(run))) == 1  # nothing resubmitted
+
+
+def test_issue_22_hole_2_a_persons_cancel_with_auto_remove_stays_final(
+    docker_engine: DockerEngine, results_root: Path, triggerer: Triggerer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``auto_remove=true``: the canceled container must outlive the cancel until the waiting task has read who
+    canceled it -- else the task sees "no such job", fails for a retry and the retry undoes the person's cancel."""
+    monkeypatch.setenv("AIRFLOW_CONN_TAO_DOCKER_RM", docker_connection(docker_engine, results_root, auto_remove=True))
+    run = start(triggerer, make_operator("tao_docker_rm", image=docker_engine.busybox, command="sleep 300"))
+    docker_engine.wait_running(run.job_id)
+    rm_hook = TAODockerHook("tao_docker_rm")
+    rm_hook.load_connection()
+    assert rm_hook.cancel_job(JobHandle.from_json(run.handle), requested_by="cli:jdoe")
+    with pytest.raises(AirflowFailException, match=r"ERR_CANCELED.*canceled by cli:jdoe"):
+        finish(run, timeout=60)
+    assert docker_engine.named(_name(run)) == []  # removed once the verdict was read
+
+
+def test_issue_22_hole_6_a_container_its_dead_worker_never_started_is_reaped(
+    docker_engine: DockerEngine, hook: TAODockerHook, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker dies after the container (with the job's files and secrets in it) was created, before starting
+    it, and no try comes again: ``airflow tao reap`` removes it past the start window, not before."""
+    from docker import APIClient
+
+    from airflow_provider_tao import sweeper
+    from airflow_provider_tao.jobs import JobSpec
+
+    spec = JobSpec(name=f"lost-{uuid.uuid4().hex[:8]}", job_id=uuid.uuid4().hex[:12], command="sleep 300",
+                   gpu_count=0, image=docker_engine.busybox, secret_env={"TOKEN": "s3cret-value"})  # fmt: skip
+    die_in(monkeypatch, APIClient, "start", after=False)
+    with pytest.raises(WorkerDied):
+        hook.create_job(spec)
+    assert docker_engine.state(spec.job_id)["Status"] == "created"
+    mine = (f"tao-job-{spec.job_id}", "removed")
+    rows = sweeper.sweep_machines(hook, lambda origin: None, dry_run=False)
+    assert mine not in [(r["name"], r["action"]) for r in rows]  # still in its start window
+    # a shorter window (the engine is shared: other sessions' submissions between create and start take far less)
+    monkeypatch.setattr(ct, "START_TIMEOUT_SECONDS", 3.0)
+    time.sleep(4)  # the list's creation times have whole seconds
+    rows = sweeper.sweep_machines(hook, lambda origin: None, dry_run=False)
+    assert mine in [(r["name"], r["action"]) for r in rows], rows
+    assert docker_engine.containers(f"{ct.LABEL_JOB_ID}={spec.job_id}") == []
 
 
 # --------------------------------------------------------------------------- GPUs

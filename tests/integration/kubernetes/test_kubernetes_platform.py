@@ -37,6 +37,7 @@ from tests.integration.taskrun import (
     worker_process,
 )
 from tests.unit.fakes import Store, make_context
+from tests.unit.lifecycle_steps import WorkerDied, die_at
 
 pytestmark = pytest.mark.integration
 
@@ -204,6 +205,72 @@ def test_cancel_on_kill_false_leaves_the_job(
     kubefake.wait_running(_name(run))
     kill(run)
     assert hook.get_job_status(JobHandle.from_json(run.handle)).state in (JobState.RUNNING, JobState.COMPLETE)
+
+
+def test_issue_22_hole_2_a_persons_cancel_stays_final_though_the_job_is_stopped(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer, hook: TAOKubernetesHook
+) -> None:
+    """``airflow tao cancel`` of a deferred task's Job: the task must read who canceled it and fail for good
+    (ERR_CANCELED, nothing resubmitted), so the cancel may not delete the Job that carries the mark."""
+    run = start(triggerer, _op(docker_engine.busybox, "sleep 300"))
+    kubefake.wait_running(_name(run))
+    assert hook.cancel_job(JobHandle.from_json(run.handle), requested_by="cli:jdoe")
+    with pytest.raises(AirflowFailException, match=r"ERR_CANCELED.*canceled by cli:jdoe"):
+        finish(run, timeout=60)
+    kubefake.wait_gone(run.job_id)  # deleted, with its pods, once the task read the verdict
+    assert [c["name"] for c in kubefake.created() if c["name"] == _name(run)] == [_name(run)]  # one Job ever
+
+
+def test_issue_22_hole_3_an_old_trys_cancel_leaves_the_job_a_newer_try_claimed_meanwhile(
+    docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer, hook: TAOKubernetesHook,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Try 1's cancel read the Job as its own; right before it suspends it, a clear's try 2 claims it: the
+    suspension holds only for the version read (a resourceVersion precondition), so try 2's Job runs on."""
+    run = start(triggerer, _op(docker_engine.busybox, "sleep 300"))
+    kubefake.wait_running(_name(run))
+    handle = JobHandle.from_json(run.handle)
+    real_call = TAOKubernetesHook._call
+
+    def claimed_meanwhile(self: TAOKubernetesHook, group: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "patch_namespaced_job" and (args[2].get("spec") or {}).get("suspend"):
+            hook.claim_job(handle.owned_by(2))  # the new try reattaches between the check and the act
+        return real_call(self, group, method, *args, **kwargs)
+
+    monkeypatch.setattr(TAOKubernetesHook, "_call", claimed_meanwhile)
+    assert hook.cancel_job(handle) is False
+    assert hook.get_job_status(handle).state is JobState.RUNNING
+    run.future.cancel()
+    monkeypatch.undo()
+    assert hook.cancel_job(handle.owned_by(2)) and hook.cleanup_job(handle) is None
+    kubefake.wait_gone(run.job_id)
+
+
+def test_issue_22_hole_6_a_job_left_suspended_by_a_dead_worker_is_reaped_with_what_it_owns(
+    docker_engine: DockerEngine, kubefake: KubeFake, hook: TAOKubernetesHook, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker dies after the suspended Job and its Secret and ConfigMaps exist, before it starts the Job: no
+    TTL, no deadline and no record cover it; ``airflow tao reap`` deletes it (and what it owns) past the setup
+    window, and keeps a Job still being set up."""
+    from airflow_provider_tao import sweeper
+    from airflow_provider_tao.hooks import kubernetes_status
+    from airflow_provider_tao.jobs import JobSpec
+
+    spec = JobSpec(name=f"lost-{uuid.uuid4().hex[:8]}", job_id=uuid.uuid4().hex[:12], command="sleep 300",
+                   gpu_count=0, image=docker_engine.busybox, secret_env={"TOKEN": "s3cret-value"},
+                   files={"spec.yaml": b"a: 1"})  # fmt: skip
+    die_at(monkeypatch, "start", hook=TAOKubernetesHook, after=False)
+    with pytest.raises(WorkerDied):
+        hook.create_job(spec)
+    assert set(kubefake.objects_of(spec.job_id)) == {"jobs", "secrets", "configmaps"}
+    mine = (spec.name, "deleted")
+    rows = sweeper.sweep_machines(hook, lambda origin: None, dry_run=False)
+    assert mine not in [(r["name"], r["action"]) for r in rows]  # still in its setup window
+    monkeypatch.setattr(kubernetes_status, "SETUP_TIMEOUT_SECONDS", 0.0)
+    time.sleep(1)  # creation times have whole seconds
+    rows = sweeper.sweep_machines(hook, lambda origin: None, dry_run=False)
+    assert mine in [(r["name"], r["action"]) for r in rows], rows
+    kubefake.wait_gone(spec.job_id)
 
 
 # --------------------------------------------------------------------------- durable identity
