@@ -16,6 +16,13 @@ from typing import Any
 #: The job of every schedule: short, and it leaves its own id in its results folder (I5 reads it back).
 JOB_SECONDS = 1.5
 COMMAND = f'sleep {JOB_SECONDS}; echo "$TAO_JOB_ID" > "$TAO_RESULTS_ROOT/$TAO_JOB_ID/ran"'
+#: The same job, but the first one of each task instance fails as a node fault does (ERR_INFRA: Airflow retries), so
+#: the explorer also walks the retry's path: an ended job found, a new one submitted.
+FLAKY = (
+    'flag="$TAO_RESULTS_ROOT/.failed-once-$TAO_JOB_NAME"; '
+    'if [ ! -e "$flag" ]; then touch "$flag"; echo "NCCL WARN net: remote process exited"; exit 1; fi; ' + COMMAND
+)
+JOBS = {"ok": COMMAND, "flaky": FLAKY}
 POLL_INTERVAL = 0.2
 SIGNALLED = frozenset({-15, -9, 128 + 15, 128 + 9})
 
@@ -43,7 +50,7 @@ class Backend:
     platform = ""
     poll_interval = POLL_INTERVAL
 
-    def operator_kwargs(self) -> dict[str, Any]:
+    def operator_kwargs(self, command: str) -> dict[str, Any]:
         raise NotImplementedError
 
     def jobs(self, name: str) -> list[BackendJob]:
@@ -81,8 +88,8 @@ class LocalBackend(Backend):
         self.conn_id = conn_id
         self.jobs_dir = jobs_dir
 
-    def operator_kwargs(self) -> dict[str, Any]:
-        return {"conn_id": self.conn_id, "command": COMMAND, "poll_interval": self.poll_interval, "retries": 3}
+    def operator_kwargs(self, command: str) -> dict[str, Any]:
+        return {"conn_id": self.conn_id, "command": command, "poll_interval": self.poll_interval, "retries": 3}
 
     def jobs(self, name: str) -> list[BackendJob]:
         groups = None
@@ -122,11 +129,11 @@ class DockerBackend(Backend):
         self.engine = engine
         self.client = engine.client
 
-    def operator_kwargs(self) -> dict[str, Any]:
+    def operator_kwargs(self, command: str) -> dict[str, Any]:
         return {
             "conn_id": self.conn_id,
             "image": self.engine.busybox,
-            "command": ["sh", "-c", COMMAND],
+            "command": ["sh", "-c", command],
             "poll_interval": self.poll_interval,
             "retries": 3,
         }

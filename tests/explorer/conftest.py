@@ -22,9 +22,13 @@ PLATFORMS = ("local", "docker")
 
 @pytest.fixture(scope="session", autouse=True)
 def _instrumented() -> Iterator[None]:
+    from airflow_provider_tao.hooks import local
+
     with pytest.MonkeyPatch.context() as patch:
         for cls in (LocalHook, TAODockerHook):
             instrument_hook(cls, patch.setattr)
+        # the explorer's time scale: a submission cut before its process started is given up on after 3 s, not 30
+        patch.setattr(local, "LAUNCH_TIMEOUT_SECONDS", 3.0)
         yield
 
 

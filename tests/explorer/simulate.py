@@ -35,6 +35,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowTaskTimeout, Tas
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.records import STATE_KEY, JobRecord
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
+from tests.explorer.backends import JOBS
 from tests.explorer.recorder import CURRENT, Killed, Recorder, RecordingStore, muted
 from tests.integration.taskrun import Triggerer, first_event, make_operator
 from tests.unit.fakes import make_context
@@ -60,34 +61,53 @@ POLL_OCCURRENCES = 2
 
 @dataclass(frozen=True)
 class Schedule:
-    """(platform, boundary, interruption); ``boundary`` None is the clean run that finds the boundaries."""
+    """(platform, job, boundary, interruption); ``boundary`` None is the clean run that finds the boundaries.
+    ``job`` is a key of :data:`tests.explorer.backends.JOBS`."""
 
     platform: str
+    job: str = "ok"
     boundary: str | None = None
     interruption: str | None = None
 
     def reproducer(self) -> str:
         return (
             f"TAO_EXPLORE_BOUNDARY='{self.boundary}' python -m pytest -p no:cacheprovider tests/explorer "
-            f"-k '{self.platform} and {self.interruption}'"
+            f"-k '{self.platform} and {self.job} and {self.interruption}'"
         )
 
 
-def applies(boundary: str, interruption: str) -> bool:
-    """Whether the schedule is one of the explored product (the rest are equivalent to one that is)."""
+def explored(boundaries: list[str], interruption: str) -> list[str]:
+    """The boundaries of a clean run ``interruption`` is applied at; the rest are equivalent to one of them:
+
+    * a worker exists only in the worker phases (``execute``, ``resume``), a trigger only in ``trigger``;
+    * stopping a process right after a read equals stopping it right before, i.e. after the step before the read --
+      but for the first poll of a deferred job (the only boundary where the task waits in the triggerer);
+    * a read repeated with no step changing the world in between reads the same state: only its first
+      ``POLL_OCCURRENCES`` repetitions are kept (for a stop, its first).
+    """
     from tests.explorer.recorder import read_only
 
-    phase = boundary.split(":", 1)[0]
-    occurrence = int(boundary.rsplit("#", 1)[1])
-    if interruption == "worker_kill" and phase not in WORKER_PHASES:
-        return False  # no worker runs while the task is deferred
-    if interruption == "triggerer_kill" and phase != "trigger":
-        return False  # no trigger runs while the worker does
-    if read_only(boundary):
-        if interruption in STOPS:  # equal to a stop before the read, but for the deferred job's first poll
-            return phase == "trigger" and occurrence == 1
-        return occurrence <= POLL_OCCURRENCES
-    return True
+    chosen = []
+    since_step: dict[str, int] = {}
+    for boundary in boundaries:
+        phase, call = boundary.split(":", 1)
+        method = call.rsplit("#", 1)[0]
+        if not read_only(boundary):
+            since_step = {}
+        else:
+            since_step[phase + method] = since_step.get(phase + method, 0) + 1
+        if interruption == "worker_kill" and phase not in WORKER_PHASES:
+            continue  # no worker runs while the task is deferred
+        if interruption == "triggerer_kill" and phase != "trigger":
+            continue  # no trigger runs while the worker does
+        if read_only(boundary):
+            repeat = since_step[phase + method]
+            if interruption in STOPS and not (phase == "trigger" and repeat == 1):
+                continue
+            if repeat > POLL_OCCURRENCES:
+                continue
+        chosen.append(boundary)
+    return chosen
 
 
 class Stopped(BaseException):  # noqa: N818 - Airflow stopping the worker (SIGTERM), not an error
@@ -210,7 +230,7 @@ class TaskSim:
             return
 
     def _operator(self) -> Any:
-        return make_operator(**self.backend.operator_kwargs())
+        return make_operator(**self.backend.operator_kwargs(JOBS[self.schedule.job]))
 
     def _try(self, try_number: int) -> str:
         op = self._operator()
