@@ -155,7 +155,7 @@ class DockerBackend(Backend):
                     job_id=labels.get(ct.LABEL_JOB_ID, ""),
                     created=float(summary.get("Created") or 0),
                     ran=ran,
-                    live=live and ran or state["Status"] == "created",
+                    live=(live and ran) or state["Status"] == "created",
                     exit_code=None if live else int(state.get("ExitCode", 0)),
                     results_dir=labels.get(ct.LABEL_RESULTS_DIR, ""),
                 )

@@ -40,7 +40,7 @@ def local_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]
     os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(
         {
             "conn_type": "tao_local",
-            "extra": {"jobs_dir": str(root / "jobs"), "results_root": str(root / "results"), "cancel_grace_seconds": 2},
+            "extra": {"jobs_dir": str(root / "jobs"), "results_root": str(root / "results"), "cancel_grace_seconds": 1},
         }
     )
     backend = LocalBackend(conn_id, root / "jobs")
@@ -63,7 +63,8 @@ def _kill_jobs(backend: LocalBackend) -> None:
 @pytest.fixture(scope="session")
 def docker_backend(docker_engine, results_root: Path) -> Backend:  # noqa: F811
     conn_id = "tao_docker_explore"
-    os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = docker_connection(docker_engine, results_root)
+    connection = docker_connection(docker_engine, results_root, cancel_grace_seconds=1)
+    os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = connection
     return DockerBackend(conn_id, docker_engine)
 
 

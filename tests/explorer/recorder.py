@@ -42,7 +42,7 @@ def read_only(label: str) -> bool:
     return method.startswith(READ_ONLY_PREFIXES)
 
 
-class Killed(BaseException):  # noqa: N818 - a process death, not an error the code could handle
+class Killed(BaseException):
     """The worker or triggerer process died right here: nothing after this line runs (no cleanup, no on_kill)."""
 
 

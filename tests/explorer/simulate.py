@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import threading
 import time
 import uuid
@@ -110,7 +111,7 @@ def explored(boundaries: list[str], interruption: str) -> list[str]:
     return chosen
 
 
-class Stopped(BaseException):  # noqa: N818 - Airflow stopping the worker (SIGTERM), not an error
+class Stopped(BaseException):
     def __init__(self, kind: str) -> None:
         super().__init__(kind)
         self.kind = kind
@@ -247,11 +248,11 @@ class TaskSim:
                 return "end"
             except TaskDeferred as deferred:
                 pending = deferred
-            except BaseException as exc:  # noqa: BLE001 - every way a worker's step can end
+            except BaseException as exc:
                 return self._worker_ended(op, exc)
             try:
                 self.rec.passed("defer")  # the deferral is reported; the worker exits
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 return self._worker_ended(op, exc)
             event = self._deferred(pending)
             if isinstance(event, str):
@@ -269,7 +270,7 @@ class TaskSim:
             self.outcome.error = "worker killed"
             return "retry"
         if isinstance(exc, Stopped | AirflowTaskTimeout):
-            self._run_on_kill(lambda: op.on_kill())
+            self._run_on_kill(op.on_kill)
             if isinstance(exc, AirflowTaskTimeout) or exc.kind == "clear":
                 self.outcome.error = str(exc)
                 return "retry"
@@ -306,7 +307,7 @@ class TaskSim:
             if not self.frozen.is_set():
                 try:
                     event = future.result()
-                except BaseException as exc:  # noqa: BLE001 - a trigger that crashed: Airflow fails the try
+                except BaseException as exc:
                     _close(triggerer)
                     self.outcome.error = f"trigger failed: {exc!r}"
                     return "retry"
@@ -336,7 +337,7 @@ class TaskSim:
             time.sleep(0.05)  # the cancel reaches run() first, as the triggerer's does
             self.release.set()
             self.rec.phase = "on_kill"
-            self._run_on_kill(lambda: triggerer.call(trigger.on_kill(), timeout=120))
+            self._run_on_kill(functools.partial(_on_kill, triggerer, trigger))
             _close(triggerer)
             if kind == "clear":
                 self.outcome.error = "cleared"
@@ -353,6 +354,10 @@ class TaskSim:
         self.outcome.state = "failed" if kind == "mark_failed" else "success"
         self.outcome.error = kind
         return "end"
+
+
+def _on_kill(triggerer: Triggerer, trigger: TAOJobTrigger) -> None:
+    triggerer.call(trigger.on_kill(), timeout=120)
 
 
 def _close(triggerer: Triggerer) -> None:
