@@ -15,7 +15,11 @@ from typing import Any
 
 #: The job of every schedule: short, and it leaves its own id in its results folder (I5 reads it back).
 JOB_SECONDS = 1.5
-COMMAND = f'sleep {JOB_SECONDS}; echo "$TAO_JOB_ID" > "$TAO_RESULTS_ROOT/$TAO_JOB_ID/ran"'
+#: It ends on a cancel's SIGTERM at once (as a trainer does; a shell as a container's PID 1 would ignore it and run on
+#: through the cancel's grace, long enough to end by itself at the explorer's time scale).
+COMMAND = (
+    f'trap "exit 143" TERM; sleep {JOB_SECONDS} & wait $!; echo "$TAO_JOB_ID" > "$TAO_RESULTS_ROOT/$TAO_JOB_ID/ran"'
+)
 #: The same job, but the first one of each task instance fails as a node fault does (ERR_INFRA: Airflow retries), so
 #: the explorer also walks the retry's path: an ended job found, a new one submitted.
 FLAKY = (
