@@ -200,6 +200,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         self._handle: JobHandle | None = None
         self._secrets_registered = False  # this process handed the job its secrets (and so masks them)
         self._waiting: WaitLog | None = None  # why the job waits, while the worker waits for it
+        self._submitting: tuple[TAOPlatformHook, str, str] | None = None  # (hook, name, job_id) while submitting
         self._check_static_arguments()
 
     def _check_static_arguments(self) -> None:
@@ -438,9 +439,12 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         self._secrets_registered = True
         self._warn_expiring_credentials(spec)
         self._write_ahead(context, hook, spec.name, spec.job_id)
+        # on_kill landing while create_job runs (or as it returns) has no handle yet: it looks the job up by this
+        self._submitting = (hook, spec.name, spec.job_id)
         try:
             handle = hook.create_job(spec, try_number=context["ti"].try_number)
         except JobSubmitError as exc:
+            self._submitting = None
             message = f"The {hook.platform} platform refused job {spec.job_id}: {exc.err_class.value}: {exc}"
             target = (
                 self._refused_for_capacity(context, hook, spec, message)
@@ -452,7 +456,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
                     raise AirflowException(message) from exc
                 raise AirflowFailException(message) from exc
         else:
-            self._handle = handle
+            self._handle, self._submitting = handle, None
             self.log.info("Submitted %s job %s (%s)", hook.platform, handle.job_id, handle.name)
             return hook, handle, outputs
         try:  # refused there for capacity: the next connection of the chain
@@ -856,12 +860,24 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         """Worker-side kill (and Airflow's timeout on the worker): cancel the job this try owns."""
         if self._waiting is not None and (why := self._waiting.summary()):
             self.log.error("Job %s was killed while waiting: %s", self._waiting.job_id, why)
-        if self._handle is None or not self.cancel_on_kill:
+        if not self.cancel_on_kill:
             return
-        hook = get_platform_hook(self._handle.platform, self._handle.conn_id)
+        handle = self._handle or self._submitted()
+        if handle is None:
+            return
+        hook = get_platform_hook(handle.platform, handle.conn_id)
         hook.load_connection()
-        if hook.cancel_job(self._handle):
-            hook.cleanup_job(self._handle)
+        if hook.cancel_job(handle):
+            hook.cleanup_job(handle)
+
+    def _submitted(self) -> JobHandle | None:
+        """The job a kill interrupted the submission of, if it exists: found by its name, and only if it is the job
+        this try was submitting (never an earlier try's)."""
+        if self._submitting is None:
+            return None
+        hook, name, job_id = self._submitting
+        found = hook.find_job(name)
+        return found if found is not None and found.job_id == job_id else None
 
 
 def _origin(context: Context) -> dict[str, str]:

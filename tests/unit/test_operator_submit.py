@@ -261,6 +261,31 @@ def test_on_kill_cancels_the_owned_job(fake_platform: type[FakeHook]) -> None:
     assert next(iter(fake_platform.jobs.values()))["state"] is JobState.CANCELED
 
 
+def test_on_kill_during_submission_cancels_the_job_being_submitted(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker is told to stop (mark failed/success, timeout) as create_job returns, before the operator holds
+    the handle: on_kill finds the job it was submitting by name and cancels it (issue 22, found by the explorer:
+    ``tests/explorer -k 'local and mark_failed'`` at ``execute:create_job#1``)."""
+
+    class Sigterm(BaseException):
+        pass
+
+    create = FakeHook.create_job
+
+    def create_then_stop(self: FakeHook, spec: Any, try_number: int = 1) -> JobHandle:
+        create(self, spec, try_number)
+        raise Sigterm()
+
+    monkeypatch.setattr(FakeHook, "create_job", create_then_stop)
+    op = _op(deferrable=True)
+    with pytest.raises(Sigterm):
+        op.execute(make_context(Store()))
+    op.on_kill()
+    [job] = fake_platform.jobs.values()
+    assert job["state"] is JobState.CANCELED
+
+
 def test_on_kill_with_cancel_on_kill_false_leaves_the_job(fake_platform: type[FakeHook]) -> None:
     op = _op(deferrable=True, cancel_on_kill=False)
     _defer(op, make_context(Store()))

@@ -1,0 +1,85 @@
+"""Backends of the explorer: the local platform in a folder of this session, the test Docker engine
+(``tests/integration/docker/conftest.py``'s fixtures). Every platform hook class is instrumented for the session."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_tao.hooks.docker import TAODockerHook
+from airflow_provider_tao.hooks.local import LocalHook
+from tests.explorer.backends import Backend, DockerBackend, LocalBackend
+from tests.explorer.recorder import instrument_hook
+from tests.integration.docker.conftest import docker_connection, docker_engine, results_root  # noqa: F401
+
+#: The platforms explored, in the order they are set up.
+PLATFORMS = ("local", "docker")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _instrumented() -> Iterator[None]:
+    from airflow_provider_tao.hooks import local
+
+    with pytest.MonkeyPatch.context() as patch:
+        for cls in (LocalHook, TAODockerHook):
+            instrument_hook(cls, patch.setattr)
+        # the explorer's time scale: a submission cut before its process started is given up on after 3 s, not 30
+        patch.setattr(local, "LAUNCH_TIMEOUT_SECONDS", 3.0)
+        yield
+
+
+@pytest.fixture(scope="session")
+def local_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
+    root = tmp_path_factory.mktemp("explore-local")
+    conn_id = "tao_local_explore"
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(
+        {
+            "conn_type": "tao_local",
+            "extra": {"jobs_dir": str(root / "jobs"), "results_root": str(root / "results"), "cancel_grace_seconds": 1},
+        }
+    )
+    backend = LocalBackend(conn_id, root / "jobs")
+    yield backend
+    _kill_jobs(backend)
+
+
+def _kill_jobs(backend: LocalBackend) -> None:
+    """What a failing schedule left running (only this session's job folders' process groups)."""
+    import signal
+
+    for folder in backend.jobs_dir.iterdir() if backend.jobs_dir.is_dir() else []:
+        try:
+            pgid = int(json.loads((folder / "pid").read_text())["pgid"])
+            os.killpg(pgid, signal.SIGKILL)
+        except (OSError, ValueError, KeyError):
+            continue
+
+
+@pytest.fixture(scope="session")
+def docker_backend(docker_engine, results_root: Path) -> Backend:  # noqa: F811
+    conn_id = "tao_docker_explore"
+    connection = docker_connection(docker_engine, results_root, cancel_grace_seconds=1)
+    os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = connection
+    return DockerBackend(conn_id, docker_engine)
+
+
+@pytest.fixture(scope="session")
+def backends(request: pytest.FixtureRequest) -> dict[str, Backend]:
+    """Platform name -> its backend, set up on first use."""
+    return _Lazy(request)  # type: ignore[return-value]
+
+
+class _Lazy(dict):  # type: ignore[type-arg]
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        super().__init__()
+        self.request = request
+
+    def __missing__(self, platform: str) -> Backend:
+        backend = self.request.getfixturevalue(f"{platform}_backend")
+        self[platform] = backend
+        return backend

@@ -1,0 +1,85 @@
+"""The invariants, counted on the backend (:mod:`tests.explorer.backends`) once a schedule's task instance ended.
+
+* I1 never two live jobs of one task instance (sampled at every boundary and at the end);
+* I2 every job that ran is the task's recorded job, adoptable by its name (the newest, while the task has not
+  succeeded with another), or stopped by a cancel -- and none is left running after the task ended;
+* I3 a person's cancel of a live job is final: the task fails with ERR_CANCELED and no job of the name starts after;
+* I4 an old try never cancels a newer try's job: a task interrupted only by deaths, a clear, a timeout or an outage
+  ends successfully on its retries, its recorded job not stopped;
+* I5 the outputs returned are those of the job that ran: the result's job completed on the backend and its results
+  folder holds what that job wrote;
+* I6 nothing of the platform's is held after the task ended (:meth:`Backend.leftovers`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_tao.records import STATE_KEY, JobRecord
+from tests.explorer.backends import Backend, BackendJob
+from tests.explorer.simulate import Outcome, Schedule
+
+SETTLE_SECONDS = 8.0  # a cancel's grace (SIGTERM, then SIGKILL) before a job may count as left running
+#: Interruptions after which the task is expected to end successfully on its retries.
+RECOVERABLE = frozenset({"worker_kill", "triggerer_kill", "clear", "outage", "execution_timeout", None})
+
+
+def settled(backend: Backend, name: str) -> list[BackendJob]:
+    deadline = time.monotonic() + SETTLE_SECONDS
+    jobs = backend.jobs(name)
+    while any(job.live for job in jobs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+        jobs = backend.jobs(name)
+    return jobs
+
+
+def violations(backend: Backend, schedule: Schedule, outcome: Outcome, store: Any) -> list[str]:
+    found: list[str] = []
+    jobs = settled(backend, outcome.job_name)
+    record = JobRecord.from_json(store.get(STATE_KEY))
+    recorded = record.job_id if record else None
+    # jobs an earlier try recorded (and a later try replaced) are accounted for: the record's history holds them
+    accounted = {recorded, *(str(old.get("handle", {}).get("job_id")) for old in (record.history if record else []))}
+    if outcome.live_seen > 1:
+        found.append(f"I1: {outcome.live_seen} live jobs of the task instance at once")
+    for job in jobs:
+        if job.live:
+            found.append(f"I2: job {job.job_id} still runs after the task ended ({outcome.state})")
+        elif job.job_id in outcome.live_at_end and not job.stopped:
+            found.append(f"I2: job {job.job_id} was left running when the task ended ({outcome.state}: "
+                         f"{outcome.error[:120]}) and ran to its end (exit {job.exit_code})")  # fmt: skip
+    newest = jobs[-1] if jobs else None
+    for job in jobs:
+        if not job.ran or job.live or job.job_id in accounted or job.stopped:
+            continue
+        if job is newest and outcome.state != "success":
+            continue  # adoptable: the next run of the task instance finds it by its name
+        found.append(f"I2: job {job.job_id} ran to its end (exit {job.exit_code}) in no record and unadoptable")
+    cancel = outcome.person_cancel
+    if cancel and cancel.get("was_live") and cancel.get("stopped"):
+        if outcome.state != "failed" or "ERR_CANCELED" not in outcome.error:
+            found.append(f"I3: a person canceled job {cancel['job_id']} but the task ended {outcome.state} "
+                         f"({outcome.error[:200]})")  # fmt: skip
+        later = [job.job_id for job in jobs if job.created > cancel["at"]]
+        if later:
+            found.append(f"I3: job(s) {later} submitted after a person canceled job {cancel['job_id']}")
+    expect_success = schedule.interruption in RECOVERABLE or (
+        schedule.interruption == "cli_cancel" and not (cancel and cancel.get("was_live") and cancel.get("stopped"))
+    )
+    if expect_success and outcome.state != "success":
+        stopped = next((job for job in jobs if job.job_id == recorded and job.stopped), None)
+        what = f"its job {recorded} was stopped" if stopped else "its job was not stopped"
+        found.append(f"I4: the task failed after {schedule.interruption} ({what}): {outcome.error[:300]}")
+    if outcome.state == "success" and isinstance(outcome.result, dict):
+        job_id = outcome.result.get("job_id")
+        ran = next((job for job in jobs if job.job_id == job_id), None)
+        if ran is None or not ran.completed:
+            found.append(f"I5: the result names job {job_id}, which did not complete on the backend ({ran})")
+        marker = Path(str(outcome.result.get("results_dir"))) / "ran"
+        written = marker.read_text().strip() if marker.is_file() else None
+        if written != job_id:
+            found.append(f"I5: the result's folder {marker.parent} holds the output of {written!r}, not {job_id!r}")
+    found.extend(f"I6: {what}" for what in backend.leftovers(outcome.job_name))
+    return found
