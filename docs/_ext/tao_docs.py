@@ -134,6 +134,10 @@ FIXES: dict[str, str] = {
     "raise staging_timeout_seconds on the connection, or keep the job's files under 1 MiB packed.",
     # brev
     "no Brev API token": "Put the Brev API token in the password of the tao_brev connection.",
+    "needs the id of its org": "A Brev API key (bak-...) works in one org: put its id in the tao_brev connection's "
+    "org_id extra (`brev ls orgs --json` lists them), or use a token from `brev login` instead.",
+    "set org_id on the tao_brev connection": "A Brev API key (bak-...) works in one org: put its id in the "
+    "tao_brev connection's org_id extra (`brev ls orgs --json` lists them).",
     "there is no instance": "Create the instance (`brev create`) or fix backend_details['instance_id']: `brev ls` "
     "lists your instances.",
     "it cannot run a job (brev ls)": "The reused instance is FAILURE or being deleted: name another instance_id, or "

@@ -76,7 +76,7 @@ def test_a_restarted_hook_neither_fails_nor_deletes_a_running_job_whose_ready_di
     hook = lp.LeptonHook(conn_id="tao_lepton_x")
     hook._extras = {"workspace_id": "ws1"}
     deleted: list[str] = []
-    monkeypatch.setattr(hook, "_list_jobs", lambda selector, mode="alive_only": [job])
+    monkeypatch.setattr(hook, "_list_jobs", lambda selector, mode="alive_only", wanted=(): [job])
     monkeypatch.setattr(hook, "_get_job", lambda backend_id: job)
     monkeypatch.setattr(hook, "get_job_replicas", lambda h: [{"status": {"readiness_issue": {"reason": "InProgress"}}}])
     monkeypatch.setattr(hook, "_delete_job", lambda backend_id, job_id: deleted.append(backend_id))
@@ -319,7 +319,7 @@ def test_jobs_missing_from_the_list_beyond_the_lookup_budget_are_unknown_not_gon
     jobs = {f"job-{i}": _model_job("Running", ready=1, active=1, parallelism=1, age=60) for i in range(25)}
     for key, job in jobs.items():
         job["metadata"]["labels"] = {ls.LABEL_JOB_ID: key}
-    monkeypatch.setattr(hook, "_list_jobs", lambda selector, mode="alive_only": [])
+    monkeypatch.setattr(hook, "_list_jobs", lambda selector, mode="alive_only", wanted=(): [])
     monkeypatch.setattr(hook, "_get_job", lambda backend_id: jobs[backend_id])
     handles = [JobHandle("lepton", "c", key, key, backend_job_id=key) for key in jobs]
     statuses = hook.get_job_statuses(handles)
