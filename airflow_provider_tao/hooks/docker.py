@@ -358,7 +358,10 @@ class TAODockerHook(TAOPlatformHook):
                 found.append(container)
         if not found:
             return None
-        return self._handle_of(max(found, key=lambda c: int(c.get("Created") or 0)))
+        # Created is whole seconds: a retry's container made in the same second as the last try's is told by its try
+        return self._handle_of(
+            max(found, key=lambda c: (int(c.get("Created") or 0), int((c.get("Labels") or {}).get(ct.LABEL_TRY) or 0)))
+        )
 
     def _handle_of(self, container: dict[str, Any]) -> JobHandle:
         """The handle of a listed container, from its labels."""

@@ -348,3 +348,22 @@ def test_sync_wait_ends_when_the_platform_no_longer_knows_the_job(
     monkeypatch.setattr(fake_platform, "create_job", vanishing)
     with pytest.raises(AirflowException, match="no longer exists on the fake platform"):
         op.execute(make_context(Store()))
+
+
+def test_find_job_tells_a_retrys_container_from_the_last_trys_made_in_the_same_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine's container list gives ``Created`` in whole seconds: a retry's container created in the same second
+    as the ended one of the try before is the newest by its try (found by the crash-point explorer)."""
+    hook = _hook(monkeypatch)
+
+    def container(job_id: str, try_number: int) -> dict[str, Any]:
+        labels = {ct.LABEL_JOB_ID: job_id, ct.LABEL_NAME: "n-0123456789", ct.LABEL_TRY: str(try_number)}
+        return {"Id": job_id * 4, "State": "exited" if try_number == 1 else "running", "Created": 1700000000,
+                "Labels": labels}  # fmt: skip
+
+    listed = [container("bbbbbbbbbbbb", 2), container("aaaaaaaaaaaa", 1)]
+    for order in (listed, listed[::-1]):
+        monkeypatch.setattr(hook, "_list", lambda selector, order=order: order)
+        found = hook.find_job("n-0123456789")
+        assert found is not None and found.job_id == "bbbbbbbbbbbb"
