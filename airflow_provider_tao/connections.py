@@ -64,12 +64,16 @@ def _no_task_supervisor() -> bool:
     (it applies the deployment's rules, and task code may not open the database)."""
     from airflow.sdk.execution_time import task_runner
 
-    comms = getattr(task_runner, "SUPERVISOR_COMMS", None)
-    if comms is None:
-        return True
+    return getattr(task_runner, "SUPERVISOR_COMMS", None) is None or runs_inline()
+
+
+def runs_inline() -> bool:
+    """This process is ``airflow dags test`` (or ``dag.test()``): the task and its trigger run here, with an
+    in-process stand-in for the supervisor, and no scheduler races the trigger's event."""
+    from airflow.sdk.execution_time import task_runner
     from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
 
-    return isinstance(comms, InProcessSupervisorComms)
+    return isinstance(getattr(task_runner, "SUPERVISOR_COMMS", None), InProcessSupervisorComms)
 
 
 def _from_server_backends(conn_id: str) -> Connection | None:

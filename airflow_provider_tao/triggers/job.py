@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_provider_tao.connections import runs_inline
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.joblog import JobLogWriter
@@ -110,7 +111,8 @@ class StatusPoller:
         self.calls = 0  # backend calls made, for tests and benchmarks
         self.logs = LogBudget(None if hook.log_reads_batched else log_reads_per_interval())
         # [tao] settings its triggers use, read once per poller: a read costs more than a trigger's poll
-        self.event_hold = trigger_event_hold_seconds()
+        # The hold keeps an event clear of the scheduler's deferral race; `airflow dags test` has no scheduler.
+        self.event_hold = 0.0 if runs_inline() else trigger_event_hold_seconds()
         self.outage_report = outage_report_seconds()
         self.restarts = 0
         self._wake = asyncio.Event()

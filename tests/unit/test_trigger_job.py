@@ -167,6 +167,23 @@ async def test_an_ended_job_is_reported_no_sooner_than_the_hold_after_the_trigge
     assert time.monotonic() - started >= 0.6
 
 
+async def test_airflow_dags_test_reports_an_ended_job_without_the_hold(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`airflow dags test` runs the trigger inline, with an in-process stand-in for the supervisor: no scheduler races
+    its event, so the hold is not waited (a new user's first deferrable run is not 10 s slower for nothing)."""
+    from airflow.sdk.execution_time import task_runner
+    from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
+
+    handle = _submit(fake_platform)
+    fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
+    monkeypatch.setenv("AIRFLOW__TAO__TRIGGER_EVENT_HOLD_SECONDS", "30")
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", object.__new__(InProcessSupervisorComms), raising=False)
+    started = time.monotonic()
+    assert (await _first_event(_trigger(handle, poll_interval=0.01), timeout=10))["status"] == "complete"
+    assert time.monotonic() - started < 10
+
+
 async def test_log_lines_whose_cursor_is_stored_are_written_even_when_a_kill_lands_in_between(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
