@@ -42,6 +42,8 @@ from airflow_provider_tao.waiting import WaitLog
 STATUS_CALL_TIMEOUT = 60.0
 MAX_BACKOFF_SECONDS = 30.0  # after an outage the first good poll must not come much later
 NEW_JOB_POLL_GAP = 1.0  # seconds from one poll to an early one for newly watched jobs
+#: Watches a poll wakes in one turn of the event loop (the triggers woken run before the next chunk is published).
+PUBLISH_CHUNK = 250
 #: XCom key of the log cursor (kept with the task instance: survives triggerer restarts, cleared by a new try).
 XCOM_LOG_CURSOR = "tao_log_cursor"
 #: How long a trigger's on_kill keeps asking a failing platform to cancel the job (it runs on past on_kill's own
@@ -193,9 +195,12 @@ class StatusPoller:
             ending = [w.handle.job_id for w in watches if w.logs and _ended(statuses.get(w.handle.job_id))]
             interval = min(w.interval for w in watches)
             readers = self.logs.plan(live, ending, interval)
-            for watch in watches:
+            for n, watch in enumerate(watches, 1):
                 watch.log_turn |= watch.handle.job_id in readers
                 watch.publish(statuses.get(watch.handle.job_id) or JobStatus.unknown("not in the platform's answer"))
+                if n % PUBLISH_CHUNK == 0:
+                    # every watch published wakes its trigger: a turn of the loop per chunk, not 10,000 in one turn
+                    await asyncio.sleep(0)
             backoff = min(max(interval, backoff * 2), MAX_BACKOFF_SECONDS) if failed else 0.0
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=backoff or interval)
