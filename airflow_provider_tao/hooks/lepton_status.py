@@ -11,12 +11,13 @@ taxonomy turns into ``ERR_CAPACITY``, ``ERR_IMAGE_PULL`` or ``ERR_INFRA``.
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from airflow_provider_tao.accounting import JobUsage
-from airflow_provider_tao.failures import RAW_STATE_CLASSES, SUGGESTIONS, FailureFacts, runner_verdict
+from airflow_provider_tao.failures import RAW_STATE_CLASSES, SUGGESTIONS, FailureFacts, runner_verdict, signal_of
 from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import MARK_CANCEL, MARK_CANCELED_BY, MARK_CONSUMED, MARK_OWNER
 from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobState, JobStatus
@@ -379,7 +380,11 @@ def follow_server_verdict(result: FailureAnalysis, facts: FailureFacts) -> Failu
         or runner_verdict(facts.log_tail) is not None
         or raw in RAW_STATE_CLASSES
     )
-    if stronger or server is result.err_class:
+    # A SIGKILL / SIGTERM from outside (no OOM flag): the program did not end itself, whoever sent it (a node dying,
+    # a person). Whether the server's ERR_PROGRAM for a non-zero exit knows that is unknown: the safe reading, a
+    # retry, wins over a verdict that would fail the task for good (the same rule as on every other platform).
+    killed = signal_of(facts.exit_code) in (signal.SIGKILL, signal.SIGTERM) and not server.retriable
+    if stronger or killed or server is result.err_class:
         return result
     said = str(facts.details.get("lepton_suggestion") or "").strip().rstrip(".")
     return replace(

@@ -273,8 +273,11 @@ def _facts(err_class: str | None, **facts: Any) -> FailureFacts:
         # a program error whose log looks like a network fault: the server says program, not retried
         (_facts("ERR_PROGRAM", exit_code=1, log_tail=["NCCL WARN Connection reset by peer remote process exited"]),
          ErrClass.ERR_PROGRAM),
-        # killed from outside (137, no OOM flag): the server knows it was the program
-        (_facts("ERR_PROGRAM", exit_code=137), ErrClass.ERR_PROGRAM),
+        # killed from outside (137, no OOM flag): the program did not end itself; the safe reading, a retry, wins
+        # over a verdict that would fail the task for good; a retriable verdict is followed
+        (_facts("ERR_PROGRAM", exit_code=137), ErrClass.ERR_UNKNOWN),
+        (_facts("ERR_PROGRAM", exit_code=143), ErrClass.ERR_UNKNOWN),
+        (_facts("ERR_INFRA", exit_code=137), ErrClass.ERR_INFRA),
         # an unhealthy node under an exit code 1: the server says infrastructure, retried
         (_facts("ERR_INFRA", exit_code=1), ErrClass.ERR_INFRA),
         # stronger facts keep their class
