@@ -270,7 +270,7 @@ class SimRuntime:
             self.pods.stop(rid, int(grace))
 
     def logs(self, rid: str) -> list[tuple[int, str]]:
-        return split_stamped(self.pods.logs(rid, {}))
+        return split_stamped(self.pods.logs(rid, {"timestamps": "true"}))  # the kubelet's options: stamped lines
 
     def follow(self, rid: str) -> Iterator[bytes]:
         sent = 0
