@@ -1,5 +1,7 @@
 """Backends of the explorer: the local platform in a folder of this session, the test Docker engine
-(``tests/integration/docker/conftest.py``'s fixtures). Every platform hook class is instrumented for the session."""
+(``tests/integration/docker/conftest.py``'s fixtures). Every platform hook class is instrumented while this package's
+tests run (package scope: nothing of the explorer -- its wrappers, its time scale, its environment -- reaches the
+tests after it)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from tests.integration.docker.conftest import docker_connection, docker_engine, 
 PLATFORMS = ("local", "docker")
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def _instrumented() -> Iterator[None]:
     from airflow_provider_tao.hooks import local
 
@@ -32,20 +34,17 @@ def _instrumented() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def local_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:
     root = tmp_path_factory.mktemp("explore-local")
     conn_id = "tao_local_explore"
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(
-        {
-            "conn_type": "tao_local",
-            "extra": {"jobs_dir": str(root / "jobs"), "results_root": str(root / "results"), "cancel_grace_seconds": 1},
-        }
-    )
-    backend = LocalBackend(conn_id, root / "jobs")
-    yield backend
-    _kill_jobs(backend)
+    extra = {"jobs_dir": str(root / "jobs"), "results_root": str(root / "results"), "cancel_grace_seconds": 1}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CUDA_VISIBLE_DEVICES", "")
+        patch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "tao_local", "extra": extra}))
+        backend = LocalBackend(conn_id, root / "jobs")
+        yield backend
+        _kill_jobs(backend)
 
 
 def _kill_jobs(backend: LocalBackend) -> None:
@@ -60,15 +59,16 @@ def _kill_jobs(backend: LocalBackend) -> None:
             continue
 
 
-@pytest.fixture(scope="session")
-def docker_backend(docker_engine, results_root: Path) -> Backend:  # noqa: F811
+@pytest.fixture(scope="package")
+def docker_backend(docker_engine, results_root: Path) -> Iterator[Backend]:  # noqa: F811
     conn_id = "tao_docker_explore"
     connection = docker_connection(docker_engine, results_root, cancel_grace_seconds=1)
-    os.environ[f"AIRFLOW_CONN_{conn_id.upper()}"] = connection
-    return DockerBackend(conn_id, docker_engine)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", connection)
+        yield DockerBackend(conn_id, docker_engine)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def backends(request: pytest.FixtureRequest) -> dict[str, Backend]:
     """Platform name -> its backend, set up on first use."""
     return _Lazy(request)  # type: ignore[return-value]
