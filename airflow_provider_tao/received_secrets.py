@@ -33,8 +33,22 @@ log = logging.getLogger(__name__)
 _KUBECONFIG_SECRETS = frozenset({"client-key-data", "token", "id-token", "refresh-token", "password"})
 
 
+#: Lookups under way, by event loop and connections: the triggers a restarted triggerer starts by the thousand share
+#: one (a connection read and a boto chain per burst, not per trigger); each burst still reads afresh.
+_LOOKUPS: dict[tuple[int, tuple[str, ...]], asyncio.Future[list[str]]] = {}
+
+
 async def asecrets_received(conn_ids: Sequence[str]) -> list[str]:
     """Every secret value a job of these connections received (a connection that cannot be read adds none)."""
+    key = (id(asyncio.get_running_loop()), tuple(conn_ids))
+    lookup = _LOOKUPS.get(key)
+    if lookup is None:
+        lookup = _LOOKUPS[key] = asyncio.ensure_future(_asecrets_received(key[1]))
+        lookup.add_done_callback(lambda _: _LOOKUPS.pop(key, None))
+    return list(await asyncio.shield(lookup))  # a waiter cancelled does not cancel the others' lookup
+
+
+async def _asecrets_received(conn_ids: Sequence[str]) -> list[str]:
     from airflow_provider_tao.connections import aget_connection
 
     values: list[str] = []

@@ -217,3 +217,24 @@ def test_a_worker_killed_while_its_job_waits_says_why_the_job_waited(
     assert f"Job {job['handle'].job_id} is pending: fake Pending" in out
     assert f"Job {job['handle'].job_id} was killed while waiting: the job was still pending after " in out
     assert job["state"] is JobState.CANCELED
+
+
+async def test_triggers_started_together_share_one_lookup_of_the_secrets_their_jobs_received(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A restarted triggerer starts thousands of triggers at once: they read their connections (and run a boto chain)
+    once per burst, not once each; a later trigger reads afresh."""
+    from airflow_provider_tao import received_secrets
+
+    calls: list[tuple[str, ...]] = []
+
+    async def lookup(conn_ids: Any) -> list[str]:
+        calls.append(tuple(conn_ids))
+        await asyncio.sleep(0.05)
+        return ["s3cr3t"]
+
+    monkeypatch.setattr(received_secrets, "_asecrets_received", lookup)
+    found = await asyncio.gather(*(received_secrets.asecrets_received(["job_secrets"]) for _ in range(50)))
+    assert found == [["s3cr3t"]] * 50 and calls == [("job_secrets",)]
+    await received_secrets.asecrets_received(["job_secrets"])
+    assert len(calls) == 2
