@@ -108,7 +108,7 @@ RAW_STATE_CLASSES: dict[str, ErrClass] = {
     "UNSCHEDULABLE": ErrClass.ERR_CAPACITY,
     "CREATECONTAINERCONFIGERROR": ErrClass.ERR_CONFIG,
     "CREATECONTAINERERROR": ErrClass.ERR_CONFIG,
-    # Kubernetes waits with a bound (hooks/kubernetes_status.py): a scheduling gate or a quota never lifted is
+    # Kubernetes waits with a bound (hooks/kubernetes/status.py): a scheduling gate or a quota never lifted is
     # capacity; pods the cluster's policy refuses (PodSecurity, LimitRange, a webhook) or a volume that cannot be
     # mounted (a ReadWriteOnce claim in use elsewhere) are the job's configuration; an image never to be pulled
     "SCHEDULINGGATED": ErrClass.ERR_CAPACITY,

@@ -446,7 +446,8 @@ def get_provider_info() -> dict[str, Any]:
                 "integration-name": INTEGRATION,
                 "python-modules": [
                     "airflow_provider_tao.hooks.base",
-                    *(class_path.rpartition(".")[0] for _, class_path in PLATFORMS.values()),
+                    # each platform package defines its hook class in ``hook.py`` and exports it
+                    *(f"{class_path.rpartition('.')[0]}.hook" for _, class_path in PLATFORMS.values()),
                 ],
             }
         ],

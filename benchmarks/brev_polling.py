@@ -39,8 +39,8 @@ from typing import Any
 
 from measure import first_event
 
-from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.brev import BrevHook
+from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import JobHandle, JobSpec
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
 from tests.brevfake.control import BrevWorld

@@ -39,8 +39,8 @@ import docker
 from docker.api.client import APIClient
 from measure import cpu, first_event, rss_mib
 
-from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.docker import TAODockerHook
+from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import JobHandle, JobSpec
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
 

@@ -52,8 +52,8 @@ _load_env()
 
 from measure import cpu, first_event, rss_mib  # noqa: E402
 
-from airflow_provider_tao.hooks import slurm_ssh  # noqa: E402
 from airflow_provider_tao.hooks.slurm import SlurmHook  # noqa: E402
+from airflow_provider_tao.hooks.slurm import ssh as slurm_ssh  # noqa: E402
 from airflow_provider_tao.jobs import JobHandle, JobSpec  # noqa: E402
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger  # noqa: E402
 

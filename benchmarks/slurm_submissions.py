@@ -23,8 +23,8 @@ from typing import Any
 import slurm_polling  # loads the cluster's env.sh and its connection first
 from measure import cpu, print_side_by_side
 
-from airflow_provider_tao.hooks import slurm_ssh
 from airflow_provider_tao.hooks.slurm import SlurmHook
+from airflow_provider_tao.hooks.slurm import ssh as slurm_ssh
 from airflow_provider_tao.jobs import JobHandle, JobSpec
 
 

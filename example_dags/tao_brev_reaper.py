@@ -39,7 +39,7 @@ def tao_brev_reaper():
     def reap() -> list[dict[str, str]]:
         """Delete expired or orphaned instances of this provider; returns every decision."""
         from airflow_provider_tao.hooks.brev import BrevHook
-        from airflow_provider_tao.hooks.brev_lease import task_state_lookup
+        from airflow_provider_tao.hooks.brev.lease import task_state_lookup
 
         decisions = BrevHook(conn_id=CONN_ID).reap(task_state=task_state_lookup(get_current_context()["ti"]))
         deleted = [d.instance for d in decisions if d.action == "deleted"]

@@ -143,7 +143,7 @@ class DockerBackend(Backend):
         }
 
     def jobs(self, name: str) -> list[BackendJob]:
-        from airflow_provider_tao.hooks import container as ct
+        from airflow_provider_tao.hooks.shared import container as ct
 
         found = []
         for summary in self.engine.named(name):

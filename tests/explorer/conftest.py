@@ -24,7 +24,7 @@ PLATFORMS = ("local", "docker")
 
 @pytest.fixture(scope="package", autouse=True)
 def _instrumented() -> Iterator[None]:
-    from airflow_provider_tao.hooks import local
+    from airflow_provider_tao.hooks.local import hook as local
 
     with pytest.MonkeyPatch.context() as patch:
         for cls in (LocalHook, TAODockerHook):

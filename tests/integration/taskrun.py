@@ -74,7 +74,7 @@ class Triggerer:
 
     def close(self) -> None:
         async def _shutdown() -> None:
-            if (ssh := sys.modules.get("airflow_provider_tao.hooks.slurm_ssh")) is not None:
+            if (ssh := sys.modules.get("airflow_provider_tao.hooks.slurm.ssh")) is not None:
                 ssh.AsyncPool.drop_connections()
 
         self.call(_shutdown(), timeout=10)

@@ -19,10 +19,10 @@ from airflow.sdk.observability import stats
 
 from airflow_provider_tao import accounting
 from airflow_provider_tao.accounting import JobUsage, attempt_of, total_gpu_hours
-from airflow_provider_tao.hooks import container as ct
-from airflow_provider_tao.hooks import kubernetes_status as ks
-from airflow_provider_tao.hooks import lepton_status as ls
-from airflow_provider_tao.hooks import slurm_script as ss
+from airflow_provider_tao.hooks.kubernetes import status as ks
+from airflow_provider_tao.hooks.lepton import status as ls
+from airflow_provider_tao.hooks.shared import container as ct
+from airflow_provider_tao.hooks.slurm import script as ss
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.triggers.job import TAOJobTrigger
 from tests.unit.fakes import FakeHook

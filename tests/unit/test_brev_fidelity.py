@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tao.hooks import brev as bv
-from airflow_provider_tao.hooks import brev_auth
-from airflow_provider_tao.hooks import brev_remote as remote
 from airflow_provider_tao.hooks.base import JobValidationError
-from airflow_provider_tao.hooks.brev_auth import credentials_for
-from airflow_provider_tao.hooks.brev_cli import BrevError, BrevSession, create_failure
+from airflow_provider_tao.hooks.brev import auth as brev_auth
+from airflow_provider_tao.hooks.brev import hook as bv
+from airflow_provider_tao.hooks.brev import remote
+from airflow_provider_tao.hooks.brev.auth import credentials_for
+from airflow_provider_tao.hooks.brev.cli import BrevError, BrevSession, create_failure
 from airflow_provider_tao.jobs import ErrClass, JobHandle
 from tests.brevfake import instances
 from tests.unit.test_hooks_brev import Instance, ScriptedSession, _hook, _result, _spec, _staged

@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tao.hooks import brev as bv
-from airflow_provider_tao.hooks import brev_lease
-from airflow_provider_tao.hooks import brev_remote as remote
-from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import JobValidationError
-from airflow_provider_tao.hooks.brev_auth import credentials_for
-from airflow_provider_tao.hooks.brev_cli import BrevError, BrevSession, create_failure, is_logged_out
-from airflow_provider_tao.hooks.cli import CliResult, run_cli
+from airflow_provider_tao.hooks.brev import hook as bv
+from airflow_provider_tao.hooks.brev import lease as brev_lease
+from airflow_provider_tao.hooks.brev import remote
+from airflow_provider_tao.hooks.brev.auth import credentials_for
+from airflow_provider_tao.hooks.brev.cli import BrevError, BrevSession, create_failure, is_logged_out
+from airflow_provider_tao.hooks.shared import container as ct
+from airflow_provider_tao.hooks.shared.cli import CliResult, run_cli
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 
 TOKEN = "brev-secret-token-0123456789"

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tao.hooks import container as ct
-from airflow_provider_tao.hooks import docker as dk
 from airflow_provider_tao.hooks.base import LOG_READ_LIMIT, JobValidationError
+from airflow_provider_tao.hooks.docker import hook as dk
+from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 from tests.unit.fakes import FakeHook, Store, make_context
 

@@ -13,7 +13,7 @@ import pytest
 
 from airflow_provider_tao.hooks.base import LOG_READ_LIMIT
 from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
-from airflow_provider_tao.hooks.kubernetes_logs import LOG_READ_BYTES, OVERLAP_SECONDS, SKIPPED_NOTE
+from airflow_provider_tao.hooks.kubernetes.logs import LOG_READ_BYTES, OVERLAP_SECONDS, SKIPPED_NOTE
 from airflow_provider_tao.jobs import JobHandle
 
 POD = "job-0-abcde"

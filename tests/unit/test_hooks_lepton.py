@@ -21,13 +21,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_tao.failures import FailureFacts, classify
-from airflow_provider_tao.hooks import container as ct
-from airflow_provider_tao.hooks import lepton as lp
-from airflow_provider_tao.hooks import lepton_api as la
-from airflow_provider_tao.hooks import lepton_files as lf
-from airflow_provider_tao.hooks import lepton_placement as lpl
-from airflow_provider_tao.hooks import lepton_status as ls
 from airflow_provider_tao.hooks.base import JobValidationError
+from airflow_provider_tao.hooks.lepton import api as la
+from airflow_provider_tao.hooks.lepton import files as lf
+from airflow_provider_tao.hooks.lepton import hook as lp
+from airflow_provider_tao.hooks.lepton import placement as lpl
+from airflow_provider_tao.hooks.lepton import status as ls
+from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import ErrClass, JobSpec, JobState
 from airflow_provider_tao.runner.entrypoint import build_entrypoint
 

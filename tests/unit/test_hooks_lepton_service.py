@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from airflow_provider_tao.failures import FailureFacts, classify
-from airflow_provider_tao.hooks import lepton as lp
-from airflow_provider_tao.hooks import lepton_placement as lpl
-from airflow_provider_tao.hooks import lepton_status as ls
 from airflow_provider_tao.hooks.base import JobValidationError
+from airflow_provider_tao.hooks.lepton import hook as lp
+from airflow_provider_tao.hooks.lepton import placement as lpl
+from airflow_provider_tao.hooks.lepton import status as ls
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.runner.job.progress import FAILURE_PREFIX
 

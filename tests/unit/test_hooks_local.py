@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_tao.hooks import local_supervisor
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.local import LocalHook
+from airflow_provider_tao.hooks.local import supervisor as local_supervisor
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 from tests.unit.lifecycle_steps import alive as _alive
 

@@ -26,9 +26,9 @@ import pytest
 
 from airflow_provider_tao.failures import classify
 from airflow_provider_tao.hooks import get_platform_hook, hook_class, platform_for_conn_type
-from airflow_provider_tao.hooks import slurm_script as ss
 from airflow_provider_tao.hooks.base import JobValidationError, render_env_file
 from airflow_provider_tao.hooks.slurm import SlurmHook
+from airflow_provider_tao.hooks.slurm import script as ss
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 
 HOSTILE = [
@@ -725,14 +725,14 @@ class _LocalEntry:
     """Runs the hook's real remote commands with the local shell against fake squeue/sacct (PATH)."""
 
     def __init__(self, path: str) -> None:
-        from airflow_provider_tao.hooks.slurm_ssh import SSHSettings, _Entry
+        from airflow_provider_tao.hooks.slurm.ssh import SSHSettings, _Entry
 
         self.entry = _Entry(asyncio.get_running_loop(), SSHSettings(("h",), 22, "u"))
         self.path = path
         self.commands: list[str] = []
 
         async def run(command: str, stdin: bytes | None = None, timeout: float = 60.0) -> Any:
-            from airflow_provider_tao.hooks.slurm_ssh import Result
+            from airflow_provider_tao.hooks.slurm.ssh import Result
 
             # the program each command starts with (past environment assignments such as SLURM_TIME_FORMAT=%s)
             self.commands.append(next(word for word in command.split() if "=" not in word))
@@ -749,7 +749,7 @@ class _LocalEntry:
 async def test_poller_reads_logs_in_its_status_command_and_waits_for_accounting(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from airflow_provider_tao.hooks.slurm_ssh import AsyncPool
+    from airflow_provider_tao.hooks.slurm.ssh import AsyncPool
 
     root = tmp_path / "root"
     hook = _hook(monkeypatch, results_root=str(root))
@@ -815,7 +815,7 @@ async def test_fifty_watched_jobs_cost_one_command_per_poll_with_their_logs_and_
     """50 streaming triggers on one connection: every poll is ONE command (squeue + every job's new log bytes), their
     first reads included; a quiet job's burst at its end, longer than a poll's share of bytes, still reaches
     the task log in full; every job's lines arrive in order, each once."""
-    from airflow_provider_tao.hooks.slurm_ssh import AsyncPool
+    from airflow_provider_tao.hooks.slurm.ssh import AsyncPool
     from airflow_provider_tao.triggers.job import TAOJobTrigger
 
     hook = _hook(monkeypatch, results_root=str(tmp_path / "root"))

@@ -45,8 +45,8 @@ import psutil
 import psycopg2
 import pytest
 
-from airflow_provider_tao.hooks import container as ct
-from airflow_provider_tao.hooks.lepton_status import LABEL_JOB_ID as LEPTON_JOB_ID_LABEL
+from airflow_provider_tao.hooks.lepton.status import LABEL_JOB_ID as LEPTON_JOB_ID_LABEL
+from airflow_provider_tao.hooks.shared import container as ct
 from tests.brevfake.control import BrevWorld
 from tests.brevfake.world import World as _BrevState
 from tests.e2e.airflow_harness import AirflowClient, AirflowStandalone, StandaloneConfig, wait_until

@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tao.hooks import container as ct
+from airflow_provider_tao.hooks.shared import container as ct
 from tests.e2e.airflow_harness import wait_until
 from tests.e2e.matrix.conftest import (
     PLATFORMS,

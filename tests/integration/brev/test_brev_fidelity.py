@@ -14,11 +14,10 @@ import time
 
 import pytest
 
-from airflow_provider_tao.hooks import brev_auth
-from airflow_provider_tao.hooks import brev_remote as remote
 from airflow_provider_tao.hooks.base import ConnectionProblem
-from airflow_provider_tao.hooks.brev import BrevHook
-from airflow_provider_tao.hooks.brev_cli import BrevError
+from airflow_provider_tao.hooks.brev import BrevHook, remote
+from airflow_provider_tao.hooks.brev import auth as brev_auth
+from airflow_provider_tao.hooks.brev.cli import BrevError
 from airflow_provider_tao.jobs import ErrClass, JobSpec
 from tests.brevfake.control import BrevWorld
 from tests.integration.brev.conftest import CONN_ID, brev_connection

@@ -23,9 +23,8 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_tao.hooks import brev_remote as remote
-from airflow_provider_tao.hooks.brev import BrevHook
-from airflow_provider_tao.hooks.brev_cli import BrevError
+from airflow_provider_tao.hooks.brev import BrevHook, remote
+from airflow_provider_tao.hooks.brev.cli import BrevError
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobState
 from airflow_provider_tao.triggers.job import StatusPoller
 from tests.brevfake.control import BrevWorld

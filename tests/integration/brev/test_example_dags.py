@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tao.hooks import brev_remote as remote
+from airflow_provider_tao.hooks.brev import remote
 from tests.brevfake.control import BrevWorld
 from tests.integration.brev.conftest import brev_connection
 from tests.integration.docker.conftest import DockerEngine

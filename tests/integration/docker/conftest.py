@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tao.hooks import container as ct
+from airflow_provider_tao.hooks.shared import container as ct
 from tests.integration.taskrun import Triggerer
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

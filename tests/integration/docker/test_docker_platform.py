@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
-from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.docker import TAODockerHook
+from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import JobHandle, JobState
 from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
 from tests.integration.docker.conftest import CONN_ID, DockerEngine, docker_connection

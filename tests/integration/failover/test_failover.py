@@ -20,8 +20,8 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_tao import accounting
-from airflow_provider_tao.hooks import container as ct
-from airflow_provider_tao.hooks import lepton_status as ls
+from airflow_provider_tao.hooks.lepton import status as ls
+from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.operators.failover import CHAIN_KEY, XCOM_ATTEMPTS
 from tests.brevfake.control import BrevWorld
 from tests.integration.brev.conftest import CONN_ID as BREV

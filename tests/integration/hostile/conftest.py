@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tao.hooks import container as ct
+from airflow_provider_tao.hooks.shared import container as ct
 from tests.brevfake.control import BrevWorld
 from tests.integration.brev.conftest import brev_connection, no_trigger_outlives_its_test  # noqa: F401
 from tests.integration.docker.conftest import (  # noqa: F401  (the shared engine and its connection)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tao.hooks import container as ct
+from airflow_provider_tao.hooks.shared import container as ct
 from tests.fakeserver import stop_process
 from tests.integration.docker.conftest import DockerEngine, docker_engine  # noqa: F401  (the shared engine)
 from tests.integration.taskrun import Triggerer

@@ -23,7 +23,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from kubernetes.client.exceptions import ApiException
 
 from airflow_provider_tao.hooks.base import LOG_READ_LIMIT
-from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook, mark_annotation
+from airflow_provider_tao.hooks.kubernetes.hook import TAOKubernetesHook, mark_annotation
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
 from airflow_provider_tao.triggers.job import StatusPoller
@@ -157,7 +157,7 @@ def test_pods_a_quota_refuses_wait_with_the_reason_then_err_capacity_and_the_job
     """A ResourceQuota refuses the Job's pod: the Job controller records FailedCreate events, the status reads them
     (``involvedObject.uid`` and ``type`` field selectors, both accepted by the strict fake) once the job has waited a
     while -- here the hook's clock runs ahead instead of the test waiting -- and the bound makes it ERR_CAPACITY."""
-    from airflow_provider_tao.hooks import kubernetes as module
+    from airflow_provider_tao.hooks.kubernetes import hook as module
 
     ahead = {"seconds": 0.0}
     clock = SimpleNamespace(time=lambda: time.time() + ahead["seconds"], monotonic=time.monotonic, sleep=time.sleep)
@@ -328,7 +328,7 @@ def test_issue_22_hole_6_a_job_left_suspended_by_a_dead_worker_is_reaped_with_wh
     TTL, no deadline and no record cover it; ``airflow tao reap`` deletes it (and what it owns) past the setup
     window, and keeps a Job still being set up."""
     from airflow_provider_tao import sweeper
-    from airflow_provider_tao.hooks import kubernetes_status
+    from airflow_provider_tao.hooks.kubernetes import status as kubernetes_status
     from airflow_provider_tao.jobs import JobSpec
 
     spec = JobSpec(name=f"lost-{uuid.uuid4().hex[:8]}", job_id=uuid.uuid4().hex[:12], command="sleep 300",

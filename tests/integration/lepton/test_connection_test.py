@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_tao.hooks import lepton_marks as lm
-from airflow_provider_tao.hooks import lepton_status as ls
 from airflow_provider_tao.hooks.lepton import LeptonHook
+from airflow_provider_tao.hooks.lepton import marks as lm
+from airflow_provider_tao.hooks.lepton import status as ls
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
 from tests.e2e.airflow_harness import free_ports
 from tests.integration.docker.conftest import DockerEngine

@@ -26,12 +26,12 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
-from airflow_provider_tao.hooks import lepton_api as la
-from airflow_provider_tao.hooks import lepton_files as lf
-from airflow_provider_tao.hooks import lepton_marks as lm
-from airflow_provider_tao.hooks import lepton_status as ls
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.lepton import LeptonHook
+from airflow_provider_tao.hooks.lepton import api as la
+from airflow_provider_tao.hooks.lepton import files as lf
+from airflow_provider_tao.hooks.lepton import marks as lm
+from airflow_provider_tao.hooks.lepton import status as ls
 from airflow_provider_tao.jobs import JobHandle, JobState
 from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
 from airflow_provider_tao.triggers.job import StatusPoller

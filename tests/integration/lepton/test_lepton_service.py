@@ -18,9 +18,9 @@ import pytest
 from leptonai.api.v2.types.job import LeptonJob
 from leptonai.api.v2.types.secret import SecretItem
 
-from airflow_provider_tao.hooks import lepton_status as ls
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.lepton import LeptonHook
+from airflow_provider_tao.hooks.lepton import status as ls
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
 from tests.integration.lepton.conftest import CONN_ID, NODE_GROUP, LeptonFake, lepton_connection
 from tests.integration.lepton.test_leptonfake import configured, group_ids, wait_for

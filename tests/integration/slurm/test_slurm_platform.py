@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowTaskTimeout, TaskDeferred
 
-from airflow_provider_tao.hooks import slurm_ssh
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.slurm import SlurmHook
+from airflow_provider_tao.hooks.slurm import ssh as slurm_ssh
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
 from tests.integration.slurm.conftest import accepted_logins
 from tests.integration.taskrun import event_of, finish, kill, make_operator, start

@@ -34,8 +34,8 @@ from typing import Any
 from airflow_provider_tao import settings
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
-from airflow_provider_tao.hooks import local_supervisor as supervisor
 from airflow_provider_tao.hooks.base import ConnectionProblem, JobValidationError, TAOPlatformHook
+from airflow_provider_tao.hooks.local import supervisor
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 
 #: Host variables a local job inherits from the worker; everything else comes from the job spec.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_tao.hooks.base import JobValidationError
-from airflow_provider_tao.hooks.lepton_api import LeptonAPIHook
+from airflow_provider_tao.hooks.lepton.api import LeptonAPIHook
 from airflow_provider_tao.jobs import JobSpec
 
 NODE_GROUP_PARAMETER = "backend_details['dedicated_node_group']"

@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError
-from airflow_provider_tao.hooks.lepton_api import LeptonAPIHook
-from airflow_provider_tao.hooks.lepton_placement import Placement
-from airflow_provider_tao.hooks.lepton_status import LABEL_STAGE_OF, id_of, state_of
+from airflow_provider_tao.hooks.lepton.api import LeptonAPIHook
+from airflow_provider_tao.hooks.lepton.placement import Placement
+from airflow_provider_tao.hooks.lepton.status import LABEL_STAGE_OF, id_of, state_of
+from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import ErrClass, JobSpec
 
 #: Characters of one files variable: Linux refuses one environment string of 128 KiB (MAX_ARG_STRLEN).

@@ -15,8 +15,8 @@ import asyncio
 from typing import Any
 
 from airflow_provider_tao.hooks.base import JobValidationError
-from airflow_provider_tao.hooks.lepton_api import LeptonAPIHook, mark_prefix, status_of
-from airflow_provider_tao.hooks.lepton_status import (
+from airflow_provider_tao.hooks.lepton.api import LeptonAPIHook, mark_prefix, status_of
+from airflow_provider_tao.hooks.lepton.status import (
     LABEL_JOB_ID,
     LABEL_MANAGED,
     MARK_LABELS,

@@ -2,7 +2,7 @@
 
 The daemon may be local (a unix socket) or remote (``tcp://``, optionally TLS): nothing of the worker's
 filesystem is assumed on the daemon's host. The job's files and secrets are copied into the created container
-with the archive API before it starts (see :mod:`~airflow_provider_tao.hooks.container`), so neither appears in
+with the archive API before it starts (see :mod:`~airflow_provider_tao.hooks.shared.container`), so neither appears in
 ``docker inspect``; the only host path a job sees is a ``results_root`` the connection declares (a folder on
 the daemon's host, bind-mounted at the same path).
 
@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
-from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
     MARK_CANCEL,
     MARK_OWNER,
@@ -36,7 +35,8 @@ from airflow_provider_tao.hooks.base import (
     JobValidationError,
     TAOPlatformHook,
 )
-from airflow_provider_tao.hooks.container import container_name
+from airflow_provider_tao.hooks.shared import container as ct
+from airflow_provider_tao.hooks.shared.container import container_name
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ class TAODockerHook(TAOPlatformHook):
     def reap_resources(
         self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
     ) -> list[dict[str, str]]:
-        """Containers created but never started past :data:`~airflow_provider_tao.hooks.container.
+        """Containers created but never started past :data:`~airflow_provider_tao.hooks.shared.container.
         START_TIMEOUT_SECONDS`: their submitting worker died between creating and starting them. Nothing ran, but
         the job's files and secrets are in them; no list of active jobs shows them and a next try may never come."""
         rows = []
@@ -444,7 +444,7 @@ class TAODockerHook(TAOPlatformHook):
     # ----------------------------------------------------------------- logs
 
     def get_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
-        """By timestamp cursor (see :func:`~airflow_provider_tao.hooks.container.read_after`)."""
+        """By timestamp cursor (see :func:`~airflow_provider_tao.hooks.shared.container.read_after`)."""
         from docker.errors import NotFound
 
         cursor = cursor if tail is None else ""

@@ -1,6 +1,6 @@
 """The ``brev`` platform: each job is a Docker container ``tao-job-<job_id>`` on an NVIDIA Brev GPU instance.
 
-Everything goes through the ``brev`` CLI (:mod:`~airflow_provider_tao.hooks.brev_cli`: a private session per
+Everything goes through the ``brev`` CLI (:mod:`~airflow_provider_tao.hooks.brev.cli`: a private session per
 connection, the token never on a command line). An instance is either *reused* (``backend_details["instance_id"]``;
 it is never deleted) or *ephemeral*: one per task instance, named after it (the job's deterministic name, so a retry
 finds it again), created with the connection's or the job's ``instance_type`` fallback chain, waited for (``brev ls
@@ -49,9 +49,6 @@ from typing import Any
 from airflow_provider_tao import settings
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
-from airflow_provider_tao.hooks import brev_lease as leases
-from airflow_provider_tao.hooks import brev_remote as remote
-from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
     LOG_READ_LIMIT,
     MARK_CANCEL,
@@ -62,10 +59,13 @@ from airflow_provider_tao.hooks.base import (
     TAOPlatformHook,
     register_secrets,
 )
-from airflow_provider_tao.hooks.brev_auth import is_api_key
-from airflow_provider_tao.hooks.brev_cli import BrevError, BrevSession, connection_problem
-from airflow_provider_tao.hooks.brev_lease import ReapDecision
-from airflow_provider_tao.hooks.cli import write_private_file
+from airflow_provider_tao.hooks.brev import lease as leases
+from airflow_provider_tao.hooks.brev import remote
+from airflow_provider_tao.hooks.brev.auth import is_api_key
+from airflow_provider_tao.hooks.brev.cli import BrevError, BrevSession, connection_problem
+from airflow_provider_tao.hooks.brev.lease import ReapDecision
+from airflow_provider_tao.hooks.shared import container as ct
+from airflow_provider_tao.hooks.shared.cli import write_private_file
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
 #: The lease of an instance when neither the job, the connection nor ``[tao] lease_hours`` gives one.
@@ -940,7 +940,7 @@ class BrevHook(TAOPlatformHook):
         Every decision is logged with its reason. One ``brev ls --json`` and one exec per running instance.
 
         :param task_state: the Airflow state of a lease's task instance (see
-            :func:`~airflow_provider_tao.hooks.brev_lease.task_state_lookup`); without it only expired leases are
+            :func:`~airflow_provider_tao.hooks.brev.lease.task_state_lookup`); without it only expired leases are
             reaped, and at once.
         :param now: the time to judge leases by (epoch seconds; default now).
         :param dry_run: decide and report; delete and cancel nothing.
@@ -966,7 +966,7 @@ class BrevHook(TAOPlatformHook):
         now: float,
         dry_run: bool,
     ) -> ReapDecision:
-        """:func:`~airflow_provider_tao.hooks.brev_lease.judge`, then the act: delete the instance, or cancel the
+        """:func:`~airflow_provider_tao.hooks.brev.lease.judge`, then the act: delete the instance, or cancel the
         jobs of an expired one whose task still watches it (the task deletes it; or the next reap once nothing runs
         on it)."""
         action, reason = leases.judge(name, entry, scan, task_state, now=now)

@@ -2,7 +2,7 @@
 
 A lease says who made the instance and until when it may live: created at, expires at (created + ``lease_hours``),
 the owning dag / task / run / map index, the connection and the try. The instance's startup script writes it (on the
-instance, see :mod:`~airflow_provider_tao.hooks.brev_remote`) from its first boot on, so an instance whose worker
+instance, see :mod:`~airflow_provider_tao.hooks.brev.remote`) from its first boot on, so an instance whose worker
 died at any moment after ``brev create`` has one. Only instances whose lease names this provider and the instance
 itself are ever reaped.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_tao.hooks import brev_remote as remote
+from airflow_provider_tao.hooks.brev import remote
 from airflow_provider_tao.jobindex import WAITING_TI_STATES
 from airflow_provider_tao.jobs import JobSpec
 

@@ -22,8 +22,8 @@ scheduling-gated past ``unschedulable_timeout_seconds``, default 15 min; pods ne
 start, ``ContainerCreating`` with a Warning event past ``start_timeout_seconds``, default 10 min), and a Job a queue
 such as Kueue suspended again after our resume is queued capacity. A job given up on is an Error, which the task's
 failure analysis classifies and whose cleanup deletes the Job (the rule:
-:mod:`~airflow_provider_tao.hooks.kubernetes_status`). Logs are bounded reads by timestamp cursor
-(:mod:`~airflow_provider_tao.hooks.kubernetes_logs`). The ownership marks are annotations of the Job (merge patches).
+:mod:`~airflow_provider_tao.hooks.kubernetes.status`). Logs are bounded reads by timestamp cursor
+(:mod:`~airflow_provider_tao.hooks.kubernetes.logs`). The ownership marks are annotations of the Job (merge patches).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from typing import Any
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
-from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
     MARK_CANCEL,
     MARK_CANCELED_BY,
@@ -52,11 +51,10 @@ from airflow_provider_tao.hooks.base import (
     TAOPlatformHook,
     multi_node_env,
 )
-from airflow_provider_tao.hooks.container import label_value
-from airflow_provider_tao.hooks.kubernetes_errors import explain, kubernetes_problem, refusal_class
-from airflow_provider_tao.hooks.kubernetes_logs import TAIL_READ_BYTES, PodLogRead, log_refusal_expected
-from airflow_provider_tao.hooks.kubernetes_placement import node_selector, tolerations
-from airflow_provider_tao.hooks.kubernetes_status import (
+from airflow_provider_tao.hooks.kubernetes.errors import explain, kubernetes_problem, refusal_class
+from airflow_provider_tao.hooks.kubernetes.logs import TAIL_READ_BYTES, PodLogRead, log_refusal_expected
+from airflow_provider_tao.hooks.kubernetes.placement import node_selector, tolerations
+from airflow_provider_tao.hooks.kubernetes.status import (
     ANNOTATION_RESUMED,
     ANNOTATION_START,
     ANNOTATION_UNSCHEDULABLE,
@@ -77,12 +75,14 @@ from airflow_provider_tao.hooks.kubernetes_status import (
     warning_selector,
     was_resumed,
 )
-from airflow_provider_tao.hooks.kubernetes_status import culprit_of as _culprit
-from airflow_provider_tao.hooks.kubernetes_status import epoch as _epoch
-from airflow_provider_tao.hooks.kubernetes_status import is_finished as _finished
-from airflow_provider_tao.hooks.kubernetes_status import pod_name as _name_of
-from airflow_provider_tao.hooks.kubernetes_status import rank0_pod as _rank0
-from airflow_provider_tao.hooks.kubernetes_status import termination_of as _terminated
+from airflow_provider_tao.hooks.kubernetes.status import culprit_of as _culprit
+from airflow_provider_tao.hooks.kubernetes.status import epoch as _epoch
+from airflow_provider_tao.hooks.kubernetes.status import is_finished as _finished
+from airflow_provider_tao.hooks.kubernetes.status import pod_name as _name_of
+from airflow_provider_tao.hooks.kubernetes.status import rank0_pod as _rank0
+from airflow_provider_tao.hooks.kubernetes.status import termination_of as _terminated
+from airflow_provider_tao.hooks.shared import container as ct
+from airflow_provider_tao.hooks.shared.container import label_value
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobStatus
 
 RESULTS_MOUNT = "/results"
@@ -733,7 +733,7 @@ class TAOKubernetesHook(TAOPlatformHook):
 
     def get_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
         """The log of the job's pod (rank 0 of a multi-node job): bounded reads by timestamp cursor (see
-        :mod:`~airflow_provider_tao.hooks.kubernetes_logs`)."""
+        :mod:`~airflow_provider_tao.hooks.kubernetes.logs`)."""
         pod = self._log_pods.get(handle.job_id) or _name_of(_rank0(self._pods_of(handle.name)))
         read = PodLogRead(cursor, tail, time.time())
         params = read.request() if pod else None
@@ -877,7 +877,7 @@ class TAOKubernetesHook(TAOPlatformHook):
         )
 
     def get_job_usage(self, handle: JobHandle) -> JobUsage:
-        """From the Job and its pods (see :func:`~airflow_provider_tao.hooks.kubernetes_status.usage_of`); the GPU
+        """From the Job and its pods (see :func:`~airflow_provider_tao.hooks.kubernetes.status.usage_of`); the GPU
         model from the pod template's node selector, else from the labels of rank 0's node (when this connection
         may read nodes)."""
         job = self._read_job(handle.name)

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from airflow_provider_tao.hooks.lepton_api import LeptonAPIHook, pull_secret_name, secret_prefix
-from airflow_provider_tao.hooks.lepton_status import (
+from airflow_provider_tao.hooks.lepton.api import LeptonAPIHook, pull_secret_name, secret_prefix
+from airflow_provider_tao.hooks.lepton.status import (
     ENDING_STATES,
     FINISHED_STATES,
     LABEL_JOB_ID,

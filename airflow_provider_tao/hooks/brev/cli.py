@@ -4,7 +4,7 @@ The session: every call runs in a private ``HOME`` (0700, one per connection and
 its ssh config and keys are never the worker user's own ``~/.brev`` / ``~/.ssh``. The token never reaches a command
 line: instead of ``brev login --token T`` (whose ``T`` every user of the worker can read in ``ps``), the session
 writes the CLI's own credentials file, ``$HOME/.brev/credentials.json``, exactly as that login (or ``brev login
---api-key K --org-id O`` for an API key) does (:mod:`~airflow_provider_tao.hooks.brev_auth`; a worker whose
+--api-key K --org-id O`` for an API key) does (:mod:`~airflow_provider_tao.hooks.brev.auth`; a worker whose
 Kubernetes service-account token brev would use instead is told before any call). That write is the headless login
 before the first call; when a call still answers with the logged-out prompt and ``EOF`` (cached credentials
 desynchronise), the session writes it once more and repeats the call once. A second refusal is ``ERR_AUTH``.
@@ -33,9 +33,10 @@ from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_tao.hooks import brev_auth, brev_ssh
 from airflow_provider_tao.hooks.base import ConnectionProblem
-from airflow_provider_tao.hooks.cli import (
+from airflow_provider_tao.hooks.brev import auth as brev_auth
+from airflow_provider_tao.hooks.brev import ssh as brev_ssh
+from airflow_provider_tao.hooks.shared.cli import (
     CliNotFoundError,
     CliResult,
     cli_environment,
@@ -189,7 +190,7 @@ class BrevSession:
     def environment(self) -> dict[str, str]:
         """The environment of every call: the worker's without its secrets (:func:`cli_environment`), with a
         private HOME (and XDG folders inside it) and the ``ssh`` / ``scp`` that find brev's aliases there first on
-        ``PATH`` (:mod:`~airflow_provider_tao.hooks.brev_ssh`)."""
+        ``PATH`` (:mod:`~airflow_provider_tao.hooks.brev.ssh`)."""
         home = str(self.home)
         env = cli_environment(
             HOME=home,

@@ -23,7 +23,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from airflow_provider_tao.hooks.cli import private_folder, write_private_file
+from airflow_provider_tao.hooks.shared.cli import private_folder, write_private_file
 
 BIN_DIR = ".tao-bin"
 CONFIG = ".tao-ssh-config"

@@ -31,9 +31,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import LOG_READ_LIMIT
-from airflow_provider_tao.hooks.cli import CliResult
+from airflow_provider_tao.hooks.shared import container as ct
+from airflow_provider_tao.hooks.shared.cli import CliResult
 
 HOME_DIR = ".tao-brev"
 LEASE_FILE = f"{HOME_DIR}/lease.json"

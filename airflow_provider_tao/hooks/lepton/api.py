@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Container
 from typing import Any, TypeVar
 
 from airflow_provider_tao.hooks.base import MARK_CANCELED_BY, ConnectionProblem, JobValidationError, TAOPlatformHook
-from airflow_provider_tao.hooks.lepton_status import LABEL_JOB_ID, labels_of
+from airflow_provider_tao.hooks.lepton.status import LABEL_JOB_ID, labels_of
 from airflow_provider_tao.jobs import JobHandle
 
 T = TypeVar("T")

@@ -2,7 +2,7 @@
 poll (label query, pages of 500), the readiness of the replicas of jobs still starting (the Pending reason: "Pulling
 image", ``ConfigError``; every 2 s at first, backing off to every 30 s) and the log of a job's rank-0 replica by
 timestamp cursor. The rule that turns a job's JSON into a status is
-:func:`~airflow_provider_tao.hooks.lepton_status.job_status`; this module adds what a hook remembers between polls
+:func:`~airflow_provider_tao.hooks.lepton.status.job_status`; this module adds what a hook remembers between polls
 (since when a job starts, its replicas' last readiness, which jobs have ended).
 """
 
@@ -14,10 +14,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import JobValidationError
-from airflow_provider_tao.hooks.lepton_api import LeptonAPIHook
-from airflow_provider_tao.hooks.lepton_status import (
+from airflow_provider_tao.hooks.lepton.api import LeptonAPIHook
+from airflow_provider_tao.hooks.lepton.status import (
     LABEL_JOB_ID,
     LABEL_MANAGED,
     QUEUE_STATES,
@@ -31,6 +30,7 @@ from airflow_provider_tao.hooks.lepton_status import (
     readiness_of,
     state_of,
 )
+from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import JobHandle, JobState, JobStatus
 
 #: A starting job's replicas are asked why they are not ready at most this often: every 2 s at first, backing off

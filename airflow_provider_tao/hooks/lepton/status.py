@@ -18,8 +18,8 @@ from typing import Any
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import RAW_STATE_CLASSES, SUGGESTIONS, FailureFacts, runner_verdict, signal_of
-from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import MARK_CANCEL, MARK_CANCELED_BY, MARK_CONSUMED, MARK_OWNER
+from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobState, JobStatus
 
 # Label keys: the client refuses '/' in them (``^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$``, <= 63).

@@ -18,7 +18,7 @@ Cost: a submission is ONE SSH connection (paramiko through the ssh provider's ``
 commands -- preflight, then stage + sbatch -- plus the operator's find-by-name. In the triggerer, every job of a
 connection shares ONE cached asyncssh connection; each poll interval costs one command (``squeue`` for every
 watched job, plus the new log bytes of the jobs that may be writing) and, only when jobs left the queue or failed,
-one ``sacct``. The file layout and every script are in :mod:`~airflow_provider_tao.hooks.slurm_script`.
+one ``sacct``. The file layout and every script are in :mod:`~airflow_provider_tao.hooks.slurm.script`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from typing import Any
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts, classify
-from airflow_provider_tao.hooks import slurm_script as ss
 from airflow_provider_tao.hooks.base import (
     MULTI_NODE_VARS,
     ConnectionProblem,
@@ -42,7 +41,8 @@ from airflow_provider_tao.hooks.base import (
     multi_node_env,
     render_env_file,
 )
-from airflow_provider_tao.hooks.slurm_ssh import AsyncPool, Result, SlurmTransportError, SSHSettings, SyncSession
+from airflow_provider_tao.hooks.slurm import script as ss
+from airflow_provider_tao.hooks.slurm.ssh import AsyncPool, Result, SlurmTransportError, SSHSettings, SyncSession
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
 BACKEND_KEYS = frozenset(

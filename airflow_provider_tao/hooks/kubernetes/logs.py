@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import LOG_READ_LIMIT
-from airflow_provider_tao.hooks.kubernetes_status import CONTAINER
+from airflow_provider_tao.hooks.kubernetes.status import CONTAINER
+from airflow_provider_tao.hooks.shared import container as ct
 
 #: The most bytes one log read downloads (the API's ``limitBytes``).
 LOG_READ_BYTES = LOG_READ_LIMIT

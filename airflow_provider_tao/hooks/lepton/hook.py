@@ -5,22 +5,22 @@
 Where things live (one module each; :class:`LeptonHook` is the platform, the classes it is made of are not):
 
 * Requests: the client (one per thread), job lists by label query, user secrets, one way of reporting a refused
-  token: :mod:`~airflow_provider_tao.hooks.lepton_api`.
+  token: :mod:`~airflow_provider_tao.hooks.lepton.api`.
 * Placement: the resource shape (explicit, or fitted to ``gpu_count``), the node group by name or id, a shared volume
   (Lustre before filestore) mounted at the prefix its storage permissions grant, with ``TAO_RESULTS_ROOT`` and, on
-  Lustre, the runner's S3 input cache on it: :mod:`~airflow_provider_tao.hooks.lepton_placement`.
+  Lustre, the runner's S3 input cache on it: :mod:`~airflow_provider_tao.hooks.lepton.placement`.
 * Files (the in-job runner, the rendered spec, this platform's ``setup.sh``): one gzip'd tar in secret-held
   environment variables, staged onto the shared volume by short staging jobs when larger than 1 MiB:
-  :mod:`~airflow_provider_tao.hooks.lepton_files`.
+  :mod:`~airflow_provider_tao.hooks.lepton.files`.
 * Status and logs: ONE job list per poll for every watched job of the workspace; the replicas' readiness of jobs
-  still starting; logs by timestamp cursor: :mod:`~airflow_provider_tao.hooks.lepton_watch`, on the rule in
-  :mod:`~airflow_provider_tao.hooks.lepton_status` (a job queueing past ``capacity_timeout_seconds`` (900) or starting
+  still starting; logs by timestamp cursor: :mod:`~airflow_provider_tao.hooks.lepton.watch`, on the rule in
+  :mod:`~airflow_provider_tao.hooks.lepton.status` (a job queueing past ``capacity_timeout_seconds`` (900) or starting
   past ``start_timeout_seconds`` (600) is an Error, ``ERR_CAPACITY`` / ``ERR_IMAGE_PULL`` / ``ERR_INFRA``, and is
   stopped and deleted by its cleanup).
 * Ownership marks: labels of the job, patched and read back; user secrets ``tao.<job_id>.mark.<key>.<try>`` where
-  the workspace keeps labels as created: :mod:`~airflow_provider_tao.hooks.lepton_marks`.
+  the workspace keeps labels as created: :mod:`~airflow_provider_tao.hooks.lepton.marks`.
 * Secrets no job will read (a worker that died between creating them and posting its job, a job that ended without
-  its cleanup), deleted by ``airflow tao reap``: :mod:`~airflow_provider_tao.hooks.lepton_reap`.
+  its cleanup), deleted by ``airflow tao reap``: :mod:`~airflow_provider_tao.hooks.lepton.reap`.
 
 Here: validation, submission, finding a task instance's job, cancel, failure facts and cleanup.
 
@@ -42,7 +42,6 @@ from typing import Any, TypeVar
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts, classify
-from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import (
     MARK_OWNER,
     JobSubmitError,
@@ -50,12 +49,12 @@ from airflow_provider_tao.hooks.base import (
     multi_node_env,
     register_secrets,
 )
-from airflow_provider_tao.hooks.lepton_api import pull_secret_name, secret_prefix, status_of
-from airflow_provider_tao.hooks.lepton_files import FilesChannel, LeptonStagingHook, files_channel
-from airflow_provider_tao.hooks.lepton_marks import LeptonMarksHook
-from airflow_provider_tao.hooks.lepton_placement import LeptonPlacementHook, Placement
-from airflow_provider_tao.hooks.lepton_reap import LeptonReapHook
-from airflow_provider_tao.hooks.lepton_status import (
+from airflow_provider_tao.hooks.lepton.api import pull_secret_name, secret_prefix, status_of
+from airflow_provider_tao.hooks.lepton.files import FilesChannel, LeptonStagingHook, files_channel
+from airflow_provider_tao.hooks.lepton.marks import LeptonMarksHook
+from airflow_provider_tao.hooks.lepton.placement import LeptonPlacementHook, Placement
+from airflow_provider_tao.hooks.lepton.reap import LeptonReapHook
+from airflow_provider_tao.hooks.lepton.status import (
     DEFAULT_CAPACITY_TIMEOUT,
     DEFAULT_START_TIMEOUT,
     ENDING_STATES,
@@ -76,7 +75,8 @@ from airflow_provider_tao.hooks.lepton_status import (
     state_of,
     usage_of,
 )
-from airflow_provider_tao.hooks.lepton_watch import LeptonWatchHook
+from airflow_provider_tao.hooks.lepton.watch import LeptonWatchHook
+from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobHandle, JobSpec, JobState, JobStatus
 
 T = TypeVar("T")
@@ -201,7 +201,7 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
 
     def _channel(self, spec: JobSpec) -> FilesChannel:
         """How the job's files reach it, and that everything fits into the environment Linux gives a process
-        (:func:`~airflow_provider_tao.hooks.lepton_files.files_channel`, once per submission)."""
+        (:func:`~airflow_provider_tao.hooks.lepton.files.files_channel`, once per submission)."""
         cached = self._channels.get(spec.job_id)
         if cached is None:
             placement = self.placement(spec)
@@ -455,7 +455,7 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
 
     def get_failure_analysis(self, handle: JobHandle) -> FailureAnalysis | None:
         """The taxonomy's class of the facts, then Lepton's own verdict where the server gives one
-        (:func:`~airflow_provider_tao.hooks.lepton_status.follow_server_verdict`)."""
+        (:func:`~airflow_provider_tao.hooks.lepton.status.follow_server_verdict`)."""
         status = self.get_job_status(handle)
         if status.state not in (JobState.ERROR, JobState.CANCELED):
             return None

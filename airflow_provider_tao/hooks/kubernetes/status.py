@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_tao.accounting import JobUsage
-from airflow_provider_tao.hooks import container as ct
 from airflow_provider_tao.hooks.base import MARK_CANCEL
+from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import JobState, JobStatus
 
 #: The container of the job's pods (its log is the job's).

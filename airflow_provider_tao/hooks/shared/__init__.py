@@ -1,0 +1,1 @@
+"""What several platforms share: the container layer and running a platform CLI."""
