@@ -16,15 +16,11 @@ import pytest
 
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks.base import JobValidationError
-from airflow_provider_tao.hooks.kubernetes.hook import (
-    PART_SIZE,
-    TAOKubernetesHook,
-    job_status,
-    label_value,
-    pods_needed,
-)
-from airflow_provider_tao.hooks.kubernetes.status import ANNOTATION_RESUMED, events_needed
+from airflow_provider_tao.hooks.kubernetes.hook import TAOKubernetesHook
+from airflow_provider_tao.hooks.kubernetes.spec import PART_SIZE
+from airflow_provider_tao.hooks.kubernetes.status import ANNOTATION_RESUMED, events_needed, job_status, pods_needed
 from airflow_provider_tao.hooks.shared import container as ct
+from airflow_provider_tao.hooks.shared.container import label_value
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 
 NOW = time.time()

@@ -24,44 +24,41 @@ such as Kueue suspended again after our resume is queued capacity. A job given u
 failure analysis classifies and whose cleanup deletes the Job (the rule:
 :mod:`~airflow_provider_tao.hooks.kubernetes.status`). Logs are bounded reads by timestamp cursor
 (:mod:`~airflow_provider_tao.hooks.kubernetes.logs`). The ownership marks are annotations of the Job (merge patches).
+
+The hook is made of parts, one module each: the clients and their calls
+(:mod:`~airflow_provider_tao.hooks.kubernetes.api`), what is submitted
+(:mod:`~airflow_provider_tao.hooks.kubernetes.spec`), marks and the cancel they guard
+(:mod:`~airflow_provider_tao.hooks.kubernetes.marks`); this module joins them and adds submission, status and
+failure analysis.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from functools import cached_property
 from typing import Any
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
 from airflow_provider_tao.hooks.base import (
-    MARK_CANCEL,
-    MARK_CANCELED_BY,
-    MARK_CONSUMED,
-    MARK_OWNER,
     ConnectionProblem,
     JobSubmitError,
     JobValidationError,
-    TAOPlatformHook,
-    multi_node_env,
 )
 from airflow_provider_tao.hooks.kubernetes.errors import explain, kubernetes_problem, refusal_class
 from airflow_provider_tao.hooks.kubernetes.logs import TAIL_READ_BYTES, PodLogRead, log_refusal_expected
-from airflow_provider_tao.hooks.kubernetes.placement import node_selector, tolerations
+from airflow_provider_tao.hooks.kubernetes.marks import KubernetesMarksHook
+from airflow_provider_tao.hooks.kubernetes.spec import (
+    ANNOTATION_RESULTS_DIR,
+    PART_SIZE,
+    RESULTS_MOUNT,
+    KubernetesSpecHook,
+)
 from airflow_provider_tao.hooks.kubernetes.status import (
     ANNOTATION_RESUMED,
-    ANNOTATION_START,
-    ANNOTATION_UNSCHEDULABLE,
     CONTAINER,
-    DEFAULT_START_TIMEOUT,
-    DEFAULT_UNSCHEDULABLE_TIMEOUT,
-    INDEX_ANNOTATION,
     Owned,
     all_events_needed,
     events_needed,
@@ -82,20 +79,8 @@ from airflow_provider_tao.hooks.kubernetes.status import pod_name as _name_of
 from airflow_provider_tao.hooks.kubernetes.status import rank0_pod as _rank0
 from airflow_provider_tao.hooks.kubernetes.status import termination_of as _terminated
 from airflow_provider_tao.hooks.shared import container as ct
-from airflow_provider_tao.hooks.shared.container import label_value
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobStatus
 
-RESULTS_MOUNT = "/results"
-DEFAULT_NAMESPACE = "default"
-DEFAULT_TTL_SECONDS = 24 * 3600
-DEFAULT_SHM_SIZE = "16Gi"
-DEFAULT_REGISTRY = "nvcr.io"
-#: Raw bytes of one files chunk: a ConfigMap holds at most 1 MiB, base64 and metadata come on top.
-PART_SIZE = 700 * 1024
-#: How long an exec-auth client (EKS, GKE tokens) is used before it is rebuilt with a fresh token.
-EXEC_AUTH_REFRESH_SECONDS = 600.0
-ANNOTATION_RUN_ID = f"{ct.LABEL_DOMAIN}/run-id"
-ANNOTATION_RESULTS_DIR = f"{ct.LABEL_DOMAIN}/results-dir"
 #: ``backend_details`` keys this platform understands.
 DETAIL_KEYS = frozenset(
     {
@@ -112,19 +97,10 @@ DETAIL_KEYS = frozenset(
     }
 )
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-_MARK_KEYS = frozenset({MARK_OWNER, MARK_CANCEL, MARK_CONSUMED, MARK_CANCELED_BY})
 _ORIGIN_KEYS = ("dag_id", "run_id", "task_id", "map_index")
-JSON_PATCH = "application/json-patch+json"
-#: Times a cancel re-reads a Job whose marks changed between its read and its suspension.
-CANCEL_CONFLICT_RETRIES = 5
 
 
-def mark_annotation(key: str) -> str:
-    """The Job annotation that keeps ownership mark ``key``."""
-    return f"{ct.LABEL_DOMAIN}/{key}"
-
-
-class TAOKubernetesHook(TAOPlatformHook):
+class TAOKubernetesHook(KubernetesSpecHook, KubernetesMarksHook):
     """Runs jobs as Kubernetes Jobs, through the cncf-kubernetes provider's hooks.
 
     Connection type ``tao_kubernetes``. Extras: ``namespace`` (default ``default``), ``kube_config_path`` or an
@@ -158,86 +134,11 @@ class TAOKubernetesHook(TAOPlatformHook):
     marks_storage = "annotations of the Job (merge patches)"
     env_fallbacks = {"namespace": "TAO_K8S_NAMESPACE"}
 
-    def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
-        super().__init__(conn_id, **kwargs)
-        self._log_pods: dict[str, str] = {}  # job id -> the pod whose log is the job's (rank 0), from the last poll
-        self._log_warned: set[str] = set()  # log read failures already warned about (once each)
-        self._aclient: Any = None
-        self._aclient_stack: contextlib.AsyncExitStack | None = None
-        self._aclient_born = 0.0
-        self._aclient_refresh = False
-
     # ----------------------------------------------------------------- settings and clients
-
-    @property
-    def namespace(self) -> str:
-        self.load_connection()
-        return str(self.setting("namespace", DEFAULT_NAMESPACE))
-
-    def _int_setting(self, name: str, default: int) -> int:
-        self.load_connection()
-        return int(float(self.setting(name, default)))
 
     def default_results_root(self) -> str | None:
         self.load_connection()
         return RESULTS_MOUNT if self.setting("results_pvc") else None
-
-    @cached_property
-    def api_client(self) -> Any:
-        """The provider's ``KubernetesHook`` client (kubeconfig file, inline kubeconfig or in-cluster)."""
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-
-        self.load_connection()
-        return KubernetesHook(conn_id=self.conn_id, kubernetes_conn_id=None).api_client
-
-    def _api(self, group: str) -> Any:
-        from kubernetes import client
-
-        return client.BatchV1Api(self.api_client) if group == "batch" else client.CoreV1Api(self.api_client)
-
-    def _call(self, group: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """One API call; the answer as parsed JSON (or bytes for logs). Errors raise ``ApiException``."""
-        response = getattr(self._api(group), method)(*args, _preload_content=False, **kwargs)
-        return response.data if method.endswith("_log") else _decode(response.data)
-
-    async def _aapi(self, group: str) -> Any:
-        from kubernetes_asyncio import client
-
-        if (
-            self._aclient is not None
-            and self._aclient_refresh
-            and time.monotonic() - self._aclient_born > (EXEC_AUTH_REFRESH_SECONDS)
-        ):
-            await self.aclose()  # an exec-auth token (EKS, GKE) expires: a new client asks for a new one
-        if self._aclient is None:
-            from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
-
-            await self.aload_connection()
-            hook = AsyncKubernetesHook(conn_id=self.conn_id, kubernetes_conn_id=None, connection_extras=self._extras)
-            stack = contextlib.AsyncExitStack()
-            self._aclient = await stack.enter_async_context(hook.get_conn())
-            self._aclient_stack, self._aclient_born = stack, time.monotonic()
-            self._aclient_refresh = bool(hook._is_exec_auth)
-        return client.BatchV1Api(self._aclient) if group == "batch" else client.CoreV1Api(self._aclient)
-
-    async def _acall(self, group: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Async twin of :meth:`_call` (the async client does not raise on errors without preloading: we do)."""
-        from kubernetes_asyncio.client.exceptions import ApiException
-        from kubernetes_asyncio.client.rest import RESTResponse
-
-        response = await getattr(await self._aapi(group), method)(*args, _preload_content=False, **kwargs)
-        try:
-            data = await response.read()
-            if not 200 <= response.status <= 299:
-                raise ApiException(http_resp=RESTResponse(response, data))  # type: ignore[arg-type]  # what rest.py passes
-        finally:
-            response.release()
-        return data if method.endswith("_log") else _decode(data)
-
-    async def aclose(self) -> None:
-        stack, self._aclient, self._aclient_stack = self._aclient_stack, None, None
-        if stack is not None:
-            await stack.aclose()
 
     def probe_connection(self) -> str:
         """The API server's version, the namespace (when the credentials may read it) and a Job list in it."""
@@ -354,21 +255,6 @@ class TAOKubernetesHook(TAOPlatformHook):
                 "Use s3:// with storage_conn_id, or set results_pvc on the tao_kubernetes connection",
             )
 
-    def _setting_or(self, details: dict[str, Any], key: str, default: Any) -> Any:
-        """A job's ``backend_details`` value, else the connection's default for it."""
-        self.load_connection()
-        value = details.get(key)
-        return self.setting(key, default) if value is None else value
-
-    def _placement(self, details: dict[str, Any]) -> tuple[dict[str, str], list[dict[str, Any]]]:
-        """The node selector and tolerations of a job (its own, else the connection's), checked."""
-
-        def where(key: str) -> str:
-            return f"backend_details[{key!r}]" if details.get(key) is not None else f"the {self.conn_id} extra {key!r}"
-
-        selector = node_selector(self._setting_or(details, "node_selector", {}) or {}, where("node_selector"))
-        return selector, tolerations(self._setting_or(details, "tolerations", []) or [], where("tolerations"))
-
     def check_path(self, uri: str) -> bool:
         """A local input lives on the cluster's volumes, not on the Airflow hosts: the in-job runner checks it
         (and fails the job as ``ERR_CONFIG`` if it is missing)."""
@@ -451,191 +337,7 @@ class TAOKubernetesHook(TAOPlatformHook):
         while self._read_job(name) is not None and time.monotonic() < deadline:
             time.sleep(0.5)
 
-    def _object_labels(self, spec: JobSpec) -> dict[str, str]:
-        return {ct.LABEL_MANAGED: "true", ct.LABEL_JOB_ID: spec.job_id, ct.LABEL_NAME: spec.name}
-
-    def _job_body(self, spec: JobSpec, handle: JobHandle, parts: int) -> dict[str, Any]:
-        details = self.platform_details(spec)
-        labels = self._object_labels(spec) | {ct.LABEL_TRY: str(handle.try_number)}
-        labels.update({ct.ORIGIN_LABELS[k]: label_value(v) for k, v in spec.origin.items() if k != "run_id"})
-        annotations = {f"{ct.LABEL_DOMAIN}/{k.replace('_', '-')}": v for k, v in spec.origin.items()}
-        annotations.update(
-            {
-                ANNOTATION_RESULTS_DIR: handle.results_dir,
-                ANNOTATION_UNSCHEDULABLE: str(
-                    details.get("unschedulable_timeout_seconds", DEFAULT_UNSCHEDULABLE_TIMEOUT)
-                ),
-                ANNOTATION_START: str(details.get("start_timeout_seconds", DEFAULT_START_TIMEOUT)),
-                mark_annotation(MARK_OWNER): json.dumps(handle.try_number),
-            }
-        )
-        job_spec: dict[str, Any] = {
-            "suspend": True,
-            "backoffLimit": 0,
-            "ttlSecondsAfterFinished": self._int_setting("ttl_seconds_after_finished", DEFAULT_TTL_SECONDS),
-            "template": {
-                "metadata": {"labels": dict(labels), "annotations": {ANNOTATION_RUN_ID: spec.origin.get("run_id", "")}},
-                "spec": self._pod_spec(spec, details, parts),
-            },
-        }
-        if spec.num_nodes > 1:
-            job_spec.update(completionMode="Indexed", completions=spec.num_nodes, parallelism=spec.num_nodes)
-        deadline = details.get("active_deadline_seconds")
-        if deadline is None and spec.deadline is not None:
-            # Kubernetes stops the job itself shortly after the task's own deadline, even if Airflow is gone.
-            deadline = max(1, int(spec.deadline - time.time()) + 60)
-        if deadline is not None:
-            job_spec["activeDeadlineSeconds"] = int(deadline)
-        return {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": spec.name, "namespace": self.namespace, "labels": labels, "annotations": annotations},
-            "spec": job_spec,
-        }
-
-    def _pod_spec(self, spec: JobSpec, details: dict[str, Any], parts: int) -> dict[str, Any]:
-        assert spec.image is not None, "image_required() makes the operator demand one"
-        results_root = RESULTS_MOUNT if self.setting("results_pvc") else None
-        env = self.tao_env(spec, files_dir=ct.FILES_DIR, results_root=results_root)
-        if spec.gpu_count == 0:
-            env["NVIDIA_VISIBLE_DEVICES"] = "void"  # NGC images say "all": without a GPU request, see none
-        env_list: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
-        if spec.num_nodes > 1:
-            master = f"{spec.name}-0.{spec.name}"  # pod 0's stable host name under the headless Service
-            env_list += [
-                {"name": k, "value": v}
-                for k, v in multi_node_env(spec.num_nodes, max(spec.gpu_count, 0), master_addr=master).items()
-            ]
-            env_list.append(
-                {
-                    "name": "NODE_RANK",
-                    "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}},
-                }
-            )
-        resources: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
-        if spec.gpu_count > 0:
-            resources["limits"]["nvidia.com/gpu"] = str(spec.gpu_count)
-        if details.get("cpu") is not None:
-            resources["requests"]["cpu"] = str(details["cpu"])
-        if details.get("memory") is not None:
-            resources["requests"]["memory"] = resources["limits"]["memory"] = str(details["memory"])
-        shm = str(details.get("shm_size") or self.setting("shm_size", DEFAULT_SHM_SIZE))
-        container: dict[str, Any] = {
-            "name": CONTAINER,
-            "image": spec.image,
-            "command": ct.launcher_argv(spec.command),
-            "env": env_list,
-            "resources": {k: v for k, v in resources.items() if v},
-            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "tao-job", "mountPath": ct.JOB_ROOT}],
-        }
-        volumes: list[dict[str, Any]] = [
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
-            {"name": "tao-job", "emptyDir": {}},
-        ]
-        if spec.secret_env:
-            container["envFrom"] = [{"secretRef": {"name": _secret_name(spec.job_id)}}]
-        if parts:
-            container["volumeMounts"].append({"name": "tao-job-parts", "mountPath": ct.PARTS_DIR, "readOnly": True})
-            sources = [
-                {"configMap": {"name": _part_name(spec.job_id, i), "items": [{"key": "part", "path": f"part-{i:03d}"}]}}
-                for i in range(parts)
-            ]
-            volumes.append({"name": "tao-job-parts", "projected": {"sources": sources}})
-        if claim := self.setting("results_pvc"):
-            container["volumeMounts"].append({"name": "results", "mountPath": RESULTS_MOUNT})
-            volumes.append({"name": "results", "persistentVolumeClaim": {"claimName": str(claim)}})
-        pod: dict[str, Any] = {
-            "restartPolicy": "Never",
-            "containers": [container],
-            "volumes": volumes,
-            "terminationGracePeriodSeconds": self._int_setting("cancel_grace_seconds", 30),
-        }
-        pull = [{"name": str(s)} for s in (self.setting("image_pull_secret"),) if s]
-        if self.setting("password"):
-            pull.append({"name": _pull_secret_name(spec.job_id)})
-        if pull:
-            pod["imagePullSecrets"] = pull
-        selector, toleration_list = self._placement(details)
-        if selector:
-            pod["nodeSelector"] = selector
-        if toleration_list:
-            pod["tolerations"] = toleration_list
-        if priority := self._setting_or(details, "priority_class", None):
-            pod["priorityClassName"] = str(priority)
-        if account := self._setting_or(details, "service_account", None):
-            pod["serviceAccountName"] = str(account)
-        if spec.num_nodes > 1:
-            pod["subdomain"] = spec.name
-        return pod
-
-    def _owned_objects(self, spec: JobSpec, parts: list[bytes]) -> list[dict[str, Any]]:
-        """The Secret, the files' ConfigMaps, the pull Secret and the Service that the Job owns."""
-        objects: list[dict[str, Any]] = []
-        if spec.secret_env:
-            data = {k: base64.b64encode(v.encode()).decode() for k, v in spec.secret_env.items()}
-            objects.append(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "type": "Opaque",
-                    "immutable": True,
-                    "metadata": {"name": _secret_name(spec.job_id)},
-                    "data": data,
-                }
-            )
-        for index, part in enumerate(parts):
-            objects.append(
-                {
-                    "apiVersion": "v1",
-                    "kind": "ConfigMap",
-                    "immutable": True,
-                    "metadata": {"name": _part_name(spec.job_id, index)},
-                    "binaryData": {"part": base64.b64encode(part).decode()},
-                }
-            )
-        if key := self.setting("password"):
-            registry = str(self.setting("registry", DEFAULT_REGISTRY))
-            login = str(self.setting("login", "$oauthtoken"))
-            auth = base64.b64encode(f"{login}:{key}".encode()).decode()
-            config = {"auths": {registry: {"username": login, "password": key, "auth": auth}}}
-            objects.append(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Secret",
-                    "type": "kubernetes.io/dockerconfigjson",
-                    "immutable": True,
-                    "metadata": {"name": _pull_secret_name(spec.job_id)},
-                    "data": {".dockerconfigjson": base64.b64encode(json.dumps(config).encode()).decode()},
-                }
-            )
-        if spec.num_nodes > 1:
-            selector = {ct.LABEL_JOB_ID: spec.job_id}
-            objects.append(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Service",
-                    "metadata": {"name": spec.name},
-                    "spec": {"clusterIP": "None", "selector": selector, "publishNotReadyAddresses": True},
-                }
-            )
-        return objects
-
     # ----------------------------------------------------------------- find, status
-
-    def _read_job(self, name: str) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return dict(self._call("batch", "read_namespaced_job", name, self.namespace))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def _pods_of(self, name: str) -> list[dict[str, Any]]:
-        return list(
-            self._call("core", "list_namespaced_pod", self.namespace, label_selector=f"{ct.LABEL_NAME}={name}")["items"]
-        )
 
     def _handle_of(self, job: dict[str, Any]) -> JobHandle:
         meta = job["metadata"]
@@ -769,76 +471,6 @@ class TAOKubernetesHook(TAOPlatformHook):
 
     # ----------------------------------------------------------------- cancel, failure analysis, cleanup
 
-    def _delete_options(self, uid: str | None) -> dict[str, Any]:
-        # Background: the Job goes now and the garbage collector removes its pods, Secret, ConfigMaps and Service.
-        options: dict[str, Any] = {"propagationPolicy": "Background"}
-        if uid:
-            options["preconditions"] = {"uid": uid}  # never a newer Job of the same name
-        return options
-
-    def _delete(self, name: str, uid: str | None) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self._call("batch", "delete_namespaced_job", name, self.namespace, body=self._delete_options(uid))
-        except ApiException as exc:
-            if exc.status not in (404, 409):
-                raise
-
-    def _suspension(self, job: dict[str, Any] | None, handle: JobHandle) -> bool | list[dict[str, Any]]:
-        """How to stop ``handle``'s Job as read in ``job``: True when nothing is left to stop (gone, a newer job of
-        the name, suspended already), False when another try owns it now, else a JSON patch that suspends it only
-        as read -- ``test`` operations on its job id and on the owner and cancel marks, so check and act are one
-        step: a newer try that claims the Job in between (a clear) fails the test and keeps its Job."""
-        if job is None or (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) != handle.job_id:
-            return True
-        marks = _marks(job, handle)
-        if marks.get(MARK_CANCEL) != marks.get(MARK_OWNER, handle.try_number):
-            self.log.info("Not canceling Job %s: try %s owns it now", handle.name, marks.get(MARK_OWNER))
-            return False
-        if job["spec"].get("suspend"):
-            return True
-        annotations = job["metadata"].get("annotations") or {}
-        held = [("labels", ct.LABEL_JOB_ID, handle.job_id)]
-        held += [("annotations", a, annotations[a]) for a in map(mark_annotation, (MARK_OWNER, MARK_CANCEL))
-                 if a in annotations]  # fmt: skip
-        ops: list[dict[str, Any]] = [
-            {"op": "test", "path": f"/metadata/{where}/{_pointer(key)}", "value": value} for where, key, value in held
-        ]
-        return [*ops, {"op": "add", "path": "/spec/suspend", "value": True}]
-
-    def _cancel(self, handle: JobHandle) -> bool:
-        """Suspend the Job (see :meth:`_suspension`): Kubernetes stops its pods and the Job stays, with its marks,
-        for the task to read. A Job whose marks changed since it was read (a failed test: 422) is read again."""
-        from kubernetes.client.exceptions import ApiException
-
-        for _ in range(CANCEL_CONFLICT_RETRIES):
-            if isinstance(ops := self._suspension(self._read_job(handle.name), handle), bool):
-                return ops
-            try:
-                self._call("batch", "patch_namespaced_job", handle.name, self.namespace, ops, _content_type=JSON_PATCH)
-                return True
-            except ApiException as exc:
-                if exc.status != 422:
-                    return _gone(exc)
-        return False
-
-    async def _acancel(self, handle: JobHandle) -> bool:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        for _ in range(CANCEL_CONFLICT_RETRIES):
-            try:
-                job = await self._acall("batch", "read_namespaced_job", handle.name, self.namespace)
-                if isinstance(ops := self._suspension(job, handle), bool):
-                    return ops
-                await self._acall("batch", "patch_namespaced_job", handle.name, self.namespace, ops,
-                                  _content_type=JSON_PATCH)  # fmt: skip
-                return True
-            except ApiException as exc:
-                if exc.status != 422:
-                    return _gone(exc)
-        return False
-
     def failure_facts(self, handle: JobHandle) -> FailureFacts:
         job = self._read_job(handle.name)
         pods = [p for p in self._pods_of(handle.name) if _labels(p).get(ct.LABEL_JOB_ID) == handle.job_id]
@@ -909,104 +541,9 @@ class TAOKubernetesHook(TAOPlatformHook):
 
     # ----------------------------------------------------------------- marks
 
-    def read_marks(self, handle: JobHandle) -> dict[str, Any]:
-        job = self._read_job(handle.name)
-        return _marks(job, handle)
-
-    async def aread_marks(self, handle: JobHandle) -> dict[str, Any]:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        try:
-            job = await self._acall("batch", "read_namespaced_job", handle.name, self.namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return {}
-            raise
-        return _marks(job, handle)
-
-    def _mark_patch(self, handle: JobHandle, key: str, value: Any) -> dict[str, Any]:
-        return {"metadata": {"annotations": {mark_annotation(key): json.dumps(value)}}}
-
-    def write_mark(self, handle: JobHandle, key: str, value: Any) -> None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            self._call(
-                "batch",
-                "patch_namespaced_job",
-                handle.name,
-                self.namespace,
-                self._mark_patch(handle, key, value),
-                _content_type="application/merge-patch+json",
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            self.log.info("Job %s no longer exists: mark %s not kept", handle.name, key)
-
-    async def awrite_mark(self, handle: JobHandle, key: str, value: Any) -> None:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        try:
-            await self._acall(
-                "batch",
-                "patch_namespaced_job",
-                handle.name,
-                self.namespace,
-                self._mark_patch(handle, key, value),
-                _content_type="application/merge-patch+json",
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
 
 # ----------------------------------------------------------------------------- small helpers
 
 
 def _labels(obj: dict[str, Any]) -> dict[str, str]:
     return dict(obj["metadata"].get("labels") or {})
-
-
-def _marks(job: dict[str, Any] | None, handle: JobHandle) -> dict[str, Any]:
-    if job is None or (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) != handle.job_id:
-        return {}  # gone, or a newer job of the same name: nothing of this one was claimed
-    marks: dict[str, Any] = {}
-    prefix = f"{ct.LABEL_DOMAIN}/"
-    for key, value in (job["metadata"].get("annotations") or {}).items():
-        if key.startswith(prefix) and key.removeprefix(prefix) in _MARK_KEYS:
-            with contextlib.suppress(ValueError):
-                marks[key.removeprefix(prefix)] = json.loads(value)
-    return marks
-
-
-def _gone(exc: Exception) -> bool:
-    """True for the API's 404 (the Job is gone: nothing to stop); any other error is raised again."""
-    if getattr(exc, "status", None) == 404:
-        return True
-    raise exc
-
-
-def _pointer(key: str) -> str:
-    """``key`` as one JSON Pointer token (RFC 6901: ``~`` and ``/`` escaped)."""
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def _secret_name(job_id: str) -> str:
-    return f"tao-{job_id}-env"
-
-
-def _pull_secret_name(job_id: str) -> str:
-    return f"tao-{job_id}-pull"
-
-
-def _part_name(job_id: str, index: int) -> str:
-    return f"tao-{job_id}-files-{index}"
-
-
-def _decode(data: bytes | None) -> Any:
-    """An API answer as plain Python. msgspec (an Airflow dependency) parses a namespace's Job list about five times
-    faster than ``json``; that parse is most of a poll's CPU."""
-    import msgspec
-
-    return msgspec.json.decode(data or b"null")

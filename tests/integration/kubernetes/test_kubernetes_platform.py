@@ -23,7 +23,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from kubernetes.client.exceptions import ApiException
 
 from airflow_provider_tao.hooks.base import LOG_READ_LIMIT
-from airflow_provider_tao.hooks.kubernetes.hook import TAOKubernetesHook, mark_annotation
+from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
+from airflow_provider_tao.hooks.kubernetes.marks import mark_annotation
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
 from airflow_provider_tao.triggers.job import StatusPoller
