@@ -60,7 +60,7 @@ from measure import cpu, first_event, rss_mib
 
 from airflow_provider_tao import hooks
 from airflow_provider_tao.hooks.base import TAOPlatformHook
-from airflow_provider_tao.hooks.brev.hook import PROBE_WORKERS
+from airflow_provider_tao.hooks.brev.session import PROBE_WORKERS
 from airflow_provider_tao.jobs import JobHandle, JobState, JobStatus
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
 

@@ -24,6 +24,7 @@ import pytest
 
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.brev import hook as bv
+from airflow_provider_tao.hooks.brev import launch as brev_launch
 from airflow_provider_tao.hooks.brev import lease as brev_lease
 from airflow_provider_tao.hooks.brev import remote
 from airflow_provider_tao.hooks.brev.auth import credentials_for
@@ -401,10 +402,10 @@ def test_a_failed_pull_is_reported_with_its_words_and_classified(instance: Insta
     assert answer is not None
     container, said = remote.parse_launch(answer)
     assert container is None and said.startswith("create\n") and "pull access denied" in said
-    assert bv._launch_failure_class(said) is ErrClass.ERR_IMAGE_PULL
-    assert bv._launch_failure_class("login\nunauthorized: authentication required") is ErrClass.ERR_AUTH
-    assert bv._launch_failure_class("start\ncould not select device driver") is ErrClass.ERR_CONFIG
-    assert bv._launch_failure_class("copy\nno such container") is ErrClass.ERR_INFRA
+    assert brev_launch._launch_failure_class(said) is ErrClass.ERR_IMAGE_PULL
+    assert brev_launch._launch_failure_class("login\nunauthorized: authentication required") is ErrClass.ERR_AUTH
+    assert brev_launch._launch_failure_class("start\ncould not select device driver") is ErrClass.ERR_CONFIG
+    assert brev_launch._launch_failure_class("copy\nno such container") is ErrClass.ERR_INFRA
     assert not (instance.home / ".tao-brev" / "jobs" / "a1b2c3" / "ngc.key").exists()
     assert not (instance.home / ".tao-brev" / "jobs" / "a1b2c3" / ".lock").exists()  # released
 

@@ -9,10 +9,11 @@ job ends or is canceled.
 
 A job is launched with one ``brev copy`` and one ``brev exec``: the copy puts a 0600 archive (made in a 0700 temp
 folder) into the instance user's home -- the job's files and secrets for the container, its launch script, its
-first ownership mark and the NGC key -- and the exec runs the launch script (:mod:`~airflow_provider_tao.hooks.
-brev_remote`), which logs in to the registry with the key on stdin, creates the container with this provider's
-labels, copies the job's archive into it (``docker cp -``), starts it and leaves a waiter that writes its exit code
-to a file (``brev exec`` passes no exit code through). Nothing secret is ever on a command line, here or there.
+first ownership mark and the NGC key -- and the exec runs the launch script
+(:mod:`~airflow_provider_tao.hooks.brev.remote`), which logs in to the registry with the key on stdin, creates the
+container with this provider's labels, copies the job's archive into it (``docker cp -``), starts it and leaves a
+waiter that writes its exit code to a file (``brev exec`` passes no exit code through). Nothing secret is ever on a
+command line, here or there.
 
 Status is batched: ONE ``brev ls --json`` per poll for every instance of the connection, plus ONE exec per instance
 that has watched jobs, which reads all their containers' states, exit files, marks and new log lines at once (the
@@ -30,23 +31,23 @@ has its jobs canceled instead, and the task deletes it.
 A cancel from outside the task (``airflow tao cancel``, the reaper: a ``canceled_by`` mark) stops the container but
 keeps the task's instance: the waiting task must read "canceled by ..." there (a deleted instance reads as a lost
 one, ``ERR_INFRA``, and a retry); its cleanup deletes the instance.
+
+The hook is made of parts, one module each: the CLI session and the scan of what runs where
+(:mod:`~airflow_provider_tao.hooks.brev.session`), the instances (:mod:`~airflow_provider_tao.hooks.brev.instances`),
+the launch (:mod:`~airflow_provider_tao.hooks.brev.launch`) and the cost guard
+(:mod:`~airflow_provider_tao.hooks.brev.reap`); this module joins them and adds submission, status, logs and marks.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from functools import cached_property
-from pathlib import Path
 from typing import Any
 
-from airflow_provider_tao import settings
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
 from airflow_provider_tao.hooks.base import (
@@ -56,39 +57,19 @@ from airflow_provider_tao.hooks.base import (
     ConnectionProblem,
     JobSubmitError,
     JobValidationError,
-    TAOPlatformHook,
-    register_secrets,
 )
-from airflow_provider_tao.hooks.brev import lease as leases
 from airflow_provider_tao.hooks.brev import remote
 from airflow_provider_tao.hooks.brev.auth import is_api_key
-from airflow_provider_tao.hooks.brev.cli import BrevError, BrevSession, connection_problem
-from airflow_provider_tao.hooks.brev.lease import ReapDecision
+from airflow_provider_tao.hooks.brev.cli import BrevError, connection_problem
+from airflow_provider_tao.hooks.brev.instances import BrevInstancesHook
+from airflow_provider_tao.hooks.brev.launch import DEFAULT_LAUNCH_TIMEOUT, BrevLaunchHook
+from airflow_provider_tao.hooks.brev.reap import BrevReapHook
+from airflow_provider_tao.hooks.brev.session import _EXEC_STATES, CALL_TIMEOUT, PROBE_TIMEOUT, PROBE_WORKERS
 from airflow_provider_tao.hooks.shared import container as ct
-from airflow_provider_tao.hooks.shared.cli import write_private_file
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
-#: The lease of an instance when neither the job, the connection nor ``[tao] lease_hours`` gives one.
-DEFAULT_LEASE_HOURS = 8.0
-#: An instance's page in the Brev console (the connection's ``console_url`` overrides it).
-DEFAULT_CONSOLE_URL = "https://brev.nvidia.com/environment/{id}"
-DEFAULT_REGISTRY = "nvcr.io"
-DEFAULT_SHM_SIZE = "16g"
-#: An instance has this long to reach RUNNING after ``brev create`` (GPU instances boot in 2-5 min, some slower).
-DEFAULT_BOOT_TIMEOUT = 20 * 60.0
-#: Then ``brev exec`` has this long to answer (sshd, name resolution and the user's shell come up after RUNNING).
-READY_TIMEOUT = 5 * 60.0
-#: The first real exec on an instance: the launch, which pulls the image (a TAO image is many GB).
-DEFAULT_LAUNCH_TIMEOUT = 30 * 60.0
-COPY_TIMEOUT = 10 * 60.0
-#: One status probe (every watched job of one instance) and one small remote call (a mark, a stop, a log read).
-PROBE_TIMEOUT = 30.0
-CALL_TIMEOUT = 60.0
-#: Parallel probes of the instances of one poll.
-PROBE_WORKERS = 8
 #: ``backend_details`` keys of this platform: the container's (as on the docker platform) and the instance's.
 DETAIL_KEYS = ct.CONTAINER_DETAIL_KEYS | {"instance_id", "instance_type", "lease_hours", "network"}
-_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 #: How the instance of a task ends: its job name's digest (operators/submit.py); a reused instance may not.
 _TASK_INSTANCE = re.compile(r"-[0-9a-f]{10}$")
 # Instance states: the instance has failed under its jobs, or is still coming up / paused.
@@ -100,10 +81,9 @@ _INSTANCE_WAITING = {
     "STOPPED": JobState.PAUSED,
 }
 _LIVE_JOB_STATES = (JobState.PENDING, JobState.RUNNING, JobState.PAUSED)
-_EXEC_STATES = ("RUNNING", "UNHEALTHY")  # states in which a probe may answer (never exec a stopped instance: it starts)
 
 
-class BrevHook(TAOPlatformHook):
+class BrevHook(BrevInstancesHook, BrevLaunchHook, BrevReapHook):
     """Runs jobs as containers on NVIDIA Brev GPU instances, through the ``brev`` CLI.
 
     Connection type ``tao_brev``: ``password`` = the Brev token or API key (``bak-...``; ``BREV_API_TOKEN``). Extras:
@@ -134,55 +114,7 @@ class BrevHook(TAOPlatformHook):
     log_reads_batched = True  # the log lines come with the per-instance status probe
     env_fallbacks = {"password": "BREV_API_TOKEN", "ngc_api_key": "NGC_KEY"}
 
-    def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
-        super().__init__(conn_id, **kwargs)
-        self._lock = threading.Lock()
-        self._ended: dict[str, JobStatus] = {}  # job id -> its final status (an ended container is final)
-        self._log_cursors: dict[str, str] = {}  # job id -> the cursor its last log read returned
-        self._prefetched: dict[str, tuple[str, bytes]] = {}  # job id -> (cursor, log bytes read by a probe)
-        self._live: set[str] = set()  # jobs the last probe found not ended
-        self._leases: dict[str, dict[str, Any] | None] = {}  # instance -> its lease, as the last scan read it
-
     # ----------------------------------------------------------------- settings and session
-
-    def _number(self, name: str, default: float) -> float:
-        self.load_connection()
-        value = self.setting(name, default)
-        try:
-            return float(value)
-        except (TypeError, ValueError) as exc:
-            raise JobValidationError(name, f"{value!r} is not a number", f"Set {name} to seconds or hours") from exc
-
-    @property
-    def org(self) -> str | None:
-        self.load_connection()
-        org = self.setting("org")
-        return str(org) if org else None
-
-    @property
-    def registry(self) -> str:
-        self.load_connection()
-        return str(self.setting("registry", DEFAULT_REGISTRY)).rstrip("/")
-
-    @cached_property
-    def session(self) -> BrevSession:
-        """The connection's ``brev`` session (private HOME, credentials written by it, one re-login)."""
-        self.load_connection()
-        token = self.setting("password")
-        if not token:
-            raise BrevError(
-                ErrClass.ERR_AUTH,
-                "no Brev API token: put it in the password of the tao_brev connection (or set BREV_API_TOKEN)",
-            )
-        register_secrets([str(token)])
-        return BrevSession(
-            executable=str(self.setting("brev_path", "brev")),
-            token=str(token),
-            org=self.org,
-            org_id=str(self.setting("org_id") or "") or None,
-            identity=self.conn_id or "",
-            log=self.log,
-        )
 
     def probe_connection(self) -> str:
         """The UI's "Test" button: one ``brev ls --json`` through the connection's private CLI session (its headless
@@ -202,19 +134,6 @@ class BrevHook(TAOPlatformHook):
         return f"brev answers: {len(instances)} instance(s) in {org}, {running} running"
 
     # ----------------------------------------------------------------- where the job is, what runs (UI, CLI)
-
-    def _console_url(self, entry: Mapping[str, Any] | None) -> str:
-        """The instance's page in the Brev console: the connection's ``console_url`` with ``{id}`` and ``{name}``
-        filled in from ``brev ls`` (kept in the job's handle: the TAO job link needs no call)."""
-        from urllib.parse import quote
-
-        self.load_connection()
-        template = str(self.setting("console_url", DEFAULT_CONSOLE_URL))
-        if not entry or not entry.get("id"):
-            return ""
-        return template.replace("{id}", quote(str(entry["id"]), safe="")).replace(
-            "{name}", quote(str(entry.get("name") or ""), safe="")
-        )
 
     def job_location(self, handle: JobHandle) -> dict[str, str]:
         instance, container = shlex.quote(handle.backend_job_id), ct.container_name(handle.job_id)
@@ -237,61 +156,6 @@ class BrevHook(TAOPlatformHook):
                 continue
             handles += [self._handle_of(name, instances[name], container) for container in scan[1]]
         return handles
-
-    def lease_expired(self, handle: JobHandle, now: float | None = None) -> bool:
-        """A job on an instance this provider created expires with the instance's lease (as the last scan of
-        :meth:`list_active_jobs` read it); a job on a reused instance after ``[tao] lease_hours``."""
-        with self._lock:
-            lease = self._leases.get(handle.backend_job_id)
-        if leases.own_lease(lease, handle.backend_job_id):
-            assert lease is not None
-            return (time.time() if now is None else now) >= float(lease.get("expires_at") or 0)
-        return super().lease_expired(handle, now)
-
-    def reap_resources(
-        self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
-    ) -> list[dict[str, str]]:
-        """``airflow tao reap``'s cost guard: :meth:`reap` on this connection."""
-        return [
-            {"resource": d.instance, "action": d.action, "why": d.reason}
-            for d in self.reap(task_state=task_state, dry_run=dry_run)
-        ]
-
-    def _handle_of(self, instance: str, entry: Mapping[str, Any], found: remote.FoundContainer) -> JobHandle:
-        """The handle of a job found on an instance (by its container's labels)."""
-        return JobHandle(
-            platform=self.platform,
-            conn_id=self.conn_id,
-            job_id=found.job_id,
-            name=found.name,
-            backend_job_id=instance,
-            results_dir=found.results_dir,
-            try_number=found.try_number,
-            submitted_at=found.created_at or time.time(),
-            console_url=self._console_url(entry),
-        )
-
-    def _scan(self, instance: str) -> leases.Scan:
-        """One exec: the instance's lease and this provider's containers still running on it; the error text when
-        it did not answer."""
-        try:
-            answer = self._call(instance, remote.active(), PROBE_TIMEOUT)
-        except BrevError as exc:
-            if exc.err_class is ErrClass.ERR_AUTH:
-                raise
-            return str(exc)
-        return "did not answer brev exec" if answer is None else remote.parse_active(answer)
-
-    def _scan_all(self, instances: Mapping[str, Mapping[str, Any]]) -> dict[str, leases.Scan]:
-        """:meth:`_scan` of every instance that may be exec'd (never a stopped one: exec would start it)."""
-        readable = sorted(name for name, entry in instances.items() if entry.get("status") in _EXEC_STATES)
-        if not readable:
-            return {}
-        with ThreadPoolExecutor(max_workers=min(PROBE_WORKERS, len(readable))) as pool:
-            scans = dict(zip(readable, pool.map(self._scan, readable), strict=True))
-        with self._lock:
-            self._leases.update({name: scan[0] for name, scan in scans.items() if not isinstance(scan, str)})
-        return scans
 
     # ----------------------------------------------------------------- validation
 
@@ -343,32 +207,6 @@ class BrevHook(TAOPlatformHook):
                 "org_id", "a Brev API key (bak-...) works in one org", "Set org_id on the tao_brev connection"
             )
 
-    def _types(self, details: Mapping[str, Any]) -> list[str]:
-        """The instance-type fallback chain: the job's, else the connection's (empty: the CLI's own choice)."""
-        self.load_connection()
-        where = "backend_details['instance_type']" if "instance_type" in details else "instance_type"
-        chain = details.get("instance_type", self.setting("instance_type", ""))
-        types = [t.strip() for t in chain.split(",")] if isinstance(chain, str) else chain
-        if not isinstance(types, list) or not all(isinstance(t, str) and _TYPE.match(t.strip()) for t in types if t):
-            raise JobValidationError(
-                where, f"{chain!r} is not a chain of instance types", 'Use e.g. "g5.xlarge,g6.xlarge" (`brev search`)'
-            )
-        return [t.strip() for t in types if t and t.strip()]
-
-    def _lease_hours(self, details: Mapping[str, Any]) -> float:
-        """The job's ``lease_hours``, else the connection's, else ``[tao] lease_hours``, else 8: an instance this
-        provider rents always has a lease (``[tao] lease_hours = 0``, "no lease", does not apply to machines)."""
-        value = details.get("lease_hours", self._number("lease_hours", settings.lease_hours() or DEFAULT_LEASE_HOURS))
-        try:
-            hours = float(value)
-        except (TypeError, ValueError):
-            hours = 0.0
-        if hours <= 0:
-            raise JobValidationError(
-                "lease_hours", f"{value!r} is not a positive number of hours", "Use e.g. 8 (longer than the job)"
-            )
-        return hours
-
     # ----------------------------------------------------------------- submit
 
     def create_job(self, spec: JobSpec, try_number: int = 1) -> JobHandle:
@@ -406,197 +244,6 @@ class BrevHook(TAOPlatformHook):
             "Job %s runs in container %s on instance %s", spec.job_id, ct.container_name(spec.job_id), instance
         )
         return handle
-
-    def _reused_instance(
-        self, wanted: str, instances: Mapping[str, Mapping[str, Any]]
-    ) -> tuple[str, Mapping[str, Any]]:
-        """The existing instance a job asked for (by name or id), running and answering: its name and ``brev ls``
-        entry."""
-        entry = instances.get(wanted) or next((e for e in instances.values() if e.get("id") == wanted), None)
-        if entry is None:
-            raise BrevError(
-                ErrClass.ERR_CONFIG,
-                f"backend_details['instance_id']: there is no instance {wanted!r} "
-                f"(brev ls shows: {', '.join(sorted(instances)) or 'none'}); create it or fix the name",
-            )
-        name = str(entry["name"])
-        status = str(entry.get("status"))
-        if status == "RUNNING":
-            return name, entry
-        if status in ("STOPPED", "STOPPING"):
-            self.log.info("Instance %s is %s: starting it", name, status)
-            self.session.check(["start", name, "--detached"], CALL_TIMEOUT, f"starting instance {name}")
-        elif status not in ("STARTING", "DEPLOYING"):
-            raise BrevError(ErrClass.ERR_INFRA, f"instance {name} is {status}: it cannot run a job (brev ls)")
-        return name, self._wait_ready(name, None)
-
-    def _own_instance(
-        self, spec: JobSpec, types: Sequence[str], lease: Mapping[str, Any], instances: Mapping[str, Mapping[str, Any]]
-    ) -> None:
-        """The task's own instance, named after the task instance: found (an earlier try made it) or created with
-        the type chain. Returns once it exists; a refused creation leaves nothing behind and raises."""
-        name = spec.name
-        entry = instances.get(name)
-        if entry is not None and entry.get("status") in ("FAILURE", "DELETING"):
-            self.log.info("Instance %s of an earlier try is %s: replacing it", name, entry.get("status"))
-            if entry.get("status") == "FAILURE":
-                self.session.delete(name)
-            self._wait_gone(name)
-            entry = None
-        if entry is not None:
-            self.log.info("Instance %s of an earlier try exists (%s): using it", name, entry.get("status"))
-            return
-        self.log.info(
-            "Creating instance %s (types %s; lease %s h)", name, ",".join(types) or "auto", lease["lease_hours"]
-        )
-        try:
-            skipped = self.session.create(name, types, remote.startup_script(lease))
-            for line in skipped:
-                self.log.warning("brev create: %s (instance type chain %s)", line, ",".join(types))
-        except BrevError as exc:
-            # A lost answer (the API made it, the CLI saw an error) or another submission of this task instance
-            # that made it just now: the instance is there, and it is this task's.
-            if exc.err_class in (ErrClass.ERR_CONFIG, ErrClass.ERR_CAPACITY) or name not in self.session.instances():
-                raise
-            self.log.warning("brev create failed (%s), yet instance %s exists: using it", exc, name)
-
-    def _lease(self, spec: JobSpec, details: Mapping[str, Any], try_number: int) -> dict[str, Any]:
-        return leases.new_lease(spec, self._lease_hours(details), self.conn_id, try_number)
-
-    def _wait_gone(self, name: str) -> None:
-        deadline = time.monotonic() + DEFAULT_BOOT_TIMEOUT
-        delay = 1.0
-        while name in self.session.instances():
-            if time.monotonic() > deadline:
-                raise BrevError(
-                    ErrClass.ERR_INFRA, f"instance {name} is still there {DEFAULT_BOOT_TIMEOUT:.0f} s after its delete"
-                )
-            time.sleep(delay)
-            delay = min(delay * 1.5, 10.0)
-
-    def _wait_ready(self, name: str, lease: Mapping[str, Any] | None) -> dict[str, Any]:
-        """``brev ls --json`` until the instance is RUNNING (``boot_timeout_seconds``), then a trivial exec until it
-        answers (5 minutes): a fresh instance reports RUNNING before sshd and its shell are up. Returns its
-        ``brev ls`` entry."""
-        boot_timeout = self._number("boot_timeout_seconds", DEFAULT_BOOT_TIMEOUT)
-        deadline = time.monotonic() + boot_timeout
-        delay, missing = 1.0, 0
-        while True:
-            entry = self.session.instances().get(name)
-            status = str((entry or {}).get("status"))
-            missing = missing + 1 if entry is None else 0
-            if missing >= 2:  # one answer without it is not yet "gone"
-                raise BrevError(ErrClass.ERR_INFRA, f"instance {name} disappeared while it was starting")
-            if entry is not None and status == "RUNNING":
-                running = dict(entry)
-                break
-            if status in ("FAILURE", "DELETING", "STOPPED"):
-                raise BrevError(ErrClass.ERR_INFRA, f"instance {name} is {status} instead of starting (brev ls)")
-            if time.monotonic() > deadline:
-                raise BrevError(
-                    ErrClass.ERR_CAPACITY,
-                    f"instance {name} is still {status} after {boot_timeout:.0f} s (boot_timeout_seconds); the type "
-                    "may be short of capacity: retry later or add types to the chain",
-                )
-            time.sleep(delay)
-            delay = min(delay * 1.5, 10.0)
-        call = remote.prepare(lease)
-        deadline = time.monotonic() + READY_TIMEOUT
-        delay = 1.0
-        while True:
-            result = self.session.exec(name, call.command, PROBE_TIMEOUT)
-            answer = call.answer(result)
-            if answer is not None:
-                break
-            if time.monotonic() > deadline:
-                raise BrevError(
-                    ErrClass.ERR_INFRA,
-                    f"instance {name} is RUNNING but brev exec did not answer for {READY_TIMEOUT:.0f} s: "
-                    f"{result.describe()}",
-                    result,
-                )
-            self.log.info("Instance %s does not answer brev exec yet (%s); trying again", name, result.describe())
-            time.sleep(delay)
-            delay = min(delay * 1.5, 10.0)
-        said = answer.decode(errors="replace").strip()
-        if not said.startswith("DOCKER "):
-            raise BrevError(
-                ErrClass.ERR_CONFIG,
-                f"instance {name} has no usable Docker ({said}): use an instance in VM mode (Docker and the NVIDIA "
-                "Container Toolkit are preinstalled there)",
-            )
-        return running
-
-    def _launch(self, spec: JobSpec, handle: JobHandle, details: Mapping[str, Any]) -> None:
-        """One ``brev copy`` of the job's 0600 archive, then one ``brev exec`` of its launch script."""
-        assert spec.image is not None
-        instance = handle.backend_job_id
-        results_root = spec.results_uri if spec.results_uri and spec.results_uri.startswith("/") else None
-        folders = [handle.results_dir] if results_root else []
-        archive = ct.job_archive(spec.files, spec.secret_env, {}, ct.container_owner(details), folders)
-        ngc_key = self.setting("ngc_api_key")
-        registry = self.registry if ngc_key and spec.image.startswith(f"{self.registry}/") else None
-        if ngc_key:
-            register_secrets([str(ngc_key)])
-        launch_sh = remote.launch_script(spec.job_id, self._create_argv(spec, handle, details, results_root), registry)
-        stage = remote.stage_archive(
-            archive, launch_sh, name=spec.name, owner_try=handle.try_number, ngc_key=str(ngc_key) if registry else None
-        )
-        with tempfile.TemporaryDirectory(prefix="tao-brev-stage-") as folder:  # 0700
-            path = Path(folder) / f"stage-{spec.job_id}.tar"
-            write_private_file(path, stage)
-            self.session.copy(path, instance, f".tao-stage-{spec.job_id}.tar", COPY_TIMEOUT)
-        call = remote.launch(spec.job_id)
-        timeout = self._number("launch_timeout_seconds", DEFAULT_LAUNCH_TIMEOUT)
-        result = self.session.exec(instance, call.command, timeout)
-        answer = call.answer(result)
-        if answer is None:
-            raise BrevError(
-                ErrClass.ERR_INFRA,
-                f"launching job {spec.job_id} on {instance}: no answer ({result.describe()})",
-                result,
-            )
-        container, said = remote.parse_launch(answer)
-        if container is None:
-            raise BrevError(_launch_failure_class(said), f"launching job {spec.job_id} on {instance} failed at {said}")
-
-    def _create_argv(
-        self, spec: JobSpec, handle: JobHandle, details: Mapping[str, Any], results_root: str | None
-    ) -> list[str]:
-        """``docker create`` of the job's container, as the launch script runs it on the instance (plain values
-        only: the secrets arrive in the archive)."""
-        assert spec.image is not None
-        argv = ["docker", "create", "--name", ct.container_name(spec.job_id), "--init"]
-        for key, value in ct.job_labels(spec, handle.try_number, handle.results_dir).items():
-            argv += ["--label", f"{key}={value}"]
-        env = self.tao_env(spec, files_dir=ct.FILES_DIR, results_root=results_root)
-        if spec.gpu_count == 0:
-            env.update(ct.NO_GPU_ENV)
-        for key, value in env.items():
-            argv += ["-e", f"{key}={value}"]
-        argv += ["--shm-size", str(details.get("shm_size") or self.setting("shm_size", DEFAULT_SHM_SIZE))]
-        if details.get("mem_limit"):
-            # RAM and swap together: past the limit the job is OOM-killed (and says so) instead of swapping.
-            argv += ["--memory", str(details["mem_limit"]), "--memory-swap", str(details["mem_limit"])]
-        if details.get("cpus") is not None:
-            argv += ["--cpus", str(float(details["cpus"]))]
-        for mount in ct.container_mounts(details):
-            argv += ["-v", mount]
-        if results_root:
-            argv += ["-v", f"{results_root}:{results_root}:rw"]
-        if details.get("user"):
-            argv += ["--user", str(details["user"])]
-        if "entrypoint" in details:
-            argv += ["--entrypoint", str(details["entrypoint"] or "")]
-        if details.get("working_dir"):
-            argv += ["-w", str(details["working_dir"])]
-        if network := details.get("network") or self.setting("network"):
-            argv += ["--network", str(network)]
-        if (ids := ct.container_gpu_ids(spec)) is not None:
-            argv += ["--gpus", f'"device={",".join(ids)}"']
-        elif spec.gpu_count:
-            argv += ["--gpus", "all" if spec.gpu_count == -1 else str(spec.gpu_count)]
-        return [*argv, spec.image, *ct.launcher_argv(spec.command)]
 
     # ----------------------------------------------------------------- find and status
 
@@ -864,19 +511,6 @@ class BrevHook(TAOPlatformHook):
         except BrevError as exc:
             self.log.warning("Cleaning up after job %s failed: %s", handle.job_id, exc)
 
-    @staticmethod
-    def _ephemeral(handle: JobHandle) -> bool:
-        """The task's own instance is named after the task instance, as the job is (validation keeps a reused
-        instance from having that name)."""
-        return handle.backend_job_id == handle.name
-
-    def _delete_instance(self, name: str, why: str) -> None:
-        try:
-            if self.session.delete(name):
-                self.log.info("Deleted instance %s: %s", name, why)
-        except BrevError as exc:
-            self.log.warning("Could not delete instance %s (%s): %s; the reaper will", name, why, exc)
-
     # ----------------------------------------------------------------- marks, paths
 
     def read_marks(self, handle: JobHandle) -> dict[str, Any]:
@@ -919,90 +553,10 @@ class BrevHook(TAOPlatformHook):
             "uri", f"{uri} is on a Brev instance, not on the Airflow hosts", "Read results from s3:// instead"
         )
 
-    def _call(self, instance: str, call: remote.Script, timeout: float = CALL_TIMEOUT) -> bytes | None:
-        return call.answer(self.session.exec(instance, call.command, timeout))
-
     # ----------------------------------------------------------------- the cost guard
-
-    def reap(
-        self,
-        task_state: Callable[[Mapping[str, Any]], str | None] | None = None,
-        now: float | None = None,
-        *,
-        dry_run: bool = False,
-    ) -> list[ReapDecision]:
-        """Delete every instance this provider created whose lease has expired or whose task is finished and on which
-        no job runs any more (a running job of a finished task is the orphan sweep's to judge: it may have been kept
-        with ``cancel_on_kill=False``); never one without this provider's lease. An expired instance whose task still
-        watches it (running, deferred) is not pulled from under the task: its jobs are canceled through the one cancel
-        routine (the task fails with ERR_CANCELED, not retried, and deletes the instance), and a later reap deletes it
-        if the task did not.
-        Every decision is logged with its reason. One ``brev ls --json`` and one exec per running instance.
-
-        :param task_state: the Airflow state of a lease's task instance (see
-            :func:`~airflow_provider_tao.hooks.brev.lease.task_state_lookup`); without it only expired leases are
-            reaped, and at once.
-        :param now: the time to judge leases by (epoch seconds; default now).
-        :param dry_run: decide and report; delete and cancel nothing.
-        """
-        now = time.time() if now is None else now
-        instances = self.session.instances()
-        scans = self._scan_all(instances)
-        decisions = []
-        for name in sorted(instances):
-            entry = instances[name]
-            decision = self._judge(name, entry, scans.get(name, "unread"), task_state, now=now, dry_run=dry_run)
-            self.log.info("Reaper: %s %s: %s", decision.action, decision.instance, decision.reason)
-            decisions.append(decision)
-        return decisions
-
-    def _judge(
-        self,
-        name: str,
-        entry: Mapping[str, Any],
-        scan: leases.Scan,
-        task_state: Callable[[Mapping[str, Any]], str | None] | None,
-        *,
-        now: float,
-        dry_run: bool,
-    ) -> ReapDecision:
-        """:func:`~airflow_provider_tao.hooks.brev.lease.judge`, then the act: delete the instance, or cancel the
-        jobs of an expired one whose task still watches it (the task deletes it; or the next reap once nothing runs
-        on it)."""
-        action, reason = leases.judge(name, entry, scan, task_state, now=now)
-        if action in ("kept", "skipped"):
-            return ReapDecision(name, action, reason)
-        if dry_run:
-            return ReapDecision(name, f"would {action}", reason)
-        if action == "cancel jobs":
-            assert not isinstance(scan, str)
-            for found in scan[1]:
-                self.cancel_job(self._handle_of(name, entry, found), requested_by="reap: lease expired")
-            return ReapDecision(name, "jobs canceled", reason)
-        try:
-            deleted = self.session.delete(name)
-        except BrevError as exc:
-            return ReapDecision(name, "failed", f"{reason}, but brev delete failed: {exc}")
-        return ReapDecision(name, "deleted" if deleted else "kept", reason if deleted else f"{reason}; already gone")
 
 
 def _since(cursor: str) -> str:
     """What ``docker logs --since`` gets for a cursor: its exact timestamp, or ``all`` from the start."""
     stamp, _ = ct.parse_log_cursor(cursor)
     return stamp or "all"
-
-
-def _launch_failure_class(said: str) -> ErrClass:
-    """A launch that failed at one of its steps: ``create`` that could not pull the image (``ERR_IMAGE_PULL``), a
-    registry that refused the NGC key (``ERR_AUTH``), a container the instance's Docker refused (``ERR_CONFIG``:
-    a bad mount, GPUs it does not have), anything else is the instance's (``ERR_INFRA``)."""
-    step = said.split("\n", 1)[0].strip()
-    if step == "login":
-        return ErrClass.ERR_AUTH
-    if step == "create" and re.search(
-        r"Unable to find image|pull access denied|manifest unknown|not found|pull", said, re.I
-    ):
-        return ErrClass.ERR_IMAGE_PULL
-    if step in ("create", "start"):
-        return ErrClass.ERR_CONFIG
-    return ErrClass.ERR_INFRA
