@@ -22,7 +22,7 @@ from airflow_provider_tao.accounting import JobUsage, attempt_of, total_gpu_hour
 from airflow_provider_tao.hooks.kubernetes import status as ks
 from airflow_provider_tao.hooks.lepton import status as ls
 from airflow_provider_tao.hooks.shared import container as ct
-from airflow_provider_tao.hooks.slurm import script as ss
+from airflow_provider_tao.hooks.slurm import status as sst
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.triggers.job import TAOJobTrigger
 from tests.unit.fakes import FakeHook
@@ -141,16 +141,16 @@ def test_metrics_carry_gpu_seconds_times_and_tags_and_legacy_names_by_dag(record
     ],
 )
 def test_slurm_pending_reasons_that_mean_waiting_for_resources(reason: str, capacity: bool) -> None:
-    queue = ss.parse_squeue(f"12|PENDING|{reason}||{NOW - 30:.0f}\n")
-    status = ss.status_of(queue["12"], None)
+    queue = sst.parse_squeue(f"12|PENDING|{reason}||{NOW - 30:.0f}\n")
+    status = sst.status_of(queue["12"], None)
     assert status.state is JobState.PENDING
     assert status.capacity_wait_since == (NOW - 30 if capacity else None)
 
 
 def test_slurm_asks_squeue_for_the_submit_time_in_epoch_seconds() -> None:
-    assert ss.squeue_command(["1", "2"]).startswith("SLURM_TIME_FORMAT=%s squeue ")
-    assert ss.squeue_command(["1"]).endswith("-o '%i|%T|%r|%N|%V'")
-    assert ss.parse_squeue("7|RUNNING|None|c1|Unknown\n")["7"].submitted is None
+    assert sst.squeue_command(["1", "2"]).startswith("SLURM_TIME_FORMAT=%s squeue ")
+    assert sst.squeue_command(["1"]).endswith("-o '%i|%T|%r|%N|%V'")
+    assert sst.parse_squeue("7|RUNNING|None|c1|Unknown\n")["7"].submitted is None
 
 
 def test_kubernetes_unschedulable_pods_wait_for_resources_since_the_scheduler_said_so() -> None:
@@ -194,12 +194,12 @@ def test_the_capacity_clock_needs_a_pending_job_a_bound_and_the_time() -> None:
 
 def test_slurm_usage_from_sacct_with_gpus_and_their_type() -> None:
     text = f"42|{NOW - 100:.0f}|{NOW - 90:.0f}|{NOW - 18:.0f}|72|2|billing=8,cpu=8,gres/gpu:a100=8,gres/gpu=8,node=2\n"
-    usage = ss.parse_usage(text, "42")
+    usage = sst.parse_usage(text, "42")
     assert usage == JobUsage(queued_at=NOW - 100, started_at=NOW - 90, ended_at=NOW - 18, run_seconds=72.0,
                              gpus_per_node=4, nodes=2, gpu_type="a100", source=usage.source)  # fmt: skip
-    never = ss.parse_usage(f"43|{NOW - 10:.0f}|None|{NOW:.0f}|0|1|billing=1,cpu=1,mem=2G,node=1\n", "43")
+    never = sst.parse_usage(f"43|{NOW - 10:.0f}|None|{NOW:.0f}|0|1|billing=1,cpu=1,mem=2G,node=1\n", "43")
     assert never is not None and never.started_at is None and never.run_seconds is None and never.gpus_per_node == 0
-    assert ss.parse_usage("", "44") is None
+    assert sst.parse_usage("", "44") is None
 
 
 def test_kubernetes_usage_from_the_job_and_its_pods() -> None:

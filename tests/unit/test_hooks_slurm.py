@@ -28,7 +28,10 @@ from airflow_provider_tao.failures import classify
 from airflow_provider_tao.hooks import get_platform_hook, hook_class, platform_for_conn_type
 from airflow_provider_tao.hooks.base import JobValidationError, render_env_file
 from airflow_provider_tao.hooks.slurm import SlurmHook
+from airflow_provider_tao.hooks.slurm import commands as scmd
+from airflow_provider_tao.hooks.slurm import logs as slog
 from airflow_provider_tao.hooks.slurm import script as ss
+from airflow_provider_tao.hooks.slurm import status as sst
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 
 HOSTILE = [
@@ -153,37 +156,37 @@ def test_results_root_must_be_a_plain_absolute_cluster_path(monkeypatch: pytest.
     ],
 )
 def test_state_map(raw: str, state: JobState) -> None:
-    record = ss.parse_sacct(f"7|{raw}|0:0|None|c1\n")["7"]
-    assert ss.status_of(None, record).state is state
+    record = sst.parse_sacct(f"7|{raw}|0:0|None|c1\n")["7"]
+    assert sst.status_of(None, record).state is state
 
 
 def test_unknown_state_and_unknown_job_are_unknown_not_failures() -> None:
-    assert ss.status_of(ss.SlurmRecord("1", "WEIRD", "WEIRD"), None).state is JobState.UNKNOWN
-    status = ss.status_of(None, None)
+    assert sst.status_of(sst.SlurmRecord("1", "WEIRD", "WEIRD"), None).state is JobState.UNKNOWN
+    status = sst.status_of(None, None)
     assert (status.state, status.not_found) == (JobState.UNKNOWN, True)
 
 
 def test_parse_squeue_and_pending_reason_in_the_message() -> None:
     text = "12|PENDING|PartitionDown|\n13|RUNNING|None|c1\n14|FAILED|NonZeroExitCode|c2\n"
-    queue = ss.parse_squeue(text)
+    queue = sst.parse_squeue(text)
     assert set(queue) == {"12", "13", "14"}
-    pending = ss.status_of(queue["12"], None)
+    pending = sst.status_of(queue["12"], None)
     assert (pending.state, pending.message) == (JobState.PENDING, "PENDING (PartitionDown)")
-    assert ss.status_of(queue["13"], None).message == "RUNNING on c1"
+    assert sst.status_of(queue["13"], None).message == "RUNNING on c1"
     # squeue alone knows no exit code; sacct's record completes it when it agrees on the state
-    assert ss.status_of(queue["14"], None).exit_code is None
-    acct = ss.parse_sacct("14|FAILED|3:0|NonZeroExitCode|c2\n")
-    failed = ss.status_of(queue["14"], acct["14"])
+    assert sst.status_of(queue["14"], None).exit_code is None
+    acct = sst.parse_sacct("14|FAILED|3:0|NonZeroExitCode|c2\n")
+    failed = sst.status_of(queue["14"], acct["14"])
     assert (failed.state, failed.exit_code, failed.message) == (JobState.ERROR, 3, "FAILED (exit code 3)")
     # sacct still lagging behind (says RUNNING): the exit code stays unknown rather than wrong
-    lagging = ss.parse_sacct("14|RUNNING|0:0|None|c2\n")
-    assert ss.status_of(queue["14"], lagging["14"]).exit_code is None
+    lagging = sst.parse_sacct("14|RUNNING|0:0|None|c2\n")
+    assert sst.status_of(queue["14"], lagging["14"]).exit_code is None
 
 
 def test_sacct_cancelled_by_uid_is_canceled_and_kept_verbatim() -> None:
-    acct = ss.parse_sacct("21|CANCELLED by 1001|0:0|PartitionDown|None assigned\n21.batch|CANCELLED|0:15||c1\n")
+    acct = sst.parse_sacct("21|CANCELLED by 1001|0:0|PartitionDown|None assigned\n21.batch|CANCELLED|0:15||c1\n")
     assert set(acct) == {"21"}  # steps are ignored
-    status = ss.status_of(None, acct["21"])
+    status = sst.status_of(None, acct["21"])
     assert (status.state, status.raw_state, status.message) == (
         JobState.CANCELED,
         "CANCELLED by 1001",
@@ -193,13 +196,13 @@ def test_sacct_cancelled_by_uid_is_canceled_and_kept_verbatim() -> None:
 
 @pytest.mark.parametrize(("field", "code"), [("3:0", 3), ("0:0", 0), ("0:9", -9), ("0:53", -53), ("", None)])
 def test_exit_code_of_sacct_field(field: str, code: int | None) -> None:
-    assert ss.exit_code_of(field) == code
+    assert sst.exit_code_of(field) == code
 
 
 def test_squeue_invalid_id_means_gone_not_broken() -> None:
-    assert ss.squeue_says_gone(1, "slurm_load_jobs error: Invalid job id specified")
-    assert not ss.squeue_says_gone(1, "slurm_load_jobs error: Unable to contact slurm controller")
-    assert not ss.squeue_says_gone(0, "")
+    assert sst.squeue_says_gone(1, "slurm_load_jobs error: Invalid job id specified")
+    assert not sst.squeue_says_gone(1, "slurm_load_jobs error: Unable to contact slurm controller")
+    assert not sst.squeue_says_gone(0, "")
 
 
 @pytest.mark.parametrize(
@@ -573,7 +576,7 @@ def _resubmit(tmp_path: Path, state: str, restarts: int = 0, max_resubmits: int 
     Path(layout.job_dir, "meta").mkdir(exist_ok=True)
     Path(layout.job_dir, "meta", "max_resubmits").write_text(str(max_resubmits))
     proc = subprocess.run(
-        ["sh", "-c", ss.resubmit_command(layout, "9", 99)],
+        ["sh", "-c", scmd.resubmit_command(layout, "9", 99)],
         capture_output=True,
         text=True,
         env={"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "REQUEUES": str(tmp_path / "requeues")},
@@ -609,8 +612,8 @@ def test_resubmit_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_log_offsets_pack_two_files() -> None:
-    assert ss.unpack_offset(ss.pack_offset(123, 456)) == (123, 456)
-    assert ss.unpack_offset(0) == (0, 0)
+    assert slog.unpack_offset(slog.pack_offset(123, 456)) == (123, 456)
+    assert slog.unpack_offset(0) == (0, 0)
 
 
 def test_log_reader_output_round_trip(tmp_path: Path) -> None:
@@ -618,45 +621,45 @@ def test_log_reader_output_round_trip(tmp_path: Path) -> None:
     Path(layout.log_dir).mkdir(parents=True)
     Path(layout.out_file).write_bytes(b"one\ntwo\npart")
     Path(layout.err_file).write_bytes("é\n".encode())
-    requests = "\n".join(ss.log_requests(layout, ss.pack_offset(4, 0), "t")) + "\n"
+    requests = "\n".join(slog.log_requests(layout, slog.pack_offset(4, 0), "t")) + "\n"
     for force_sh in (False, True):
-        command = ss.log_reader_command()
+        command = slog.log_reader_command()
         if force_sh:
             command = command.replace("command -v python3", "false")
         out = subprocess.run(["sh", "-c", command], input=requests.encode(), capture_output=True, check=True).stdout
-        chunks = ss.parse_log_chunks(out)
+        chunks = slog.parse_log_chunks(out)
         assert chunks == {"t.o": (4, b"two\npart", 12), "t.e": (0, "é\n".encode(), 3)}
-        text, offset = ss.merge_log_chunks(chunks, "t", ss.pack_offset(4, 0), final=False)
+        text, offset = slog.merge_log_chunks(chunks, "t", slog.pack_offset(4, 0), final=False)
         assert text == "two\né\n"  # the unterminated "part" waits for its newline
-        assert ss.unpack_offset(offset) == (8, len("é\n".encode()))
-        text, offset = ss.merge_log_chunks(chunks, "t", ss.pack_offset(4, 0), final=True)
-        assert text == "two\npart\né\n" and ss.unpack_offset(offset) == (12, 3)
+        assert slog.unpack_offset(offset) == (8, len("é\n".encode()))
+        text, offset = slog.merge_log_chunks(chunks, "t", slog.pack_offset(4, 0), final=True)
+        assert text == "two\npart\né\n" and slog.unpack_offset(offset) == (12, 3)
         # a read bound cut main.out: even an ended job's unfinished line waits for the next read
         cut = subprocess.run(
-            ["sh", "-c", command.replace(f"M={ss.LOG_CHUNK_BYTES}", "M=5")], input=requests.encode(),
+            ["sh", "-c", command.replace(f"M={slog.LOG_CHUNK_BYTES}", "M=5")], input=requests.encode(),
             capture_output=True, check=True,
         ).stdout  # fmt: skip
-        chunks = ss.parse_log_chunks(cut)
-        assert chunks["t.o"] == (4, b"two\np", 12) and not ss.chunks_at_end(chunks, "t")
-        text, offset = ss.merge_log_chunks(chunks, "t", ss.pack_offset(4, 0), final=True)
-        assert text == "two\né\n" and ss.unpack_offset(offset) == (8, 3)
+        chunks = slog.parse_log_chunks(cut)
+        assert chunks["t.o"] == (4, b"two\np", 12) and not slog.chunks_at_end(chunks, "t")
+        text, offset = slog.merge_log_chunks(chunks, "t", slog.pack_offset(4, 0), final=True)
+        assert text == "two\né\n" and slog.unpack_offset(offset) == (8, 3)
 
 
 def test_missing_log_files_keep_the_offset() -> None:
-    chunks = ss.parse_log_chunks(b"@@F t.o -1 0 0\n@@F t.e -1 0 0\n")
+    chunks = slog.parse_log_chunks(b"@@F t.o -1 0 0\n@@F t.e -1 0 0\n")
     assert chunks == {}
-    assert ss.merge_log_chunks(chunks, "t", ss.pack_offset(5, 7), final=False) == ("", ss.pack_offset(5, 7))
+    assert slog.merge_log_chunks(chunks, "t", slog.pack_offset(5, 7), final=False) == ("", slog.pack_offset(5, 7))
 
 
 def test_huge_unterminated_line_is_flushed() -> None:
-    blob = b"x" * ss.PARTIAL_LINE_FLUSH_BYTES
-    assert ss.complete_lines(blob, final=False) == blob
-    assert ss.complete_lines(b"abc", final=False) == b""
+    blob = b"x" * slog.PARTIAL_LINE_FLUSH_BYTES
+    assert slog.complete_lines(blob, final=False) == blob
+    assert slog.complete_lines(b"abc", final=False) == b""
 
 
 def test_tail_parsing() -> None:
     text, offset = SlurmHook._parse_tail(b"@@T 10\na\nb\n@@T 3\nerr")
-    assert text == "a\nb\nerr\n" and ss.unpack_offset(int(offset)) == (10, 3)
+    assert text == "a\nb\nerr\n" and slog.unpack_offset(int(offset)) == (10, 3)
 
 
 # ----------------------------------------------------------------------------- preflight, find_job
@@ -665,7 +668,7 @@ def test_tail_parsing() -> None:
 def test_preflight_parsing_and_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     hook = _hook(monkeypatch, container_runtime="none")
     text = "@@PART debug*|4:00:00\n@@PART short|1:00\n@@PART gpu|UNLIMITED\n@@IN 0 1\n@@IN 1 0\n@@PY 3.6\n"
-    result = ss.parse_preflight(text)
+    result = scmd.parse_preflight(text)
     assert result["partitions"] == {"debug": (240, True), "short": (1, False), "gpu": (None, False)}
     assert result["inputs"] == {0: True, 1: False} and result["python"] == "3.6"
 
@@ -689,15 +692,15 @@ def test_preflight_parsing_and_checks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_preflight_command_quotes_paths() -> None:
-    command = ss.preflight_command(["debug"], ["/a b", "/c'd"], True, True)
+    command = scmd.preflight_command(["debug"], ["/a b", "/c'd"], True, True)
     assert "test -e '/a b'" in command and "test -e '/c'\"'\"'d'" in command and "import boto3" in command
 
 
 def test_parse_find_job() -> None:
     text = '@@JOB jid1\n{"job_id": "jid1", "name": "n"}\n@@ID \n55|tao:jid1\n54|tao:old\n'
-    job_id, meta, slurm_id, same = ss.parse_find_job(text)  # type: ignore[misc]
+    job_id, meta, slurm_id, same = scmd.parse_find_job(text)  # type: ignore[misc]
     assert (job_id, meta["name"], slurm_id, same) == ("jid1", "n", "", {"55": "tao:jid1", "54": "tao:old"})
-    assert ss.parse_find_job("") is None
+    assert scmd.parse_find_job("") is None
 
 
 def test_parsing_the_slurm_example_dag_opens_no_ssh_library(tmp_path: Path) -> None:
@@ -790,7 +793,7 @@ async def test_poller_reads_logs_in_its_status_command_and_waits_for_accounting(
     assert await hook.aget_job_logs(run, "2") == ("", "2")
     await hook.aget_job_statuses([run, wait])
     assert (await hook.aget_job_logs(run, "2"))[0] == "b\npartial\nc\ne1\n" and len(local.commands) == 4
-    offset = str(ss.pack_offset(len(b"a\nb\npartial\nc\n"), len(b"e1\n")))
+    offset = str(slog.pack_offset(len(b"a\nb\npartial\nc\n"), len(b"e1\n")))
 
     # squeue says FAILED before sacct knows: Running for a moment rather than a failure without its exit code
     (state / "squeue").write_text("11|FAILED|NonZeroExitCode|c1\n12|PENDING|Priority|\n")

@@ -41,7 +41,10 @@ from airflow_provider_tao.hooks.base import (
     multi_node_env,
     render_env_file,
 )
+from airflow_provider_tao.hooks.slurm import commands as scmd
+from airflow_provider_tao.hooks.slurm import logs as slog
 from airflow_provider_tao.hooks.slurm import script as ss
+from airflow_provider_tao.hooks.slurm import status as sst
 from airflow_provider_tao.hooks.slurm.ssh import AsyncPool, Result, SlurmTransportError, SSHSettings, SyncSession
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
@@ -233,8 +236,8 @@ class SlurmHook(TAOPlatformHook):
     def list_active_jobs(self) -> list[JobHandle]:
         """This user's queued or running Slurm jobs that carry this provider's comment (one ``squeue``)."""
         found = []
-        for slurm_id, meta in ss.parse_active_jobs(
-            self.run(ss.active_jobs_command(self.results_root), timeout=60).text
+        for slurm_id, meta in scmd.parse_active_jobs(
+            self.run(scmd.active_jobs_command(self.results_root), timeout=60).text
         ):
             handle = JobHandle.from_json(meta)
             found.append(JobHandle(**{**handle.to_json(), "backend_job_id": slurm_id}))
@@ -427,8 +430,8 @@ class SlurmHook(TAOPlatformHook):
         needs_s3 = b"s3://" in spec.files.get("runner.json", b"") or (spec.results_uri or "").startswith("s3://")
         checked = [*inputs, *([f"{plan.container}/config.json"] if plan.runtime == "oci" else [])]
         partitions = [p for p in (plan.partition or "").split(",") if p] or None
-        command = ss.preflight_command(partitions, checked, plan.runtime == "none" and uses_runner, needs_s3)
-        result = ss.parse_preflight(self.run(command, timeout=60).text)
+        command = scmd.preflight_command(partitions, checked, plan.runtime == "none" and uses_runner, needs_s3)
+        result = scmd.parse_preflight(self.run(command, timeout=60).text)
         self._check_preflight(result, plan, checked, inputs, needs_s3)
         self._preflights[spec.job_id] = result
 
@@ -522,7 +525,7 @@ class SlurmHook(TAOPlatformHook):
 
     def find_job(self, name: str) -> JobHandle | None:
         layout = self.layout("_", name)
-        found = ss.parse_find_job(self.run(ss.find_job_command(layout), timeout=60).text)
+        found = scmd.parse_find_job(self.run(scmd.find_job_command(layout), timeout=60).text)
         if found is None:
             return None
         job_id, meta, slurm_id, same_named = found
@@ -539,30 +542,30 @@ class SlurmHook(TAOPlatformHook):
 
     def get_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
         ids = sorted({h.backend_job_id for h in handles if h.backend_job_id})
-        queue: dict[str, ss.SlurmRecord] = {}
+        queue: dict[str, sst.SlurmRecord] = {}
         if ids:
-            result = self.run(ss.squeue_command(ids), timeout=60)
+            result = self.run(sst.squeue_command(ids), timeout=60)
             if result.rc == 0:
-                queue = ss.parse_squeue(result.text)
-            elif not ss.squeue_says_gone(result.rc, result.err_text):
+                queue = sst.parse_squeue(result.text)
+            elif not sst.squeue_says_gone(result.rc, result.err_text):
                 return {h.job_id: JobStatus.unknown(f"squeue failed: {result.err_text}") for h in handles}
-        acct: dict[str, ss.SlurmRecord] | None = {}
-        need = [i for i in ids if i not in queue or queue[i].state in ss.NEEDS_ACCOUNTING]
+        acct: dict[str, sst.SlurmRecord] | None = {}
+        need = [i for i in ids if i not in queue or queue[i].state in sst.NEEDS_ACCOUNTING]
         if need:  # sacct lags squeue by seconds: a just-failed job may have no exit code yet (failure_facts has it)
-            result = self.run(ss.sacct_command(need), timeout=60)
-            acct = ss.parse_sacct(result.text) if result.rc == 0 else None
+            result = self.run(sst.sacct_command(need), timeout=60)
+            acct = sst.parse_sacct(result.text) if result.rc == 0 else None
         return {h.job_id: self._status(h, queue, acct) for h in handles}
 
     @staticmethod
     def _status(
-        handle: JobHandle, queue: dict[str, ss.SlurmRecord], acct: dict[str, ss.SlurmRecord] | None
+        handle: JobHandle, queue: dict[str, sst.SlurmRecord], acct: dict[str, sst.SlurmRecord] | None
     ) -> JobStatus:
         if not handle.backend_job_id:
             return JobStatus.missing("no Slurm job id recorded")
         sid = handle.backend_job_id
         if sid not in queue and acct is None:
             return JobStatus.unknown("sacct failed")
-        return ss.status_of(queue.get(sid), (acct or {}).get(sid))
+        return sst.status_of(queue.get(sid), (acct or {}).get(sid))
 
     # ----------------------------------------------------------------- status (triggerer side, batched)
 
@@ -580,25 +583,25 @@ class SlurmHook(TAOPlatformHook):
             and entry.states.get(h.job_id) in (JobState.PENDING, JobState.RUNNING, JobState.PAUSED)
         ]  # fmt: skip
         requests = [line for i, h in enumerate(readers) for line in self._log_requests(h, entry, f"p{i}")]
-        command = ss.squeue_command(ids) + "; printf '@@SQ %d\\n' $?" if ids else "printf '@@SQ 0\\n'"
+        command = sst.squeue_command(ids) + "; printf '@@SQ %d\\n' $?" if ids else "printf '@@SQ 0\\n'"
         if requests:
-            command += "; " + ss.log_reader_command(ss.poll_log_bound(len(readers)))  # bounded per job and poll
+            command += "; " + slog.log_reader_command(slog.poll_log_bound(len(readers)))  # bounded per job and poll
         result = await entry.run(command, stdin="\n".join(requests).encode() + b"\n" if requests else None)
-        queue_text, _, rest = result.out.partition(ss.SQUEUE_MARK)
+        queue_text, _, rest = result.out.partition(sst.SQUEUE_MARK)
         rc_text, _, log_data = rest.partition(b"\n")
         squeue_rc = int(rc_text or b"255")
         if squeue_rc == 0:
-            queue = ss.parse_squeue(queue_text.decode(errors="replace"))
-        elif ss.squeue_says_gone(squeue_rc, result.err_text):
+            queue = sst.parse_squeue(queue_text.decode(errors="replace"))
+        elif sst.squeue_says_gone(squeue_rc, result.err_text):
             queue = {}
         else:
             return {h.job_id: JobStatus.unknown(f"squeue failed: {result.err_text[:300]}") for h in handles}
         now = time.monotonic()
-        need = [i for i in ids if i not in queue or queue[i].state in ss.NEEDS_ACCOUNTING]
-        acct: dict[str, ss.SlurmRecord] | None = {}
+        need = [i for i in ids if i not in queue or queue[i].state in sst.NEEDS_ACCOUNTING]
+        acct: dict[str, sst.SlurmRecord] | None = {}
         if need:
-            acct_result = await entry.run(ss.sacct_command(need))
-            acct = ss.parse_sacct(acct_result.text) if acct_result.rc == 0 else None
+            acct_result = await entry.run(sst.sacct_command(need))
+            acct = sst.parse_sacct(acct_result.text) if acct_result.rc == 0 else None
         statuses = {}
         for handle in handles:
             status = self._status(handle, queue, acct)
@@ -613,13 +616,13 @@ class SlurmHook(TAOPlatformHook):
             statuses[handle.job_id] = status
             entry.states[handle.job_id] = status.state
         self._forget_unwatched(entry, handles)
-        chunks = ss.parse_log_chunks(log_data)
+        chunks = slog.parse_log_chunks(log_data)
         for i, handle in enumerate(readers):
             offset = entry.log_offsets.get(handle.job_id, 0)
             final = statuses[handle.job_id].state.is_terminal
-            text, new = ss.merge_log_chunks(chunks, f"p{i}", offset, final)
+            text, new = slog.merge_log_chunks(chunks, f"p{i}", offset, final)
             # the last read of an ended job only when nothing is left after it (a cut chunk is read on)
-            entry.log_cache[handle.job_id] = (offset, text, new, final and ss.chunks_at_end(chunks, f"p{i}"))
+            entry.log_cache[handle.job_id] = (offset, text, new, final and slog.chunks_at_end(chunks, f"p{i}"))
         return statuses
 
     @staticmethod
@@ -636,7 +639,7 @@ class SlurmHook(TAOPlatformHook):
                 table.pop(job, None)
 
     def _log_requests(self, handle: JobHandle, entry: Any, tag: str) -> list[str]:
-        return ss.log_requests(self.layout(handle.job_id, handle.name), entry.log_offsets.get(handle.job_id, 0), tag)
+        return slog.log_requests(self.layout(handle.job_id, handle.name), entry.log_offsets.get(handle.job_id, 0), tag)
 
     # ----------------------------------------------------------------- logs
 
@@ -646,9 +649,9 @@ class SlurmHook(TAOPlatformHook):
         if tail is not None:
             return self._parse_tail(self.run(self._tail_command(layout, tail), timeout=60).out)
         offset = _offset(cursor)
-        requests = "\n".join(ss.log_requests(layout, offset, "s")) + "\n"
-        result = self.run(ss.log_reader_command(), stdin=requests.encode(), timeout=120)
-        text, new = ss.merge_log_chunks(ss.parse_log_chunks(result.out), "s", offset, final=True)
+        requests = "\n".join(slog.log_requests(layout, offset, "s")) + "\n"
+        result = self.run(slog.log_reader_command(), stdin=requests.encode(), timeout=120)
+        text, new = slog.merge_log_chunks(slog.parse_log_chunks(result.out), "s", offset, final=True)
         return text, str(new)
 
     @staticmethod
@@ -674,7 +677,7 @@ class SlurmHook(TAOPlatformHook):
         while len(sizes) < 2:
             sizes.append(0)
         text = "".join(t if t.endswith("\n") or not t else t + "\n" for t in texts)
-        return text, str(ss.pack_offset(sizes[0], sizes[1]))
+        return text, str(slog.pack_offset(sizes[0], sizes[1]))
 
     def log_read_reached_end(self, text: str) -> bool:
         # a poll reads less than LOG_READ_LIMIT of each job; the read that finds nothing more costs no command
@@ -709,7 +712,7 @@ class SlurmHook(TAOPlatformHook):
         final = state is not None and state.is_terminal
         if not final:  # registered: the next poll's one command reads its new bytes with every other job's
             return "", offset
-        text, new, at_end = await _batched_read(entry, ss.log_requests(layout, offset, "{tag}"), offset, final)
+        text, new, at_end = await _batched_read(entry, slog.log_requests(layout, offset, "{tag}"), offset, final)
         entry.log_offsets[job] = new
         if final and at_end:
             entry.log_cache[job] = (new, None, new, True)
@@ -750,7 +753,7 @@ class SlurmHook(TAOPlatformHook):
 
     def failure_facts(self, handle: JobHandle) -> FailureFacts:
         layout = self.layout(handle.job_id, handle.name)
-        command = ss.failure_facts_command(layout, handle.backend_job_id or "0")
+        command = scmd.failure_facts_command(layout, handle.backend_job_id or "0")
         return self._facts(handle, self.run(command, timeout=60).text)
 
     def _facts(self, handle: JobHandle, text: str) -> FailureFacts:
@@ -758,11 +761,11 @@ class SlurmHook(TAOPlatformHook):
         queue_text, _, rest = rest.partition("@@OUT\n")
         out_text, _, err_text = rest.partition("\n@@ERR\n")
         sid = handle.backend_job_id
-        queue, acct = ss.parse_squeue(queue_text), ss.parse_sacct(acct_text)
-        status = ss.status_of(queue.get(sid), acct.get(sid))
+        queue, acct = sst.parse_squeue(queue_text), sst.parse_sacct(acct_text)
+        status = sst.status_of(queue.get(sid), acct.get(sid))
         record = acct.get(sid) or queue.get(sid)
-        exit_code = ss.exit_code_of(acct[sid].exit_code) if sid in acct else status.exit_code
-        lines = [*ss.last_run(out_text.splitlines()), *ss.last_run(err_text.splitlines())]
+        exit_code = sst.exit_code_of(acct[sid].exit_code) if sid in acct else status.exit_code
+        lines = [*scmd.last_run(out_text.splitlines()), *scmd.last_run(err_text.splitlines())]
         return FailureFacts(
             exit_code=exit_code,
             raw_state=record.raw if record else status.raw_state,
@@ -782,8 +785,8 @@ class SlurmHook(TAOPlatformHook):
         """From Slurm's accounting (``sacct``): Submit, Start, End, ElapsedRaw, NNodes and the GPUs in AllocTRES."""
         if not handle.backend_job_id:
             return super().get_job_usage(handle)
-        result = self.run(ss.usage_command(handle.backend_job_id), timeout=60)
-        usage = ss.parse_usage(result.text, handle.backend_job_id) if result.rc == 0 else None
+        result = self.run(sst.usage_command(handle.backend_job_id), timeout=60)
+        usage = sst.parse_usage(result.text, handle.backend_job_id) if result.rc == 0 else None
         return usage or super().get_job_usage(handle)
 
     def resubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
@@ -792,7 +795,7 @@ class SlurmHook(TAOPlatformHook):
         analysis = classify(self.failure_facts(handle))
         if analysis.err_class not in RESUBMITTABLE:
             return None
-        command = ss.resubmit_command(self.layout(handle.job_id, handle.name), handle.backend_job_id, self._max())
+        command = scmd.resubmit_command(self.layout(handle.job_id, handle.name), handle.backend_job_id, self._max())
         return self._resubmit_verdict(handle, analysis, self.run(command, timeout=60).text)
 
     async def aresubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
@@ -802,11 +805,11 @@ class SlurmHook(TAOPlatformHook):
             return None
         entry = await self._entry()
         layout = self.layout(handle.job_id, handle.name)
-        facts = self._facts(handle, (await entry.run(ss.failure_facts_command(layout, handle.backend_job_id))).text)
+        facts = self._facts(handle, (await entry.run(scmd.failure_facts_command(layout, handle.backend_job_id))).text)
         analysis = classify(facts)
         if analysis.err_class not in RESUBMITTABLE:
             return None
-        result = await entry.run(ss.resubmit_command(layout, handle.backend_job_id, self._max()))
+        result = await entry.run(scmd.resubmit_command(layout, handle.backend_job_id, self._max()))
         note = self._resubmit_verdict(handle, analysis, result.text)
         if note is not None:
             entry.states[handle.job_id] = JobState.PENDING
@@ -850,19 +853,19 @@ class SlurmHook(TAOPlatformHook):
         return sorted(result.text.splitlines())
 
     def read_marks(self, handle: JobHandle) -> dict[str, Any]:
-        return _marks(self.run(ss.marks_read_command(self.layout(handle.job_id, handle.name)), timeout=60))
+        return _marks(self.run(scmd.marks_read_command(self.layout(handle.job_id, handle.name)), timeout=60))
 
     def write_mark(self, handle: JobHandle, key: str, value: Any) -> None:
-        command = ss.mark_write_command(self.layout(handle.job_id, handle.name), key, str(value))
+        command = scmd.mark_write_command(self.layout(handle.job_id, handle.name), key, str(value))
         _check_mark_written(handle, key, self.run(command, timeout=60))
 
     async def aread_marks(self, handle: JobHandle) -> dict[str, Any]:
         entry = await self._entry()
-        return _marks(await entry.run(ss.marks_read_command(self.layout(handle.job_id, handle.name))))
+        return _marks(await entry.run(scmd.marks_read_command(self.layout(handle.job_id, handle.name))))
 
     async def awrite_mark(self, handle: JobHandle, key: str, value: Any) -> None:
         entry = await self._entry()
-        command = ss.mark_write_command(self.layout(handle.job_id, handle.name), key, str(value))
+        command = scmd.mark_write_command(self.layout(handle.job_id, handle.name), key, str(value))
         _check_mark_written(handle, key, await entry.run(command))
 
 
@@ -898,8 +901,8 @@ async def _flush_reads(entry: Any) -> None:
     batch, entry.pending_reads = entry.pending_reads, []
     lines = [r.format(tag=f"b{i}") for i, ((requests, _, _), _) in enumerate(batch) for r in requests]
     try:
-        result = await entry.run(ss.log_reader_command(), stdin=("\n".join(lines) + "\n").encode())
-        chunks = ss.parse_log_chunks(result.out)
+        result = await entry.run(slog.log_reader_command(), stdin=("\n".join(lines) + "\n").encode())
+        chunks = slog.parse_log_chunks(result.out)
     except Exception as exc:
         for _, future in batch:
             if not future.done():
@@ -907,4 +910,6 @@ async def _flush_reads(entry: Any) -> None:
         return
     for i, ((_, offset, final), future) in enumerate(batch):
         if not future.done():
-            future.set_result((*ss.merge_log_chunks(chunks, f"b{i}", offset, final), ss.chunks_at_end(chunks, f"b{i}")))
+            future.set_result(
+                (*slog.merge_log_chunks(chunks, f"b{i}", offset, final), slog.chunks_at_end(chunks, f"b{i}"))
+            )
