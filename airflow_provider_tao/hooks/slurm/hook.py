@@ -19,13 +19,17 @@ commands -- preflight, then stage + sbatch -- plus the operator's find-by-name. 
 connection shares ONE cached asyncssh connection; each poll interval costs one command (``squeue`` for every
 watched job, plus the new log bytes of the jobs that may be writing) and, only when jobs left the queue or failed,
 one ``sacct``. The file layout and every script are in :mod:`~airflow_provider_tao.hooks.slurm.script`.
+
+The hook is made of parts, one module each: the connection's settings and SSH sessions
+(:mod:`~airflow_provider_tao.hooks.slurm.connection`) and the validation and sbatch plan of a job
+(:mod:`~airflow_provider_tao.hooks.slurm.plan`); this module joins them and adds submission, status, logs, cancel,
+resubmission and marks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import shlex
 import time
 from collections.abc import Sequence
@@ -34,10 +38,8 @@ from typing import Any
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks.base import (
-    MULTI_NODE_VARS,
     ConnectionProblem,
     JobValidationError,
-    TAOPlatformHook,
     multi_node_env,
     render_env_file,
 )
@@ -45,50 +47,17 @@ from airflow_provider_tao.hooks.slurm import commands as scmd
 from airflow_provider_tao.hooks.slurm import logs as slog
 from airflow_provider_tao.hooks.slurm import script as ss
 from airflow_provider_tao.hooks.slurm import status as sst
-from airflow_provider_tao.hooks.slurm.ssh import AsyncPool, Result, SlurmTransportError, SSHSettings, SyncSession
+from airflow_provider_tao.hooks.slurm.connection import ssh_problem
+from airflow_provider_tao.hooks.slurm.plan import SlurmPlanHook
+from airflow_provider_tao.hooks.slurm.ssh import Result, SlurmTransportError
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
-BACKEND_KEYS = frozenset(
-    {
-        "partition", "account", "time_hours", "time_minutes", "timeout_hours", "cpus_per_task", "gpus_per_node",
-        "container_runtime", "oci_bundle", "container_mounts", "nodelist", "exclude", "qos", "constraint",
-        "reservation", "mem", "master_port", "max_resubmits", "use_sqsh", "force_reconvert_latest", "inputs",
-        "backend_type", "cluster_name",
-    }
-)  # fmt: skip
-_DIRECTIVES = {"nodelist": "--nodelist", "exclude": "--exclude", "qos": "--qos", "constraint": "--constraint",
-               "reservation": "--reservation", "mem": "--mem"}  # fmt: skip
 #: How long a job squeue shows as failed may wait for its accounting record (exit code) before being reported.
 ACCOUNTING_GRACE_SECONDS = 20.0
 RESUBMITTABLE = frozenset({ErrClass.ERR_INFRA, ErrClass.ERR_PREEMPTED})
 
 
-def ssh_problem(exc: SlurmTransportError) -> ConnectionProblem:
-    """The words for a failed SSH connection: refused credentials, a host key that does not match, or no answer."""
-    import paramiko
-
-    causes = exc.causes or [("", exc)]
-    for host, cause in causes:
-        if isinstance(cause, paramiko.BadHostKeyException) or "host key" in str(cause).lower():
-            return ConnectionProblem(
-                "auth",
-                f"{host}'s host key does not match the connection's Host key ({cause}); check the key with "
-                "ssh-keyscan and update the connection",
-            )
-    for host, cause in causes:
-        if isinstance(cause, paramiko.AuthenticationException):
-            return ConnectionProblem(
-                "auth", f"{host} refused the credentials ({cause}); check the user, key file / private key or password"
-            )
-    hosts = "; ".join(f"{host}: {cause}" for host, cause in causes)
-    return ConnectionProblem("unreachable", f"no login host answered on SSH ({hosts}); check host, port and network")
-
-
-def _truthy(value: Any) -> bool:
-    return str(value).strip().lower() in ("1", "true", "yes", "on")
-
-
-class SlurmHook(TAOPlatformHook):
+class SlurmHook(SlurmPlanHook):
     """Submits, watches and cancels jobs on a SLURM cluster through its login node(s).
 
     :param conn_id: a ``tao_slurm`` connection, or None to use the environment variables only.
@@ -114,88 +83,9 @@ class SlurmHook(TAOPlatformHook):
         "key_file": "SSH_KEY_PATH",
     }
 
-    def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
-        super().__init__(conn_id=conn_id, **kwargs)
-        self._session: SyncSession | None = None
-        self._held: Any = None  # the AsyncPool entry this hook holds (released by aclose)
-        self._preflights: dict[str, dict[str, Any]] = {}
-
     # ----------------------------------------------------------------- settings
 
-    def setting(self, name: str, default: Any = None) -> Any:
-        if self._extras is None:  # worker side: read the connection on first use (the triggerer awaits it first)
-            self.load_connection()
-        return super().setting(name, default)
-
-    def ssh_settings(self) -> SSHSettings:
-        hosts = tuple(h.strip() for h in str(self.setting("host", "")).split(",") if h.strip())
-        if not hosts:
-            raise JobValidationError("host", "no login host configured", "Set the connection host or SLURM_HOSTNAME")
-        user = self.setting("login")
-        if not user:
-            raise JobValidationError("login", "no login user configured", "Set the connection login or SLURM_USER")
-        host_key, no_check = self.setting("host_key"), _truthy(self.setting("no_host_key_check", False))
-        if host_key and no_check:
-            raise JobValidationError(
-                "host_key", "is set together with no_host_key_check", "Remove one of them (checking is the default)"
-            )
-        return SSHSettings(
-            hosts=hosts,
-            port=int(self.setting("port", 22)),
-            username=str(user),
-            key_file=self.setting("key_file"),
-            private_key=self.setting("private_key"),
-            passphrase=self.setting("private_key_passphrase"),
-            password=self.setting("password"),
-            host_key=host_key,
-            no_host_key_check=no_check,
-        )
-
-    @property
-    def results_root(self) -> str:
-        root = str(self.setting("results_root", "")).rstrip("/")
-        root = ss.cluster_path(root) or root
-        if not root or not ss.SAFE_PATH.match(root):
-            raise JobValidationError(
-                "results_root",
-                f"{root!r} is not an absolute cluster path of plain characters" if root else "is not set",
-                "Set the connection extra results_root (or SLURM_BASE_RESULTS_DIR) to a shared-filesystem folder",
-            )
-        return root
-
-    def layout(self, job_id: str, name: str) -> ss.JobLayout:
-        return ss.JobLayout(self.results_root, job_id, name)
-
-    def _detail(self, spec: JobSpec, name: str, default: Any = None) -> Any:
-        value = spec.backend_details.get(name)
-        return self.setting(name, default) if value in (None, "") else value
-
-    def _pool_key(self) -> str:
-        return self.conn_id or f"env:{self.ssh_settings().fingerprint}"
-
     # ----------------------------------------------------------------- transport
-
-    def session(self) -> SyncSession:
-        """The worker-side SSH connection, opened on first use and reused by every later call of this hook."""
-        self.load_connection()
-        if self._session is None:
-            self._session = SyncSession(self.ssh_settings())
-        return self._session
-
-    def run(self, command: str, stdin: bytes | None = None, timeout: float = 300.0) -> Result:
-        return self.session().run(command, stdin=stdin, timeout=timeout)
-
-    async def _entry(self) -> Any:
-        await self.aload_connection()
-        entry = AsyncPool.entry(self._pool_key(), self.ssh_settings())
-        if self._held is not entry:  # each hook holds this loop's connection once, until its aclose()
-            entry.holders += 1
-            self._held = entry
-        return entry
-
-    def close(self) -> None:
-        if self._session is not None:
-            self._session.close()
 
     def probe_connection(self) -> str:
         """SSH to a login node with the connection's credentials and list its partitions (``sinfo``)."""
@@ -244,240 +134,6 @@ class SlurmHook(TAOPlatformHook):
         return found
 
     # ----------------------------------------------------------------- validation (before submission)
-
-    def image_required(self, spec: JobSpec) -> str | None:
-        """Only pyxis needs an image: ``none`` runs on the nodes' OS, ``oci`` runs a bundle folder."""
-        runtime = str(self._detail(spec, "container_runtime", "pyxis")).lower()
-        return "is required with container_runtime=pyxis" if runtime == "pyxis" else None
-
-    def plan(self, spec: JobSpec) -> ss.SbatchPlan:
-        """Every scheduling decision for ``spec``; bad input raises :class:`JobValidationError`."""
-        unknown = set(self.platform_details(spec)) - BACKEND_KEYS
-        if unknown:
-            raise JobValidationError(
-                "backend_details", f"unknown key(s) {sorted(unknown)}", f"Use: {', '.join(sorted(BACKEND_KEYS))}"
-            )
-        runtime = str(self._detail(spec, "container_runtime", "pyxis")).lower()
-        if runtime not in ss.RUNTIMES:
-            raise JobValidationError("container_runtime", f"{runtime!r} is not supported", f"Use {ss.RUNTIMES}")
-        words = {key: self._detail(spec, key) for key in ("partition", "account", *_DIRECTIVES)}
-        for key, value in words.items():
-            if value is not None and not ss.SAFE_WORD.match(str(value)):
-                raise JobValidationError(key, f"{value!r} has characters Slurm names never have", "Fix the value")
-        gpus_per_node = int(self._detail(spec, "gpus_per_node", 8))
-        nodes, per_node, exclusive = spec.num_nodes, spec.gpu_count, False
-        if spec.gpu_count == -1:
-            per_node, exclusive = gpus_per_node, gpus_per_node > 0
-        elif spec.gpu_count > 0 and gpus_per_node <= 0:
-            raise JobValidationError(
-                "gpu_count", f"asked for {spec.gpu_count} GPU(s) but gpus_per_node is {gpus_per_node}",
-                "Use gpu_count=0 on a CPU-only cluster, or set the connection's gpus_per_node",
-            )  # fmt: skip
-        elif gpus_per_node > 0 and spec.gpu_count >= gpus_per_node:
-            # The seeds' rule: a request of at least a full node is exclusive, in whole nodes of GPUs.
-            nodes = max(spec.num_nodes, math.ceil(spec.gpu_count / gpus_per_node))
-            per_node, exclusive = gpus_per_node, True
-        cpus = int(self._detail(spec, "cpus_per_task", 16))
-        if cpus < 1:
-            raise JobValidationError("cpus_per_task", f"{cpus} is not allowed", "Use 1 or more")
-        minutes = self._time_minutes(spec)
-        timeout = self._detail(spec, "timeout_hours")
-        inner = float(timeout) * 60 if timeout not in (None, "") else minutes - 12
-        inner = min(inner, minutes - 12)  # the inner guard must fire before Slurm's own kill
-        directives = tuple((flag, str(words[key])) for key, flag in _DIRECTIVES.items() if words[key] is not None)
-        container, mounts, env_names, sqsh, enroot = self._container(spec, runtime)
-        return ss.SbatchPlan(
-            nodes=nodes,
-            gpus_per_node=max(per_node, 0),
-            cpus_per_task=cpus,
-            time_minutes=minutes,
-            timeout_minutes=inner if inner >= 1 else None,
-            runtime=runtime,
-            partition=words["partition"],
-            account=words["account"],
-            exclusive=exclusive,
-            container=container,
-            container_mounts=mounts,
-            container_env=env_names,
-            sqsh_cache=sqsh,
-            enroot_uri=enroot,
-            force_reconvert=bool(
-                sqsh and spec.image and spec.image.endswith(":latest")
-                and _truthy(self._detail(spec, "force_reconvert_latest", False))
-            ),
-            master_port=int(self._detail(spec, "master_port", 29500)),
-            directives=directives,
-        )  # fmt: skip
-
-    def _time_minutes(self, spec: JobSpec) -> float:
-        if spec.backend_details.get("time_minutes") not in (None, ""):
-            minutes = float(spec.backend_details["time_minutes"])
-        else:
-            minutes = float(self._detail(spec, "time_hours", 4)) * 60
-        max_hours = float(self.setting("max_time_hours", 4))
-        if minutes <= 0:
-            raise JobValidationError("time_hours", f"{minutes / 60:g} h is not allowed", "Use a positive wall time")
-        if minutes > max_hours * 60:
-            raise JobValidationError(
-                "time_hours",
-                f"{minutes / 60:g} h is above this connection's max_time_hours ({max_hours:g} h)",
-                "Ask for less time, or use a connection / partition that allows longer jobs",
-            )
-        return minutes
-
-    def _container(self, spec: JobSpec, runtime: str) -> tuple[Any, ...]:
-        """(container, mounts, env names for pyxis, sqsh cache file, enroot URI) of the runtime."""
-        if runtime == "none":
-            if spec.image:
-                self.log.info("container_runtime=none: image %r is not used; the job runs on the nodes' OS", spec.image)
-            return None, (), (), None, None
-        if runtime == "oci":
-            bundle = self._detail(spec, "oci_bundle") or (
-                spec.image if spec.image and spec.image.startswith("/") else None
-            )
-            if not bundle or not ss.SAFE_PATH.match(str(bundle)):
-                raise JobValidationError(
-                    "oci_bundle",
-                    f"container_runtime=oci needs an OCI bundle folder on the cluster (got {bundle!r})",
-                    "Pass image='/path/to/bundle' or backend_details={'oci_bundle': '/path/to/bundle'}",
-                )
-            return str(bundle), (), (), None, None
-        if not spec.image:
-            raise JobValidationError("image", "container_runtime=pyxis needs an image", "Give the image")
-        image = ss.pyxis_image(spec.image)
-        if any(c in image for c in "\n'\"`$\\ ;"):
-            raise JobValidationError("image", f"{spec.image!r} is not an image reference", "Fix the image")
-        mounts = [m.strip() for m in str(self._detail(spec, "container_mounts", "/lustre")).split(",") if m.strip()]
-        root = self.results_root
-        if not any(root == m.split(":")[0] or root.startswith(m.split(":")[0].rstrip("/") + "/") for m in mounts):
-            mounts.append(f"{root}:{root}")
-        for mount in mounts:
-            if not all(ss.SAFE_PATH.match(p) or p in ("ro", "rw") for p in mount.split(":")):
-                raise JobValidationError("container_mounts", f"{mount!r} is not SRC[:DST[:ro]]", "Fix the mount")
-        names = tuple(sorted(self._job_env_names(spec)))
-        if image.startswith("/") or not _truthy(self._detail(spec, "use_sqsh", True)):
-            return image, tuple(mounts), names, None, None
-        cache_dir = str(self.setting("sqsh_cache_dir") or f"{root}/.sqsh")
-        return image, tuple(mounts), names, f"{cache_dir}/{ss.sqsh_cache_name(image)}", f"docker://{image}"
-
-    def _job_env_names(self, spec: JobSpec) -> set[str]:
-        names = {*spec.env, *spec.secret_env, "TAO_JOB_ID", "TAO_JOB_NAME", "TAO_JOB_FILES", "PYTHONUNBUFFERED"}
-        names |= {"TAO_RESULTS_URI"} if spec.results_uri else set()
-        names |= set() if (spec.results_uri or "").startswith("s3://") else {"TAO_RESULTS_ROOT"}
-        if spec.num_nodes > 1:
-            names |= set(MULTI_NODE_VARS)
-        return names
-
-    def default_results_root(self) -> str:
-        """``<results_root>/results`` on the shared filesystem (``TAO_RESULTS_ROOT`` of every job)."""
-        return f"{self.results_root}/results"
-
-    def results_root_for(self, spec: JobSpec) -> str:
-        """The results root of ``spec``: its ``results_uri`` (a cluster path or ``s3://``), else the default.
-        Worker-local places (``file://``, relative paths) are rejected: the job cannot see them."""
-        uri = spec.results_uri
-        if not uri:
-            return self.default_results_root()
-        if uri.startswith("s3://"):
-            return uri.rstrip("/")
-        path = ss.cluster_path(uri)
-        if path is None or not ss.SAFE_PATH.match(path):
-            raise JobValidationError(
-                "results_uri",
-                f"{uri!r} is not a folder on the cluster",
-                "SLURM jobs cannot write to the Airflow worker: use lustre:///abs/path, an absolute cluster path, "
-                "or s3://bucket/prefix",
-            )
-        return path.rstrip("/")
-
-    def results_dir_for(self, spec: JobSpec) -> str:
-        return f"{self.results_root_for(spec)}/{spec.job_id}"
-
-    def _inputs(self, spec: JobSpec) -> list[str]:
-        """Cluster paths of the declared inputs (``backend_details['inputs']``); local paths are rejected."""
-        inputs = spec.backend_details.get("inputs") or []
-        if isinstance(inputs, str) or not isinstance(inputs, list | tuple):
-            raise JobValidationError("backend_details['inputs']", f"{inputs!r} is not a list", "Pass a list of URIs")
-        paths = []
-        for uri in inputs:
-            paths += [p for p in [self._cluster_input(str(uri))] if p]
-        return paths
-
-    def _cluster_input(self, uri: str) -> str | None:
-        path = ss.cluster_path(uri)
-        if path is not None:
-            if not ss.SAFE_PATH.match(path):
-                raise JobValidationError("inputs", f"{uri!r} has characters this platform does not stage", "Rename it")
-            return path
-        if uri.startswith(("s3://", "hf_model://", "hf_dataset://", "ngc://")):
-            return None  # fetched by the in-job runner, not a cluster path
-        raise JobValidationError(
-            "inputs",
-            f"{uri!r} is a path on the Airflow worker, which SLURM jobs cannot see"
-            if uri.startswith("file://") or (not uri.startswith(("/",)) and "://" not in uri)
-            else f"{uri!r} has an unsupported scheme",
-            "Stage the data on the cluster's shared filesystem and use lustre:///abs/path or an absolute cluster path",
-        )
-
-    def validate_spec(self, spec: JobSpec) -> None:
-        super().validate_spec(spec)
-        plan = self.plan(spec)
-        self.results_root_for(spec)
-        inputs = self._inputs(spec)
-        if spec.job_id in self._preflights:
-            return
-        uses_runner = "runner.json" in spec.files
-        needs_s3 = b"s3://" in spec.files.get("runner.json", b"") or (spec.results_uri or "").startswith("s3://")
-        checked = [*inputs, *([f"{plan.container}/config.json"] if plan.runtime == "oci" else [])]
-        partitions = [p for p in (plan.partition or "").split(",") if p] or None
-        command = scmd.preflight_command(partitions, checked, plan.runtime == "none" and uses_runner, needs_s3)
-        result = scmd.parse_preflight(self.run(command, timeout=60).text)
-        self._check_preflight(result, plan, checked, inputs, needs_s3)
-        self._preflights[spec.job_id] = result
-
-    def _check_preflight(
-        self, result: dict[str, Any], plan: ss.SbatchPlan, checked: list[str], inputs: list[str], needs_s3: bool
-    ) -> None:
-        parts: dict[str, tuple[float | None, bool]] = result["partitions"]
-        wanted = [p for p in (plan.partition or "").split(",") if p] or [n for n, (_, d) in parts.items() if d]
-        missing = [p for p in wanted if p not in parts]
-        if missing or not wanted:
-            raise JobValidationError(
-                "partition",
-                f"partition(s) {missing or '(cluster default)'} not found on the cluster "
-                f"(sinfo: {sorted(parts) or result['sinfo_errors']})",
-                "Use an existing partition",
-            )
-        limits = [parts[p][0] for p in wanted]
-        if all(limit is not None and plan.time_minutes > limit for limit in limits):
-            shown = ", ".join(f"{p} {ss.format_slurm_time(parts[p][0] or 0)}" for p in wanted)
-            raise JobValidationError(
-                "time_hours",
-                f"{plan.time_minutes / 60:g} h is above the partition maximum ({shown}); Slurm would keep the job "
-                "PENDING (PartitionTimeLimit) forever",
-                "Ask for less time or use a partition that allows it",
-            )
-        absent = [path for index, path in enumerate(checked) if not result["inputs"].get(index)]
-        if absent:
-            what = "input(s)" if set(absent) <= set(inputs) else "path(s)"
-            raise JobValidationError(
-                "inputs", f"{what} not found on the cluster: {absent}", "Stage them on the shared filesystem first"
-            )
-        python = result["python"]
-        if python is not None:
-            version = tuple(int(x) for x in python.split(".")[:2]) if python[:1].isdigit() else None
-            if version is None or version < (3, 8):
-                raise JobValidationError(
-                    "container_runtime",
-                    f"the nodes have no python3 >= 3.8 (login node: {python}); the TAO runner needs it on bare metal",
-                    "Install python3 >= 3.8 on the cluster, or run in a container (pyxis / oci)",
-                )
-            if needs_s3 and result["boto3"] is False:
-                raise JobValidationError(
-                    "container_runtime",
-                    "the nodes' python3 has no boto3, which S3 inputs/outputs need on bare metal",
-                    "pip install --user boto3 on the cluster, or run in a container that has it",
-                )
 
     # ----------------------------------------------------------------- submit
 
@@ -744,12 +400,6 @@ class SlurmHook(TAOPlatformHook):
             self.run(f"rm -f -- {shlex.quote(env_file)}", timeout=60)
         except Exception as exc:  # best effort: the file stays private to the cluster user
             self.log.warning("Could not delete %s of job %s: %s", env_file, handle.job_id, exc)
-
-    async def aclose(self) -> None:
-        """Let go of this event loop's SSH connection; the last hook holding it closes it."""
-        entry, self._held = self._held, None
-        if entry is not None:
-            AsyncPool.release(entry)
 
     def failure_facts(self, handle: JobHandle) -> FailureFacts:
         layout = self.layout(handle.job_id, handle.name)
