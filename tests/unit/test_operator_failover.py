@@ -16,7 +16,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
 from airflow_provider_tao.operators.failover import CHAIN_KEY, XCOM_ATTEMPTS
-from airflow_provider_tao.operators.submit import STATE_KEY, TAOSubmitOperator
+from airflow_provider_tao.operators.submit import TAOSubmitOperator
+from airflow_provider_tao.records import STATE_KEY
 from airflow_provider_tao.triggers.job import TAOJobTrigger
 from tests.unit.fakes import FakeHook, Store, make_context
 
