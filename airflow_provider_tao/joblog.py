@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 
-from airflow_provider_tao.hooks.base import redact
+from airflow_provider_tao.hooks.shared.secrets import redact
 
 #: Longest unfinished line kept for its newline; beyond it the text is written as a line of its own.
 MAX_PARTIAL_CHARS = 16384

@@ -69,11 +69,22 @@ class TAOResultsLink(BaseOperatorLink):
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         from airflow.sdk.execution_time.xcom import XCom
 
-        from airflow_provider_tao.hooks.base import results_link
-
         if _nothing_submitted(operator):
             return ""
         results_dir = XCom.get_value(key=XCOM_RESULTS_DIR, ti_key=ti_key)
         if not results_dir:
             return ""
         return results_link(str(results_dir)) or _job_page(ti_key) + "#results"
+
+
+def results_link(uri: str) -> str:
+    """A web link of a results location: the S3 console for ``s3://bucket/key``, http(s) URIs as they are, else ""."""
+    from urllib.parse import quote
+
+    if uri.startswith(("http://", "https://")):
+        return uri
+    if uri.startswith("s3://"):
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        prefix = quote(key.rstrip("/") + "/", safe="/") if key else ""
+        return f"https://s3.console.aws.amazon.com/s3/buckets/{quote(bucket)}?prefix={prefix}"
+    return ""

@@ -80,7 +80,7 @@ def secrets_received(conn_ids: Sequence[str]) -> list[str]:
 
 def _secrets_of(conn_id: str, conn: Any, extras: dict[str, Any]) -> list[str]:
     from airflow_provider_tao.hooks import get_platform_hook, platform_for_conn_type
-    from airflow_provider_tao.hooks.base import connection_secrets
+    from airflow_provider_tao.hooks.shared.secrets import connection_secrets
 
     values = connection_secrets(conn, extras) + kubeconfig_secrets(extras.get("kube_config"))
     platform = platform_for_conn_type(conn.conn_type or "")

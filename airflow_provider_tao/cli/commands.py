@@ -18,7 +18,8 @@ from airflow.utils.providers_configuration_loader import providers_configuration
 from airflow.utils.session import create_session
 
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
-from airflow_provider_tao.hooks.base import TAOPlatformHook, redact, secrets_of
+from airflow_provider_tao.hooks.base import TAOPlatformHook
+from airflow_provider_tao.hooks.shared.secrets import redact, secrets_of
 from airflow_provider_tao.jobindex import (
     WANTED_TI_STATES,
     IndexedJob,

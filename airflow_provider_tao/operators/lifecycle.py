@@ -14,7 +14,8 @@ from airflow.sdk.exceptions import (
 
 from airflow_provider_tao import settings
 from airflow_provider_tao.hooks import get_platform_hook
-from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError, register_secrets
+from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError
+from airflow_provider_tao.hooks.shared.secrets import register_secrets
 from airflow_provider_tao.joblog import JobLogWriter
 from airflow_provider_tao.jobs import (
     NOT_FOUND_POLLS,

@@ -17,7 +17,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
-from airflow_provider_tao.hooks.base import secrets_of
+from airflow_provider_tao.hooks.shared.secrets import secrets_of
 from airflow_provider_tao.jobindex import IndexedJob, gpu_hours_by_dag_and_day, load_jobs
 from airflow_provider_tao.joblog import readable_log
 from airflow_provider_tao.plugins import pages

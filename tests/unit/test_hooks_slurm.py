@@ -26,7 +26,8 @@ import pytest
 
 from airflow_provider_tao.failures import classify
 from airflow_provider_tao.hooks import get_platform_hook, hook_class, platform_for_conn_type
-from airflow_provider_tao.hooks.base import JobValidationError, render_env_file
+from airflow_provider_tao.hooks.base import JobValidationError
+from airflow_provider_tao.hooks.shared.env import render_env_file
 from airflow_provider_tao.hooks.slurm import SlurmHook
 from airflow_provider_tao.hooks.slurm import commands as scmd
 from airflow_provider_tao.hooks.slurm import logs as slog

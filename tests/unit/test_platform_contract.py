@@ -10,12 +10,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_tao.hooks import PLATFORMS
-from airflow_provider_tao.hooks.base import (
-    MULTI_NODE_VARS,
-    OPERATOR_DETAIL_KEYS,
-    TAOPlatformHook,
-    multi_node_env,
-)
+from airflow_provider_tao.hooks.base import OPERATOR_DETAIL_KEYS, TAOPlatformHook
+from airflow_provider_tao.hooks.shared.env import MULTI_NODE_VARS, multi_node_env
 from airflow_provider_tao.hooks.slurm import SlurmHook
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobStatus
 from airflow_provider_tao.triggers.job import StatusPoller

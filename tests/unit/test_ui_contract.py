@@ -13,9 +13,9 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_provider_tao import settings
 from airflow_provider_tao.get_provider_info import CONNECTION_FORMS, get_provider_info
-from airflow_provider_tao.hooks.base import ConnectionProblem, TAOPlatformHook, results_link
+from airflow_provider_tao.hooks.base import ConnectionProblem, TAOPlatformHook
 from airflow_provider_tao.jobs import JobHandle, JobState
-from airflow_provider_tao.links import TAOJobLink, TAOResultsLink, job_page_path
+from airflow_provider_tao.links import TAOJobLink, TAOResultsLink, job_page_path, results_link
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
 from airflow_provider_tao.records import STATE_KEY, JobRecord
 from tests.unit.fakes import FakeHook, Store, make_context

@@ -9,14 +9,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_tao.hooks.base import (
-    register_secrets,
-)
 from airflow_provider_tao.hooks.brev import remote
 from airflow_provider_tao.hooks.brev.cli import BrevError
 from airflow_provider_tao.hooks.brev.session import BrevSessionHook
 from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.hooks.shared.cli import write_private_file
+from airflow_provider_tao.hooks.shared.secrets import register_secrets
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec
 
 DEFAULT_SHM_SIZE = "16g"

@@ -10,14 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any
 
-from airflow_provider_tao.hooks.base import (
-    JobValidationError,
-    TAOPlatformHook,
-    register_secrets,
-)
+from airflow_provider_tao.hooks.base import JobValidationError, TAOPlatformHook
 from airflow_provider_tao.hooks.brev import lease as leases
 from airflow_provider_tao.hooks.brev import remote
 from airflow_provider_tao.hooks.brev.cli import BrevError, BrevSession
+from airflow_provider_tao.hooks.shared.secrets import register_secrets
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobStatus
 
 #: An instance's page in the Brev console (the connection's ``console_url`` overrides it).

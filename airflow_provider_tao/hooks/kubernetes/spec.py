@@ -8,10 +8,7 @@ import json
 import time
 from typing import Any
 
-from airflow_provider_tao.hooks.base import (
-    MARK_OWNER,
-    multi_node_env,
-)
+from airflow_provider_tao.hooks.base import MARK_OWNER
 from airflow_provider_tao.hooks.kubernetes.api import KubernetesAPIHook
 from airflow_provider_tao.hooks.kubernetes.marks import mark_annotation
 from airflow_provider_tao.hooks.kubernetes.placement import node_selector, tolerations
@@ -25,6 +22,7 @@ from airflow_provider_tao.hooks.kubernetes.status import (
 )
 from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.hooks.shared.container import label_value
+from airflow_provider_tao.hooks.shared.env import multi_node_env
 from airflow_provider_tao.jobs import JobHandle, JobSpec
 
 RESULTS_MOUNT = "/results"

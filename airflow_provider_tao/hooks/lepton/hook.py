@@ -42,13 +42,7 @@ from typing import Any, TypeVar
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts, classify
-from airflow_provider_tao.hooks.base import (
-    MARK_OWNER,
-    JobSubmitError,
-    JobValidationError,
-    multi_node_env,
-    register_secrets,
-)
+from airflow_provider_tao.hooks.base import MARK_OWNER, JobSubmitError, JobValidationError
 from airflow_provider_tao.hooks.lepton.api import pull_secret_name, secret_prefix, status_of
 from airflow_provider_tao.hooks.lepton.files import FilesChannel, LeptonStagingHook, files_channel
 from airflow_provider_tao.hooks.lepton.marks import LeptonMarksHook
@@ -77,6 +71,8 @@ from airflow_provider_tao.hooks.lepton.status import (
 )
 from airflow_provider_tao.hooks.lepton.watch import LeptonWatchHook
 from airflow_provider_tao.hooks.shared import container as ct
+from airflow_provider_tao.hooks.shared.env import multi_node_env
+from airflow_provider_tao.hooks.shared.secrets import register_secrets
 from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobHandle, JobSpec, JobState, JobStatus
 
 T = TypeVar("T")

@@ -30,7 +30,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from airflow_provider_tao.accounting import JobUsage
-from airflow_provider_tao.hooks.base import LOG_READ_LIMIT, JobValidationError, render_env_file
+from airflow_provider_tao.hooks.base import LOG_READ_LIMIT, JobValidationError
+from airflow_provider_tao.hooks.shared.env import render_env_file
 from airflow_provider_tao.jobs import JobSpec, JobState, JobStatus
 
 LABEL_DOMAIN = "tao.nvidia.com"

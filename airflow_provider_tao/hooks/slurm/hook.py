@@ -37,12 +37,8 @@ from typing import Any
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts, classify
-from airflow_provider_tao.hooks.base import (
-    ConnectionProblem,
-    JobValidationError,
-    multi_node_env,
-    render_env_file,
-)
+from airflow_provider_tao.hooks.base import ConnectionProblem, JobValidationError
+from airflow_provider_tao.hooks.shared.env import multi_node_env, render_env_file
 from airflow_provider_tao.hooks.slurm import commands as scmd
 from airflow_provider_tao.hooks.slurm import logs as slog
 from airflow_provider_tao.hooks.slurm import script as ss

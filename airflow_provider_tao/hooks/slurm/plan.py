@@ -6,10 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from airflow_provider_tao.hooks.base import (
-    MULTI_NODE_VARS,
-    JobValidationError,
-)
+from airflow_provider_tao.hooks.base import JobValidationError
+from airflow_provider_tao.hooks.shared.env import MULTI_NODE_VARS
 from airflow_provider_tao.hooks.slurm import commands as scmd
 from airflow_provider_tao.hooks.slurm import script as ss
 from airflow_provider_tao.hooks.slurm.connection import SlurmConnectionHook, _truthy
