@@ -18,7 +18,7 @@ from .progress import Progress, Ticker
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from collections.abc import Callable, Mapping, Sequence
 
-    from .job import Job
+    from .view import JobView
 
 
 def _set_item(node: Any, key: Any, value: str) -> None:
@@ -53,7 +53,7 @@ class InputStaging:
     :param job: the run whose inputs these are.
     """
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: JobView) -> None:
         self.job = job
 
     def run(self) -> None:

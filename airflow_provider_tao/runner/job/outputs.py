@@ -20,7 +20,7 @@ from .tuning import env_int
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from collections.abc import Mapping, Sequence
 
-    from .job import Job
+    from .view import JobView
 
 
 class OutputUnit:
@@ -57,7 +57,7 @@ class Outputs:
     :param job: the run whose outputs these are.
     """
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: JobView) -> None:
         self.job = job
         self.units: list[OutputUnit] = []
 
