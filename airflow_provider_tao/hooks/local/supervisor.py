@@ -1,4 +1,4 @@
-"""The supervisor of one ``local`` job: ``python local_supervisor.py <job_dir>``.
+"""The supervisor of one ``local`` job: ``python supervisor.py <job_dir>`` (this file).
 
 Started by :class:`~airflow_provider_tao.hooks.local.LocalHook` as the leader of a new session, so the job outlives the
 Airflow worker and can be killed as one process group. It records its pid (= its process group), runs the command with
