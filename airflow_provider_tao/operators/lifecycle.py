@@ -6,25 +6,14 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import (
-    AirflowException,
-    AirflowFailException,
-    AirflowTaskTimeout,
-)
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
 from airflow_provider_tao import settings
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError
 from airflow_provider_tao.hooks.shared.secrets import register_secrets
 from airflow_provider_tao.joblog import JobLogWriter
-from airflow_provider_tao.jobs import (
-    NOT_FOUND_POLLS,
-    ErrClass,
-    JobHandle,
-    JobSpec,
-    JobState,
-    JobStatus,
-)
+from airflow_provider_tao.jobs import NOT_FOUND_POLLS, ErrClass, JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.operators.outcome import JobOutcomeMixin
 from airflow_provider_tao.outage import OutageLog
 from airflow_provider_tao.records import STATE_KEY

@@ -6,21 +6,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import (
-    AirflowException,
-    AirflowFailException,
-)
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_tao import settings
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks import get_platform_hook
-from airflow_provider_tao.jobs import (
-    ErrClass,
-    FailureAnalysis,
-    JobHandle,
-    JobState,
-    JobStatus,
-)
+from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobHandle, JobState, JobStatus
 from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESULTS_DIR
 from airflow_provider_tao.operators.failover import CapacityFailoverMixin
 from airflow_provider_tao.operators.staging import S3StagingMixin

@@ -29,18 +29,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, conf
-from airflow.sdk.exceptions import (
-    AirflowNotFoundException,
-)
+from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_tao import settings
 from airflow_provider_tao.connections import get_connection
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook, platform_for_conn_type
 from airflow_provider_tao.hooks.base import JobValidationError
-from airflow_provider_tao.jobs import (
-    JobHandle,
-    JobSpec,
-)
+from airflow_provider_tao.jobs import JobHandle, JobSpec
 from airflow_provider_tao.links import TAOJobLink, TAOResultsLink
 from airflow_provider_tao.operators.failover import seconds_of
 from airflow_provider_tao.operators.lifecycle import JobLifecycleMixin

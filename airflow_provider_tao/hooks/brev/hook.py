@@ -64,7 +64,7 @@ from airflow_provider_tao.hooks.brev.cli import BrevError, connection_problem
 from airflow_provider_tao.hooks.brev.instances import BrevInstancesHook
 from airflow_provider_tao.hooks.brev.launch import DEFAULT_LAUNCH_TIMEOUT, BrevLaunchHook
 from airflow_provider_tao.hooks.brev.reap import BrevReapHook
-from airflow_provider_tao.hooks.brev.session import _EXEC_STATES, CALL_TIMEOUT, PROBE_TIMEOUT, PROBE_WORKERS
+from airflow_provider_tao.hooks.brev.session import CALL_TIMEOUT, EXEC_STATES, PROBE_TIMEOUT, PROBE_WORKERS
 from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
@@ -255,10 +255,10 @@ class BrevHook(BrevInstancesHook, BrevLaunchHook, BrevReapHook):
         does not answer) raises: "no job" would let the operator start a second one."""
         instances = self.session.instances()
         if name in instances:
-            candidates = [name] if instances[name].get("status") in _EXEC_STATES else []
+            candidates = [name] if instances[name].get("status") in EXEC_STATES else []
         else:
             candidates = sorted(
-                n for n, e in instances.items() if e.get("status") in _EXEC_STATES and not _TASK_INSTANCE.search(n)
+                n for n, e in instances.items() if e.get("status") in EXEC_STATES and not _TASK_INSTANCE.search(n)
             )
         found: list[tuple[str, remote.FoundContainer]] = []
         for instance in candidates:
@@ -312,7 +312,7 @@ class BrevHook(BrevInstancesHook, BrevLaunchHook, BrevReapHook):
         by_instance: dict[str, list[JobHandle]] = {}
         for handle in pending:
             by_instance.setdefault(handle.backend_job_id, []).append(handle)
-        probed = [name for name in by_instance if (instances.get(name) or {}).get("status") in _EXEC_STATES]
+        probed = [name for name in by_instance if (instances.get(name) or {}).get("status") in EXEC_STATES]
         probes: dict[str, remote.InstanceProbe | str] = {}
         if probed:
             with ThreadPoolExecutor(max_workers=min(PROBE_WORKERS, len(probed))) as pool:
@@ -441,7 +441,7 @@ class BrevHook(BrevInstancesHook, BrevLaunchHook, BrevReapHook):
             return True
         grace = int(self._number("cancel_grace_seconds", 10))
         outside = None  # who canceled the job from outside its task (a person, the reaper), as its marks say
-        if entry.get("status") in _EXEC_STATES:
+        if entry.get("status") in EXEC_STATES:
             answer = self._call(instance, remote.stop(handle.job_id, grace), timeout=CALL_TIMEOUT + grace)
             if answer is None and not self._ephemeral(handle):
                 raise BrevError(
@@ -487,7 +487,7 @@ class BrevHook(BrevInstancesHook, BrevLaunchHook, BrevReapHook):
         instance = handle.backend_job_id
         entry = self.session.instances().get(instance) or {}
         gpu = str(entry.get("gpu") or "")
-        probe = self._probe(instance, [handle]) if entry.get("status") in _EXEC_STATES else None
+        probe = self._probe(instance, [handle]) if entry.get("status") in EXEC_STATES else None
         found = probe.containers.get(handle.job_id) if isinstance(probe, remote.InstanceProbe) else None
         if found is None:
             usage = super().get_job_usage(handle)
@@ -517,7 +517,7 @@ class BrevHook(BrevInstancesHook, BrevLaunchHook, BrevReapHook):
         """The job's marks, read on its instance (none while the instance is not running: reading would start a
         stopped one)."""
         entry = self.session.instances().get(handle.backend_job_id)
-        if entry is None or entry.get("status") not in _EXEC_STATES:
+        if entry is None or entry.get("status") not in EXEC_STATES:
             return {}
         answer = self._call(handle.backend_job_id, remote.probe({handle.job_id: "-"}))
         if answer is None:
@@ -528,7 +528,7 @@ class BrevHook(BrevInstancesHook, BrevLaunchHook, BrevReapHook):
         """Keep a mark next to the job on its instance; not on an instance that is not running (``brev exec`` would
         start a stopped one: GPU hours for a mark). Its job is not running either, and the mark is not needed."""
         entry = self.session.instances().get(handle.backend_job_id)
-        if entry is None or entry.get("status") not in _EXEC_STATES:
+        if entry is None or entry.get("status") not in EXEC_STATES:
             status = (entry or {}).get("status", "gone")
             self.log.info(
                 "Instance %s is %s: mark %s of job %s not kept", handle.backend_job_id, status, key, handle.job_id

@@ -9,9 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_provider_tao import settings
-from airflow_provider_tao.hooks.base import (
-    JobValidationError,
-)
+from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.brev import lease as leases
 from airflow_provider_tao.hooks.brev import remote
 from airflow_provider_tao.hooks.brev.cli import BrevError

@@ -25,7 +25,7 @@ PROBE_TIMEOUT = 30.0
 CALL_TIMEOUT = 60.0
 #: Parallel probes of the instances of one poll.
 PROBE_WORKERS = 8
-_EXEC_STATES = ("RUNNING", "UNHEALTHY")  # states in which a probe may answer (never exec a stopped instance: it starts)
+EXEC_STATES = ("RUNNING", "UNHEALTHY")  # states in which a probe may answer (never exec a stopped instance: it starts)
 
 
 class BrevSessionHook(TAOPlatformHook):
@@ -119,7 +119,7 @@ class BrevSessionHook(TAOPlatformHook):
 
     def _scan_all(self, instances: Mapping[str, Mapping[str, Any]]) -> dict[str, leases.Scan]:
         """:meth:`_scan` of every instance that may be exec'd (never a stopped one: exec would start it)."""
-        readable = sorted(name for name, entry in instances.items() if entry.get("status") in _EXEC_STATES)
+        readable = sorted(name for name, entry in instances.items() if entry.get("status") in EXEC_STATES)
         if not readable:
             return {}
         with ThreadPoolExecutor(max_workers=min(PROBE_WORKERS, len(readable))) as pool:

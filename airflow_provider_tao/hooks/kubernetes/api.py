@@ -7,9 +7,7 @@ import time
 from functools import cached_property
 from typing import Any
 
-from airflow_provider_tao.hooks.base import (
-    TAOPlatformHook,
-)
+from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.hooks.shared import container as ct
 
 DEFAULT_NAMESPACE = "default"

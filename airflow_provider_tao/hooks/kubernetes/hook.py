@@ -42,11 +42,7 @@ from typing import Any
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
-from airflow_provider_tao.hooks.base import (
-    ConnectionProblem,
-    JobSubmitError,
-    JobValidationError,
-)
+from airflow_provider_tao.hooks.base import ConnectionProblem, JobSubmitError, JobValidationError
 from airflow_provider_tao.hooks.kubernetes.errors import explain, kubernetes_problem, refusal_class
 from airflow_provider_tao.hooks.kubernetes.logs import TAIL_READ_BYTES, PodLogRead, log_refusal_expected
 from airflow_provider_tao.hooks.kubernetes.marks import KubernetesMarksHook

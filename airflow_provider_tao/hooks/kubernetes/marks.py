@@ -7,12 +7,7 @@ import contextlib
 import json
 from typing import Any
 
-from airflow_provider_tao.hooks.base import (
-    MARK_CANCEL,
-    MARK_CANCELED_BY,
-    MARK_CONSUMED,
-    MARK_OWNER,
-)
+from airflow_provider_tao.hooks.base import MARK_CANCEL, MARK_CANCELED_BY, MARK_CONSUMED, MARK_OWNER
 from airflow_provider_tao.hooks.kubernetes.api import KubernetesAPIHook
 from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import JobHandle

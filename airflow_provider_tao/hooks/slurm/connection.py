@@ -5,11 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_tao.hooks.base import (
-    ConnectionProblem,
-    JobValidationError,
-    TAOPlatformHook,
-)
+from airflow_provider_tao.hooks.base import ConnectionProblem, JobValidationError, TAOPlatformHook
 from airflow_provider_tao.hooks.slurm import script as ss
 from airflow_provider_tao.hooks.slurm.ssh import AsyncPool, Result, SlurmTransportError, SSHSettings, SyncSession
 from airflow_provider_tao.jobs import JobSpec
@@ -36,7 +32,7 @@ def ssh_problem(exc: SlurmTransportError) -> ConnectionProblem:
     return ConnectionProblem("unreachable", f"no login host answered on SSH ({hosts}); check host, port and network")
 
 
-def _truthy(value: Any) -> bool:
+def truthy(value: Any) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
@@ -61,7 +57,7 @@ class SlurmConnectionHook(TAOPlatformHook):
         user = self.setting("login")
         if not user:
             raise JobValidationError("login", "no login user configured", "Set the connection login or SLURM_USER")
-        host_key, no_check = self.setting("host_key"), _truthy(self.setting("no_host_key_check", False))
+        host_key, no_check = self.setting("host_key"), truthy(self.setting("no_host_key_check", False))
         if host_key and no_check:
             raise JobValidationError(
                 "host_key", "is set together with no_host_key_check", "Remove one of them (checking is the default)"

@@ -10,7 +10,7 @@ from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.shared.env import MULTI_NODE_VARS
 from airflow_provider_tao.hooks.slurm import commands as scmd
 from airflow_provider_tao.hooks.slurm import script as ss
-from airflow_provider_tao.hooks.slurm.connection import SlurmConnectionHook, _truthy
+from airflow_provider_tao.hooks.slurm.connection import SlurmConnectionHook, truthy
 from airflow_provider_tao.jobs import JobSpec
 
 BACKEND_KEYS = frozenset(
@@ -88,7 +88,7 @@ class SlurmPlanHook(SlurmConnectionHook):
             enroot_uri=enroot,
             force_reconvert=bool(
                 sqsh and spec.image and spec.image.endswith(":latest")
-                and _truthy(self._detail(spec, "force_reconvert_latest", False))
+                and truthy(self._detail(spec, "force_reconvert_latest", False))
             ),
             master_port=int(self._detail(spec, "master_port", 29500)),
             directives=directives,
@@ -140,7 +140,7 @@ class SlurmPlanHook(SlurmConnectionHook):
             if not all(ss.SAFE_PATH.match(p) or p in ("ro", "rw") for p in mount.split(":")):
                 raise JobValidationError("container_mounts", f"{mount!r} is not SRC[:DST[:ro]]", "Fix the mount")
         names = tuple(sorted(self._job_env_names(spec)))
-        if image.startswith("/") or not _truthy(self._detail(spec, "use_sqsh", True)):
+        if image.startswith("/") or not truthy(self._detail(spec, "use_sqsh", True)):
             return image, tuple(mounts), names, None, None
         cache_dir = str(self.setting("sqsh_cache_dir") or f"{root}/.sqsh")
         return image, tuple(mounts), names, f"{cache_dir}/{ss.sqsh_cache_name(image)}", f"docker://{image}"
