@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tao.hooks.base import LOG_READ_LIMIT, JobValidationError
+from airflow_provider_tao.hooks.docker import client as docker_client
 from airflow_provider_tao.hooks.docker import hook as dk
 from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
@@ -59,7 +60,7 @@ def test_defaults_without_any_setting(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     hook = dk.TAODockerHook(None)
     hook.load_connection()
-    assert (hook.base_url, hook.network, hook.auto_remove) == (dk.DEFAULT_SOCKET, "tao_default", False)
+    assert (hook.base_url, hook.network, hook.auto_remove) == (docker_client.DEFAULT_SOCKET, "tao_default", False)
 
 
 def test_registry_credentials_go_to_the_pull_of_matching_images_only(monkeypatch: pytest.MonkeyPatch) -> None:

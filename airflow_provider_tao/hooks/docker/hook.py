@@ -11,46 +11,40 @@ inspected once, when it has just ended (exit code, OOM flag), and that verdict i
 small files in the container (``/tao-job/marks``), read and written through the archive API, which works on
 running and exited containers alike. Containers are kept after they end (``docker logs`` and the exit code stay
 readable) unless the connection sets ``auto_remove``: then they are removed once the task has read the verdict.
+
+The hook is made of parts, one module each: the connection's settings and daemon client
+(:mod:`~airflow_provider_tao.hooks.docker.client`) and the creation of a job's container
+(:mod:`~airflow_provider_tao.hooks.docker.submit`); this module joins them and adds find, status, logs, cancel and
+marks.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
 from airflow_provider_tao.hooks.base import (
     MARK_CANCEL,
-    MARK_OWNER,
-    ConnectionProblem,
-    JobSubmitError,
     JobValidationError,
-    TAOPlatformHook,
 )
+from airflow_provider_tao.hooks.docker.submit import DockerSubmitHook
 from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.hooks.shared.container import container_name
-from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
+from airflow_provider_tao.jobs import JobHandle, JobState, JobStatus
 
 if TYPE_CHECKING:
     from docker import APIClient
 
-DEFAULT_SOCKET = "unix:///var/run/docker.sock"
-DEFAULT_NETWORK = "tao_default"
-DEFAULT_SHM_SIZE = "16g"
-DEFAULT_REGISTRY_LOGIN = "$oauthtoken"
 #: Parallel reads of the verdicts of containers that ended since the last poll.
 FINAL_READ_WORKERS = 8
 
 
-class TAODockerHook(TAOPlatformHook):
+class TAODockerHook(DockerSubmitHook):
     """Runs jobs as containers on a Docker daemon, through the docker provider's ``DockerHook`` client.
 
     Connection type ``tao_docker`` (optional: without a connection the environment decides). Fields:
@@ -79,76 +73,7 @@ class TAODockerHook(TAOPlatformHook):
     marks_storage = "small files inside the job's container (/tao-job/marks), through the archive API"
     env_fallbacks = {"host": "DOCKER_HOST", "network": "DOCKER_NETWORK", "auto_remove": "DOCKER_AUTO_REMOVE"}
 
-    def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
-        super().__init__(conn_id, **kwargs)
-        self._ended: dict[str, JobStatus] = {}  # container name -> its final status (an ended container is final)
-        self._lock = threading.Lock()
-        self._network_ready = False
-        self._tegra: bool | None = None
-
     # ----------------------------------------------------------------- settings and client
-
-    @property
-    def base_url(self) -> str:
-        self.load_connection()
-        return str(self.setting("host", DEFAULT_SOCKET))
-
-    @property
-    def network(self) -> str:
-        self.load_connection()
-        return str(self.setting("network", DEFAULT_NETWORK))
-
-    @property
-    def auto_remove(self) -> bool:
-        self.load_connection()
-        return str(self.setting("auto_remove", "false")).strip().lower() in ("1", "true", "yes", "on")
-
-    @property
-    def cancel_grace_seconds(self) -> int:
-        self.load_connection()
-        return max(0, int(float(self.setting("cancel_grace_seconds", 10))))
-
-    def default_results_root(self) -> str | None:
-        self.load_connection()
-        root = self.setting("results_root")
-        return str(root).rstrip("/") if root else None
-
-    def _daemon(self) -> tuple[str, Any]:
-        """The daemon's URL (``https://`` when the connection has TLS files) and its TLS config."""
-        from airflow.providers.docker.hooks.docker import DockerHook
-
-        self.load_connection()
-        tls = DockerHook.construct_tls_config(
-            ca_cert=self.setting("tls_ca_cert"),
-            client_cert=self.setting("tls_client_cert"),
-            client_key=self.setting("tls_client_key"),
-        )
-        url = self.base_url
-        if tls and url.startswith("tcp://"):
-            url = "https://" + url.removeprefix("tcp://")
-        return url, tls
-
-    @cached_property
-    def client(self) -> APIClient:
-        """The docker provider's client for the connection's daemon (no registry login: pulls carry their auth)."""
-        from airflow.providers.docker.hooks.docker import DockerHook
-
-        url, tls = self._daemon()
-        return DockerHook(docker_conn_id=None, base_url=url, version="auto", tls=tls).api_client
-
-    def probe_connection(self) -> str:
-        """Ping the daemon and read its version (``GET /_ping``, ``GET /version``)."""
-        from docker import APIClient
-
-        url, tls = self._daemon()
-        try:
-            # docker's own client: the provider's hook replaces the reason of a failure with a generic message
-            with APIClient(base_url=url, version="auto", tls=tls, timeout=30) as client:
-                client.ping()
-                version = client.version()
-        except Exception as exc:
-            raise docker_problem(self.base_url, exc) from exc
-        return f"Docker {version.get('Version')} (API {version.get('ApiVersion')}) at {self.base_url}"
 
     def job_location(self, handle: JobHandle) -> dict[str, str]:
         name = container_name(handle.job_id)
@@ -175,168 +100,9 @@ class TAODockerHook(TAOPlatformHook):
                          "why": "created but never started: its submitting worker died"})  # fmt: skip
         return rows
 
-    async def aclose(self) -> None:
-        if "client" in self.__dict__:
-            self.__dict__.pop("client").close()
-
     # ----------------------------------------------------------------- validation
 
-    def image_required(self, spec: JobSpec) -> str | None:
-        return "is required on the docker platform: every job is a container"
-
-    def validate_spec(self, spec: JobSpec) -> None:
-        super().validate_spec(spec)
-        ct.check_container_details(spec, self.platform_details(spec), ct.CONTAINER_DETAIL_KEYS, self.platform)
-        if spec.results_uri and not spec.results_uri.startswith(("s3://", "/")):
-            raise JobValidationError(
-                "results_uri",
-                f"{spec.results_uri!r} is neither a folder on the daemon's host nor an s3:// URI",
-                "Use s3:// with storage_conn_id, or set results_root on the tao_docker connection",
-            )
-
     # ----------------------------------------------------------------- submit
-
-    def create_job(self, spec: JobSpec, try_number: int = 1) -> JobHandle:
-        from docker.errors import APIError, ImageNotFound
-
-        self.validate_spec(spec)
-        assert spec.image is not None, "image_required() makes the operator demand one"
-        details = self.platform_details(spec)
-        self._ensure_network()
-        results_root = spec.results_uri if spec.results_uri and spec.results_uri.startswith("/") else None
-        results_root = results_root or self.default_results_root()
-        handle = self.new_handle(spec, try_number)
-        name = container_name(spec.job_id)
-        env = self.tao_env(spec, files_dir=ct.FILES_DIR, results_root=results_root)
-        env.update(self._gpu_env(spec))
-        create: dict[str, Any] = {
-            "image": spec.image,
-            "command": ct.launcher_argv(spec.command),
-            "name": name,
-            "environment": env,
-            "labels": ct.job_labels(spec, try_number, handle.results_dir),
-            "host_config": self._host_config(spec, details, results_root),
-            "detach": True,
-        }
-        if "entrypoint" in details:
-            create["entrypoint"] = details["entrypoint"] or ""
-        if details.get("user"):
-            create["user"] = str(details["user"])
-        if details.get("working_dir"):
-            create["working_dir"] = str(details["working_dir"])
-        try:
-            try:
-                container = self.client.create_container(**create)
-            except ImageNotFound:  # as `docker run` does: pull only when the daemon lacks the image
-                self._pull(spec.image)
-                container = self.client.create_container(**create)
-        except APIError as exc:
-            raise JobSubmitError(_refusal_class(exc), f"Docker refused container {name}: {_explain(exc)}") from exc
-        handle = replace(handle, backend_job_id=container["Id"])
-        try:
-            # The results folder is made through the mount too: it works on a remote daemon's host as well.
-            folders = [handle.results_dir] if results_root and handle.results_dir.startswith("/") else []
-            owner = ct.container_owner(details)
-            archive = ct.job_archive(spec.files, spec.secret_env, {MARK_OWNER: try_number}, owner, folders)
-            self.client.put_archive(name, "/", archive)
-            self.client.start(name)
-        except APIError as exc:
-            # Not started: nothing runs, so nothing is left behind either.
-            self._remove(name)
-            raise JobSubmitError(_refusal_class(exc), f"container {name} did not start: {_explain(exc)}") from exc
-        return handle
-
-    def _host_config(self, spec: JobSpec, details: dict[str, Any], results_root: str | None) -> dict[str, Any]:
-        from docker.types import DeviceRequest
-
-        binds = ct.container_mounts(details)
-        if results_root:
-            binds.append(f"{results_root}:{results_root}:rw")
-        options: dict[str, Any] = {
-            "binds": binds,
-            "network_mode": self.network,
-            "shm_size": str(details.get("shm_size") or self.setting("shm_size", DEFAULT_SHM_SIZE)),
-            # A tiny init as PID 1 passes the stop signal on: a cancel takes as long as the job's own shutdown.
-            "init": True,
-        }
-        if details.get("mem_limit"):
-            # RAM and swap together: past the limit the job is OOM-killed (and says so) instead of swapping.
-            options["mem_limit"] = options["memswap_limit"] = details["mem_limit"]
-        if details.get("cpus") is not None:
-            options["nano_cpus"] = int(float(details["cpus"]) * 1e9)
-        if spec.gpu_count != 0:
-            if self.is_tegra:
-                options["runtime"] = "nvidia"  # Jetson: GPUs come from the runtime and NVIDIA_VISIBLE_DEVICES
-            elif (ids := ct.container_gpu_ids(spec)) is not None:
-                options["device_requests"] = [DeviceRequest(device_ids=ids, capabilities=[["gpu"]])]
-            else:
-                options["device_requests"] = [DeviceRequest(count=spec.gpu_count, capabilities=[["gpu"]])]
-        return dict(self.client.create_host_config(**options))
-
-    def _gpu_env(self, spec: JobSpec) -> dict[str, str]:
-        if spec.gpu_count == 0:
-            return dict(ct.NO_GPU_ENV)
-        if not self.is_tegra:
-            return {}
-        ids = ct.container_gpu_ids(spec)
-        visible = ",".join(ids) if ids else "all" if spec.gpu_count == -1 else ",".join(map(str, range(spec.gpu_count)))
-        return {"NVIDIA_VISIBLE_DEVICES": visible, "NVIDIA_DRIVER_CAPABILITIES": "all"}
-
-    @property
-    def is_tegra(self) -> bool:
-        """A Jetson/Tegra daemon (its kernel says so): GPUs through the nvidia runtime, not device requests."""
-        if self._tegra is None:
-            self._tegra = "tegra" in str(self.client.info().get("KernelVersion", "")).lower()
-        return self._tegra
-
-    def _pull(self, image: str) -> None:
-        """Pull an image the daemon does not have; a failed pull refuses the job (never retried)."""
-        from docker.errors import APIError
-        from docker.utils import parse_repository_tag
-
-        repository, tag = parse_repository_tag(image)
-        self.log.info("Pulling %s (not on the daemon)", image)
-        failure = ""
-        try:
-            for line in self.client.pull(repository, tag or "latest", stream=True, decode=True, **self._auth(image)):
-                failure = str(line.get("error") or failure) if isinstance(line, dict) else failure
-        except APIError as exc:
-            failure = _explain(exc)
-        if not failure:
-            return
-        raise JobSubmitError(
-            ErrClass.ERR_IMAGE_PULL,
-            f"cannot pull image {image!r} on {self.base_url}: {failure}. Check the image name and tag, and the "
-            "tao_docker connection's registry login/password (the NGC key for nvcr.io)",
-        )
-
-    def _auth(self, image: str) -> dict[str, Any]:
-        """Registry credentials for this image's pull (an HTTP header of the pull only, stored nowhere)."""
-        password = self.setting("password")
-        registry = self.setting("registry")
-        if not password or (registry and not image.startswith(f"{str(registry).rstrip('/')}/")):
-            return {}
-        auth = {"username": self.setting("login", DEFAULT_REGISTRY_LOGIN), "password": password}
-        if registry:
-            auth["serveraddress"] = str(registry)
-        return {"auth_config": auth}
-
-    def _ensure_network(self) -> None:
-        """The jobs' network, created when missing as the TAO SDK does (else every start fails instantly)."""
-        from docker.errors import APIError, NotFound
-
-        if self._network_ready or self.network in ("host", "none", "bridge", "default"):
-            return
-        try:
-            self.client.inspect_network(self.network)
-        except NotFound:
-            try:
-                self.client.create_network(self.network, driver="bridge", labels={ct.LABEL_MANAGED: "true"})
-                self.log.info("Created Docker network %s", self.network)
-            except APIError as exc:
-                if exc.status_code != 409:  # another worker created it just now
-                    raise
-        self._network_ready = True
 
     # ----------------------------------------------------------------- find, status
 
@@ -495,22 +261,7 @@ class TAODockerHook(TAOPlatformHook):
         if self.auto_remove and self.get_job_status(handle).state.is_terminal:
             self._remove(container_name(handle.job_id))
 
-    def _remove(self, name: str) -> None:
-        from docker.errors import APIError
-
-        try:
-            self.client.remove_container(name, force=True, v=True)
-        except APIError as exc:
-            if exc.status_code != 404:
-                self.log.warning("Could not remove container %s: %s", name, _explain(exc))
-
     # ----------------------------------------------------------------- paths and marks
-
-    @property
-    def daemon_is_local(self) -> bool:
-        """A unix socket (or a loopback TCP daemon): the daemon's host paths are this machine's paths."""
-        url = self.base_url
-        return url.startswith("unix://") or url.split("://")[-1].split(":")[0] in ("localhost", "127.0.0.1")
 
     def check_path(self, uri: str) -> bool:
         """A local input must exist on the daemon's host; a remote daemon's host cannot be looked at from here,
@@ -548,41 +299,6 @@ class TAODockerHook(TAOPlatformHook):
             self.client.put_archive(container_name(handle.job_id), ct.MARKS_DIR, ct.mark_archive(key, value))
         except NotFound:
             self.log.info("Job %s has no container any more: mark %s not kept", handle.job_id, key)
-
-
-def docker_problem(url: str, exc: Exception) -> ConnectionProblem:
-    """The words for a daemon that did not answer the ping: no daemon there, a socket the user may not open,
-    TLS or credentials refused by the daemon (or the proxy in front of it)."""
-    from docker.errors import APIError
-
-    text = str(exc)
-    status = getattr(getattr(exc, "response", None), "status_code", None)
-    if not isinstance(exc, APIError) and (found := re.search(r"\b(401|403|407) Client Error", text)):
-        status = int(found.group(1))  # docker's "Error while fetching server API version: 401 Client Error ..."
-    if status in (401, 407):
-        return ConnectionProblem("auth", f"the daemon at {url} refused the credentials ({status}): {text}")
-    if status == 403:
-        return ConnectionProblem("permission", f"the daemon at {url} does not allow this client ({status}): {text}")
-    if "Permission denied" in text or isinstance(exc, PermissionError):
-        return ConnectionProblem(
-            "permission", f"cannot open {url}: permission denied (add the Airflow user to the docker group)"
-        )
-    if "SSL" in text or "certificate" in text.lower():
-        return ConnectionProblem("auth", f"TLS with the daemon at {url} failed: {text}; check the TLS files")
-    return ConnectionProblem(
-        "unreachable", f"no Docker daemon answers at {url} ({text}); check the daemon URL and that dockerd runs"
-    )
-
-
-def _explain(exc: Exception) -> str:
-    return str(getattr(exc, "explanation", None) or exc)
-
-
-def _refusal_class(exc: Exception) -> ErrClass:
-    """A daemon refusing a container: a bad setting (unknown runtime, no GPU driver, a bad mount) is the job's
-    configuration; anything else is the platform's."""
-    status = getattr(exc, "status_code", None)
-    return ErrClass.ERR_CONFIG if status is not None and 400 <= int(status) < 500 else ErrClass.ERR_INFRA
 
 
 def _log_stream(client: APIClient, name: str, params: dict[str, Any]) -> Any:
