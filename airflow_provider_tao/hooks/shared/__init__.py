@@ -1,1 +1,1 @@
-"""What several platforms share: the container layer and running a platform CLI."""
+"""What several platforms share: the container layer, running a platform CLI, the job environment and secrets."""
