@@ -184,10 +184,12 @@ def reap(args: Namespace) -> None:
             hook = _hook(platform, conn_id)
             active = hook.list_active_jobs()  # before the machines: a job their reaping stops is still reported
             with create_session() as session:
-                rows += sweep_machines(hook, task_state_lookup(session), dry_run=args.dry_run)
+                machines = sweep_machines(hook, task_state_lookup(session), dry_run=args.dry_run)
+            rows += machines
             rows += sweep_connection(
-                hook, known, now=now, min_age=min_age, dry_run=args.dry_run, recheck=_recheck, active=active
-            )
+                hook, known, now=now, min_age=min_age, dry_run=args.dry_run, recheck=_recheck, active=active,
+                machines=machines,
+            )  # fmt: skip
         except Exception as exc:  # one unreachable platform must not stop the others' sweeping
             rows.append({"platform": platform, "conn_id": conn_id, "job_id": None, "action": "error", "why": str(exc)})
             log.warning("%s", describe(rows[-1]))
