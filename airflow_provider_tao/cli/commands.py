@@ -18,7 +18,7 @@ from airflow.utils.providers_configuration_loader import providers_configuration
 from airflow.utils.session import create_session
 
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
-from airflow_provider_tao.hooks.base import TAOPlatformHook, redact, secrets_of
+from airflow_provider_tao.hooks.base import TAOPlatformHook, redact
 from airflow_provider_tao.jobindex import (
     WANTED_TI_STATES,
     IndexedJob,
@@ -29,6 +29,7 @@ from airflow_provider_tao.jobindex import (
 )
 from airflow_provider_tao.joblog import readable_log
 from airflow_provider_tao.jobs import JobHandle
+from airflow_provider_tao.received_secrets import job_secrets
 from airflow_provider_tao.sweeper import describe, sweep_connection, sweep_machines, task_resumes
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ def job_logs(args: Namespace) -> None:
             size += len(chunk)
             cursor = next_cursor
         text = "".join(parts)
-    secrets = secrets_of(job.record.secret_conn_ids)  # no task-log masker out here
+    secrets = job_secrets(job.record.secret_conn_ids, job.conn_id)  # no task-log masker out here
     if args.output in ("json", "yaml"):  # for machines: the log as the job wrote it
         _print([{"job_id": job.job_id, "platform": job.platform, "log": redact(text, secrets)}], args.output)
     else:  # for people: progress bars at their last state, the runner's heartbeats collapsed into words

@@ -105,18 +105,6 @@ def _absent(module: str) -> bool:
         return True
 
 
-def secrets_of(conn_ids: Sequence[str]) -> list[str]:
-    """The secret values of these connections (one that cannot be read adds none), for text shown outside a task
-    -- a job's log on its job page or from ``airflow tao logs`` -- where Airflow's task-log masker does not run."""
-    values: list[str] = []
-    for conn_id in conn_ids:
-        try:
-            values += connection_secrets(connections.get_connection(conn_id))
-        except Exception:  # a deleted connection: nothing of it to hide
-            continue
-    return values
-
-
 def redact(text: str, secrets: Sequence[str]) -> str:
     """``text`` with every one of ``secrets`` replaced by ``***`` (longest first, so no part of one survives)."""
     for value in sorted(set(secrets), key=len, reverse=True):
