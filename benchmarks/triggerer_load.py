@@ -191,11 +191,24 @@ class SimHook(TAOPlatformHook):
     def _backend(self) -> Backend:
         return BACKENDS[self.platform]
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._shown: dict[str, int] = {}  # job id -> lines its last log read returned up to
+
     async def aget_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
-        return await self._backend().poll(handles)
+        backend = self._backend()
+        statuses = await backend.poll(handles)
+        if self.log_reads_batched:  # as the real hook's status call, it sees which logs grew since their last read
+            now = time.time()
+            self._quiet_logs = frozenset(
+                h.job_id for h in handles if self._shown.get(h.job_id, -1) >= backend.lines(h.job_id, now)
+            )
+        return statuses
 
     async def aget_job_logs(self, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
-        return await self._backend().read_log(handle, cursor)
+        text, new = await self._backend().read_log(handle, cursor)
+        self._shown[handle.job_id] = int(new)
+        return text, new
 
     def read_marks(self, handle: JobHandle) -> dict[str, Any]:
         return {}

@@ -680,6 +680,7 @@ class BrevHook(TAOPlatformHook):
         with self._lock:
             self._live -= set(statuses)
             self._live |= {job for job, status in statuses.items() if status.state in _LIVE_JOB_STATES}
+            self._quiet_logs = frozenset(job for job, (_, data) in self._prefetched.items() if not data)
         return statuses
 
     def _probe(self, instance: str, handles: Sequence[JobHandle]) -> remote.InstanceProbe | str:

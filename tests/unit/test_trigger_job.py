@@ -411,3 +411,53 @@ async def test_triggers_started_one_per_loop_turn_share_one_connection_load_and_
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_quiet_job_costs_no_log_read_where_the_status_call_sees_which_logs_grew(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a platform whose status call sees which watched logs grew since their last read (SLURM, Brev, local:
+    ``log_news``), a job whose log did not grow costs its trigger no read at that poll; a printing job is read at
+    every poll, and every line still reaches the task log once and in order."""
+    read_to: dict[str, int] = {}
+    real_statuses, real_logs = FakeHook.get_job_statuses, FakeHook.get_job_logs
+
+    def statuses(self: FakeHook, handles: list[JobHandle]) -> dict[str, Any]:
+        answer = real_statuses(self, handles)
+        sizes = {h.job_id: len(self.logs.get(h.job_id, "").encode()) for h in handles}
+        self._quiet_logs = frozenset(job for job, size in sizes.items() if read_to.get(job) == size)
+        return answer
+
+    def logs(self: FakeHook, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
+        text, new = real_logs(self, handle, cursor, tail)
+        read_to[handle.job_id] = int(new)
+        return text, new
+
+    monkeypatch.setattr(FakeHook, "log_reads_batched", True)
+    monkeypatch.setattr(FakeHook, "get_job_statuses", statuses)
+    monkeypatch.setattr(FakeHook, "get_job_logs", logs)
+    handles = [_submit(fake_platform) for _ in range(20)]
+    chatty, quiet = handles[:2], handles[2:]
+
+    def emit(handle: JobHandle) -> None:
+        text = fake_platform.logs.get(handle.job_id, "")
+        fake_platform.logs[handle.job_id] = text + f"{handle.job_id} line {text.count(chr(10)):03}\n"
+
+    tasks = [asyncio.ensure_future(_first_event(_trigger(h, poll_interval=0.05), timeout=60)) for h in handles]
+    for step in range(30):
+        await asyncio.sleep(0.05)
+        for h in chatty + (quiet if step == 15 else []):
+            emit(h)
+    polls = len(fake_platform.status_calls)
+    for h in handles:
+        fake_platform.jobs[h.job_id]["state"] = JobState.COMPLETE
+    payloads = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert all(p["log_complete"] for p in payloads)
+
+    live = collections.Counter(job for poll, job in fake_platform.log_reads if poll < polls)
+    assert polls >= 15
+    assert min(live[h.job_id] for h in chatty) >= polls // 2
+    assert max(live[h.job_id] for h in quiet) <= 3  # its first read, the read after its one line, one in between
+    out = capsys.readouterr().out
+    for h in handles:
+        assert re.findall(rf"\[job\] ({h.job_id} line \d+)", out) == fake_platform.logs[h.job_id].splitlines()
