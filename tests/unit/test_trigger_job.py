@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
+from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
 from tests.unit.fakes import FakeHook
@@ -461,3 +461,26 @@ async def test_a_quiet_job_costs_no_log_read_where_the_status_call_sees_which_lo
     out = capsys.readouterr().out
     for h in handles:
         assert re.findall(rf"\[job\] ({h.job_id} line \d+)", out) == fake_platform.logs[h.job_id].splitlines()
+
+
+async def test_a_watch_waits_for_its_next_status_with_one_timer_pushed_on(fake_platform: type[FakeHook]) -> None:
+    """A trigger's wait for its job's next status (no timeout made and cancelled per status, issue 24): a status
+    published wakes it; none within the wait gives None, after the whole wait even when an earlier wait's timer
+    fires first; the watch's end cancels its timer."""
+    from airflow_provider_tao.triggers.job import _Watch
+
+    watch = _Watch(_submit(fake_platform), interval=0.1)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.05, watch.publish, JobStatus(JobState.RUNNING))
+    status = await watch.next_status(0.3)
+    assert status is not None and status.state is JobState.RUNNING
+    assert watch.timer is not None  # still armed for the first wait's end: pushed on, not cancelled
+    await asyncio.sleep(0.1)
+    started = loop.time()
+    assert await watch.next_status(0.4) is None  # the first timer fired after 0.15 s: the wait went on
+    assert loop.time() - started >= 0.39
+    watch.publish(JobStatus(JobState.COMPLETE))
+    ended = await watch.next_status(0)  # a status already there is taken, however short the wait
+    assert ended is not None and ended.state is JobState.COMPLETE
+    watch.close()
+    assert watch.timer is None
