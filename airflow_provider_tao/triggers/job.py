@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -78,13 +78,48 @@ class _Watch:
     interval: float
     logs: bool = False  # its trigger streams the job's log
     log_turn: bool = False  # the poller granted it a live log read, not made yet
-    updates: asyncio.Queue[JobStatus] = field(default_factory=lambda: asyncio.Queue(maxsize=1))
+    # The newest status not read yet, the future its trigger waits on and the timer bounding that wait: a slot
+    # and one timer pushed on, not an asyncio.Queue and a timeout made and cancelled per status (a 10,000-job
+    # triggerer makes thousands a poll, and every full garbage collection walks through the Queue's six objects).
+    status: JobStatus | None = None
+    waiter: asyncio.Future[None] | None = None
+    timer: asyncio.TimerHandle | None = None
+    until: float = 0.0  # the loop time at which the current wait gives up
 
     def publish(self, status: JobStatus) -> None:
-        # Only the newest status matters: drop the one the trigger has not read yet.
-        if self.updates.full():
-            self.updates.get_nowait()
-        self.updates.put_nowait(status)
+        # Only the newest status matters: it replaces the one the trigger has not read yet.
+        self.status = status
+        self._wake()
+
+    async def next_status(self, timeout: float) -> JobStatus | None:
+        """The newest status published since the last call; None when none came within ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        self.until = loop.time() + timeout
+        while self.status is None:
+            if self.until <= loop.time():
+                return None
+            if self.timer is None:  # an armed timer firing before ``until`` (an earlier wait's) re-arms it here
+                self.timer = loop.call_at(self.until, self._timed_out)
+            self.waiter = loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        status, self.status = self.status, None
+        return status
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _timed_out(self) -> None:
+        self.timer = None
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
     def take_log_turn(self) -> bool:
         turn, self.log_turn = self.log_turn, False
@@ -155,6 +190,7 @@ class StatusPoller:
         try:
             yield watch
         finally:
+            watch.close()
             del self.watches[id(watch)]
             self.logs.forget(handle.job_id)
             if not self.watches:
@@ -191,7 +227,12 @@ class StatusPoller:
             handles = list({w.handle.job_id: w.handle for w in watches}.values())
             statuses = await self._poll(handles)
             failed = all(s.state is JobState.UNKNOWN and not s.not_found for s in statuses.values())
-            live = [w.handle.job_id for w in watches if w.logs and _running(statuses.get(w.handle.job_id))]
+            # a job whose log the poll saw unchanged (log_news) costs its trigger no read
+            news = self.hook.log_news
+            live = [
+                w.handle.job_id for w in watches
+                if w.logs and _running(statuses.get(w.handle.job_id)) and news(w.handle.job_id)
+            ]  # fmt: skip
             ending = [w.handle.job_id for w in watches if w.logs and _ended(statuses.get(w.handle.job_id))]
             interval = min(w.interval for w in watches)
             readers = self.logs.plan(live, ending, interval)
@@ -311,10 +352,9 @@ class TAOJobTrigger(BaseTrigger):
                 wait = self.poll_interval * 4
                 if self.deadline is not None:
                     wait = min(wait, max(0.0, self.deadline - time.time()))
-                try:
-                    async with asyncio.timeout(wait):  # no task per wait, as wait_for makes: thousands a poll
-                        status = await watch.updates.get()
-                except TimeoutError:
+                if (fresh := await watch.next_status(wait)) is not None:
+                    status = fresh
+                else:
                     poller.ensure_running()
                     # No fresh answer (the poller is backing off): keep the last failure's reason.
                     if status.state is not JobState.UNKNOWN:

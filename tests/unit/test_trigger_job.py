@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
+from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
 from tests.unit.fakes import FakeHook
@@ -411,3 +411,76 @@ async def test_triggers_started_one_per_loop_turn_share_one_connection_load_and_
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_quiet_job_costs_no_log_read_where_the_status_call_sees_which_logs_grew(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a platform whose status call sees which watched logs grew since their last read (SLURM, Brev, local:
+    ``log_news``), a job whose log did not grow costs its trigger no read at that poll; a printing job is read at
+    every poll, and every line still reaches the task log once and in order."""
+    read_to: dict[str, int] = {}
+    real_statuses, real_logs = FakeHook.get_job_statuses, FakeHook.get_job_logs
+
+    def statuses(self: FakeHook, handles: list[JobHandle]) -> dict[str, Any]:
+        answer = real_statuses(self, handles)
+        sizes = {h.job_id: len(self.logs.get(h.job_id, "").encode()) for h in handles}
+        self._quiet_logs = frozenset(job for job, size in sizes.items() if read_to.get(job) == size)
+        return answer
+
+    def logs(self: FakeHook, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
+        text, new = real_logs(self, handle, cursor, tail)
+        read_to[handle.job_id] = int(new)
+        return text, new
+
+    monkeypatch.setattr(FakeHook, "log_reads_batched", True)
+    monkeypatch.setattr(FakeHook, "get_job_statuses", statuses)
+    monkeypatch.setattr(FakeHook, "get_job_logs", logs)
+    handles = [_submit(fake_platform) for _ in range(20)]
+    chatty, quiet = handles[:2], handles[2:]
+
+    def emit(handle: JobHandle) -> None:
+        text = fake_platform.logs.get(handle.job_id, "")
+        fake_platform.logs[handle.job_id] = text + f"{handle.job_id} line {text.count(chr(10)):03}\n"
+
+    tasks = [asyncio.ensure_future(_first_event(_trigger(h, poll_interval=0.05), timeout=60)) for h in handles]
+    for step in range(30):
+        await asyncio.sleep(0.05)
+        for h in chatty + (quiet if step == 15 else []):
+            emit(h)
+    polls = len(fake_platform.status_calls)
+    for h in handles:
+        fake_platform.jobs[h.job_id]["state"] = JobState.COMPLETE
+    payloads = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert all(p["log_complete"] for p in payloads)
+
+    live = collections.Counter(job for poll, job in fake_platform.log_reads if poll < polls)
+    assert polls >= 15
+    assert min(live[h.job_id] for h in chatty) >= polls // 2
+    assert max(live[h.job_id] for h in quiet) <= 3  # its first read, the read after its one line, one in between
+    out = capsys.readouterr().out
+    for h in handles:
+        assert re.findall(rf"\[job\] ({h.job_id} line \d+)", out) == fake_platform.logs[h.job_id].splitlines()
+
+
+async def test_a_watch_waits_for_its_next_status_with_one_timer_pushed_on(fake_platform: type[FakeHook]) -> None:
+    """A trigger's wait for its job's next status (no timeout made and cancelled per status, issue 24): a status
+    published wakes it; none within the wait gives None, after the whole wait even when an earlier wait's timer
+    fires first; the watch's end cancels its timer."""
+    from airflow_provider_tao.triggers.job import _Watch
+
+    watch = _Watch(_submit(fake_platform), interval=0.1)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.05, watch.publish, JobStatus(JobState.RUNNING))
+    status = await watch.next_status(0.3)
+    assert status is not None and status.state is JobState.RUNNING
+    assert watch.timer is not None  # still armed for the first wait's end: pushed on, not cancelled
+    await asyncio.sleep(0.1)
+    started = loop.time()
+    assert await watch.next_status(0.4) is None  # the first timer fired after 0.15 s: the wait went on
+    assert loop.time() - started >= 0.39
+    watch.publish(JobStatus(JobState.COMPLETE))
+    ended = await watch.next_status(0)  # a status already there is taken, however short the wait
+    assert ended is not None and ended.state is JobState.COMPLETE
+    watch.close()
+    assert watch.timer is None
