@@ -69,12 +69,12 @@ def _interrupt(matrix: Matrix, run_id: str, platform: str, interruption: str) ->
         client.mark_task_instance_failed(DAG_ID, run_id, platform)
     elif interruption == "mark_success":
         client.mark_task_instance_success(DAG_ID, run_id, platform)
-    else:  # cli_cancel: the recorded job, if there is one yet; the try then goes on
+    else:  # cli_cancel: the job Airflow has recorded for the task, if any yet (as a person finds it); the try goes on
         canceled = False
-        try:
-            job_id = client.get_xcom(DAG_ID, run_id, platform, "tao_job_id")
-        except KeyError:
-            job_id = None
+        listed = airflow_cli(matrix.standalone, "tao", "jobs", "-d", DAG_ID, "-r", run_id, "-o", "json")
+        assert listed.returncode == 0, f"airflow tao jobs:\n{listed.stdout}\n{listed.stderr}"
+        rows = json.loads(listed.stdout.strip().splitlines()[-1])
+        job_id = next((row["job_id"] for row in rows if row["task_id"] == platform), None)  # newest first
         if job_id:
             proc = airflow_cli(matrix.standalone, "tao", "cancel", str(job_id), "-o", "json")
             assert proc.returncode == 0, f"airflow tao cancel {job_id}:\n{proc.stdout}\n{proc.stderr}"
