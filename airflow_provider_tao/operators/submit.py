@@ -51,6 +51,7 @@ from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESUL
 from airflow_provider_tao.operators.failover import CapacityFailoverMixin, seconds_of
 from airflow_provider_tao.operators.staging import S3StagingMixin
 from airflow_provider_tao.outage import OutageLog
+from airflow_provider_tao.person_cancel import cancel_request, stop_canceled_job
 from airflow_provider_tao.records import STATE_KEY, XCOM_RECORD, JobRecord
 from airflow_provider_tao.triggers.log_budget import FINAL_LOG_READS
 from airflow_provider_tao.waiting import WaitLog
@@ -375,6 +376,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         stored: Any = context["task_state_store"].get(STATE_KEY)
         if reattach:
             self._close_left_behind(context, stored)  # a job that ended unwatched still counts in GPU-hours
+        self._honour_person_cancel(context, None)  # `airflow tao cancel` while no try waited: nothing is submitted
         # Reattach first: an earlier try's job that still runs is this task's job, whatever a new validation of
         # today's inputs would say (the job itself may have moved them), and its outputs are the ones that count.
         # With a chain of connections it may be on any of them (see operators/failover.py).
@@ -473,6 +475,7 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
         self._handle = handle
         self._keep(context, self._record_for(context, handle, outputs))
         self._publish(context, hook, handle)
+        self._honour_person_cancel(context, handle)  # a cancel that came while this try submitted
         deadline = self._deadline(context)
         if self.deferrable:
             from airflow_provider_tao.triggers.job import TAOJobTrigger
@@ -753,6 +756,16 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
             return self._fail(context, handle, status, analysis, message)
         finally:
             hook.cleanup_job(handle)
+
+    def _honour_person_cancel(self, context: Context, handle: JobHandle | None) -> None:
+        """A person canceled this task instance (``airflow tao cancel``; :mod:`~airflow_provider_tao.person_cancel`):
+        the try fails with ERR_CANCELED, and ``handle`` (else the canceled job) is stopped if it still runs."""
+        if (request := cancel_request(context)) is None:
+            return
+        by = str(request.get("by") or "a person")
+        handle = handle or JobHandle.from_json(request["job"])
+        stop_canceled_job(handle, by, self.log)
+        self._fail_canceled(context, handle, f"canceled by {by}")
 
     def _fail_canceled(self, context: Context, handle: JobHandle, why: str) -> None:
         """A job canceled from outside its task: the task fails without retries (a retry would undo the cancel)."""
