@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ JOB_SECONDS = 1.5
 #: It ends on a cancel's SIGTERM at once (as a trainer does; a shell as a container's PID 1 would ignore it and run on
 #: through the cancel's grace, long enough to end by itself at the explorer's time scale).
 COMMAND = (
-    f'trap "exit 143" TERM; sleep {JOB_SECONDS} & wait $!; echo "$TAO_JOB_ID" > "$TAO_RESULTS_ROOT/$TAO_JOB_ID/ran"'
+    f'trap "exit 143" TERM; sleep {JOB_SECONDS} & wait $!; mkdir -p "$TAO_RESULTS_ROOT/$TAO_JOB_ID"; echo "$TAO_JOB_ID" > "$TAO_RESULTS_ROOT/$TAO_JOB_ID/ran"'
 )
 #: The same job, but the first one of each task instance fails as a node fault does (ERR_INFRA: Airflow retries), so
 #: the explorer also walks the retry's path: an ended job found, a new one submitted.
@@ -63,9 +64,14 @@ class Backend:
     def live_ids(self, name: str) -> set[str]:
         return {job.job_id for job in self.jobs(name) if job.live}
 
-    def leftovers(self, name: str) -> list[str]:
-        """Platform resources of the name still held after its jobs ended (I6)."""
+    def leftovers(self, name: str, run_id: str, state: str) -> list[str]:
+        """Platform resources of the name still held after its jobs ended and one sweep ran (I6); ``run_id`` and
+        ``state`` are the task instance's (a sweep keeps what a waiting task will read)."""
         return []
+
+    def host_path(self, results_dir: str) -> Path:
+        """A job's results folder as this machine sees it (I5 reads the job's own marker there)."""
+        return Path(results_dir)
 
 
 def _proc_groups() -> dict[int, list[int]]:
@@ -173,3 +179,102 @@ def _json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
+
+
+class KubernetesBackend(Backend):
+    """The fake API server (``tests/kubefake``): its record of every Job ever created (``/fake/created``, deleted
+    ones too) and its objects read over its own HTTP API; a Job's pods are real containers on the test engine
+    (labelled with the Job's uid), whose state and exit code say whether it ran, runs, or was stopped.
+
+    A pod's container is removed with its Job, so each state seen is kept: a Job deleted before any sample saw its
+    pod reads as never ran (I2 cannot judge it; I1 sampled it while it ran).
+    """
+
+    platform = "kubernetes"
+
+    def __init__(self, conn_id: str, fake: Any, engine: Any) -> None:
+        self.conn_id = conn_id
+        self.fake = fake
+        self.engine = engine
+        self.seen: dict[str, dict[str, Any]] = {}  # Job uid -> the last state of its pod's container
+
+    def operator_kwargs(self, command: str) -> dict[str, Any]:
+        return {
+            "conn_id": self.conn_id,
+            "image": self.engine.busybox,
+            "command": ["sh", "-c", command],
+            "gpu_count": 0,
+            "poll_interval": self.poll_interval,
+            "retries": 3,
+        }
+
+    def _pod_state(self, uid: str) -> dict[str, Any] | None:
+        listed = self.engine.client.containers(all=True, filters={"label": f"kubefake.owner-uid={uid}"})
+        for summary in listed:
+            if summary["State"] in ("running", "restarting"):
+                self.seen[uid] = {"live": True, "exit": None}
+            else:
+                try:
+                    state = self.engine.client.inspect_container(summary["Id"])["State"]
+                except Exception:  # removed between the list and the inspect
+                    continue
+                self.seen[uid] = {"live": False, "exit": int(state.get("ExitCode") or 0)}
+        state = self.seen.get(uid)
+        if state is not None and state["live"] and not listed:
+            self.seen[uid] = state = {"live": False, "exit": None}  # deleted with its Job while it ran
+        return state
+
+    def jobs(self, name: str) -> list[BackendJob]:
+        from airflow_provider_tao.hooks import container as ct
+
+        found = []
+        for entry in self.fake.created("jobs"):
+            if entry["name"] != name:
+                continue
+            state = self._pod_state(entry["uid"])
+            labels = entry.get("labels") or {}
+            found.append(
+                BackendJob(
+                    job_id=labels.get(ct.LABEL_JOB_ID, ""),
+                    created=float(entry.get("created") or 0),
+                    ran=state is not None,
+                    live=bool(state and state["live"]),
+                    exit_code=None if state is None else state["exit"],
+                    results_dir=labels.get(ct.LABEL_RESULTS_DIR, ""),
+                )
+            )
+        return sorted(found, key=lambda j: j.created)
+
+    def leftovers(self, name: str, run_id: str, state: str) -> list[str]:
+        """One sweep (``reap_resources``: canceled Jobs no task waits on, Jobs left suspended by a dead submission),
+        then what is left of the name's jobs on the server: a Job that has not finished, or an object (Secret,
+        ConfigMap, Service, pod) of a Job that is gone. A finished Job stays until its ``ttlSecondsAfterFinished``
+        with what it owns (Kubernetes' own garbage collection, not ours)."""
+        from airflow_provider_tao.hooks import container as ct
+        from airflow_provider_tao.hooks import get_platform_hook
+        from airflow_provider_tao.hooks.kubernetes_status import SETUP_TIMEOUT_SECONDS
+
+        ids = {job.job_id for job in self.jobs(name)}
+        batch = self.fake.api("batch")
+        live_jobs = {j.metadata.labels.get(ct.LABEL_JOB_ID): j for j in batch.list_namespaced_job("default").items}
+        if any(j.spec.suspend and j.metadata.name == name for j in live_jobs.values()):
+            time.sleep(SETUP_TIMEOUT_SECONDS + 1)  # a suspended Job of a dead submission is swept past its window
+            hook = get_platform_hook("kubernetes", self.conn_id)
+            hook.reap_resources(lambda origin: state if origin.get("run_id") == run_id else "running", dry_run=False)
+        left = []
+        for job_id in ids:
+            objects = self.fake.objects_of(job_id)
+            job = live_jobs.get(job_id) if objects.get("jobs") else None
+            finished = job is not None and any(
+                c.type in ("Complete", "Failed") and c.status == "True" for c in job.status.conditions or []
+            )
+            if finished and job.spec.ttl_seconds_after_finished is not None:
+                continue
+            if objects:
+                left.append(f"job {job_id}: {objects} ({'suspended' if job and job.spec.suspend else 'no Job'})")
+        return left
+
+    def host_path(self, results_dir: str) -> Path:
+        from airflow_provider_tao.hooks.kubernetes import RESULTS_MOUNT
+
+        return self.fake.results_dir / Path(results_dir).relative_to(RESULTS_MOUNT)

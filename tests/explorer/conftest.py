@@ -14,23 +14,27 @@ import pytest
 
 from airflow_provider_tao.hooks.docker import TAODockerHook
 from airflow_provider_tao.hooks.local import LocalHook
-from tests.explorer.backends import Backend, DockerBackend, LocalBackend
+from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
+from tests.explorer.backends import Backend, DockerBackend, KubernetesBackend, LocalBackend
 from tests.explorer.recorder import instrument_hook
 from tests.integration.docker.conftest import docker_connection, docker_engine, results_root  # noqa: F401
+from tests.integration.kubernetes.conftest import kubefake, kubernetes_connection  # noqa: F401
 
 #: The platforms explored, in the order they are set up.
-PLATFORMS = ("local", "docker")
+PLATFORMS = ("local", "docker", "kubernetes")
 
 
 @pytest.fixture(scope="package", autouse=True)
 def _instrumented() -> Iterator[None]:
-    from airflow_provider_tao.hooks import local
+    from airflow_provider_tao.hooks import kubernetes_status, local
 
     with pytest.MonkeyPatch.context() as patch:
-        for cls in (LocalHook, TAODockerHook):
+        for cls in (LocalHook, TAODockerHook, TAOKubernetesHook):
             instrument_hook(cls, patch.setattr)
         # the explorer's time scale: a submission cut before its process started is given up on after 3 s, not 30
         patch.setattr(local, "LAUNCH_TIMEOUT_SECONDS", 3.0)
+        # and a Kubernetes Job left suspended by a dead submission is swept 3 s after its creation, not 60
+        patch.setattr(kubernetes_status, "SETUP_TIMEOUT_SECONDS", 3.0)
         yield
 
 
@@ -66,6 +70,14 @@ def docker_backend(docker_engine, results_root: Path) -> Iterator[Backend]:  # n
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", connection)
         yield DockerBackend(conn_id, docker_engine)
+
+
+@pytest.fixture(scope="package")
+def kubernetes_backend(kubefake, docker_engine) -> Iterator[Backend]:  # noqa: F811
+    conn_id = "tao_k8s_explore"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", kubernetes_connection(kubefake, cancel_grace_seconds=1))
+        yield KubernetesBackend(conn_id, kubefake, docker_engine)
 
 
 @pytest.fixture(scope="package")

@@ -77,9 +77,9 @@ def violations(backend: Backend, schedule: Schedule, outcome: Outcome, store: An
         ran = next((job for job in jobs if job.job_id == job_id), None)
         if ran is None or not ran.completed:
             found.append(f"I5: the result names job {job_id}, which did not complete on the backend ({ran})")
-        marker = Path(str(outcome.result.get("results_dir"))) / "ran"
+        marker = backend.host_path(str(outcome.result.get("results_dir"))) / "ran"
         written = marker.read_text().strip() if marker.is_file() else None
         if written != job_id:
             found.append(f"I5: the result's folder {marker.parent} holds the output of {written!r}, not {job_id!r}")
-    found.extend(f"I6: {what}" for what in backend.leftovers(outcome.job_name))
+    found.extend(f"I6: {what}" for what in backend.leftovers(outcome.job_name, outcome.run_id, outcome.state))
     return found

@@ -128,6 +128,7 @@ class Outcome:
     person_cancel: dict[str, Any] | None = None
     live_seen: int = 0  # most live jobs of the task instance seen at once (I1)
     job_name: str = ""
+    run_id: str = ""
     ended_at: float = 0.0
     live_at_end: set[str] = field(default_factory=set)  # jobs still live the moment the task ended
 
@@ -145,7 +146,7 @@ class TaskSim:
         self.store = RecordingStore()
         self.run_id = f"explore__{uuid.uuid4().hex[:10]}"
         self.rec = Recorder(schedule.boundary, on_hit=self._hit, on_boundary=self._sample)
-        self.outcome = Outcome()
+        self.outcome = Outcome(run_id=self.run_id)
         self.frozen = threading.Event()  # a triggerer step waits there for the simulator to act
         self.release = threading.Event()
         self.event_hit = False
