@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,9 @@ FLAKY = (
     'if [ ! -e "$flag" ]; then touch "$flag"; echo "NCCL WARN net: remote process exited"; exit 1; fi; ' + COMMAND
 )
 JOBS = {"ok": COMMAND, "flaky": FLAKY}
+#: The secret every explored connection carries (its password; Kubernetes: the kubeconfig's bearer token), so I7
+#: can look for it where no secret may be: logs, trigger kwargs, job specs and the backend's records.
+SECRET = "tao-explorer-secret-" + uuid.uuid4().hex
 POLL_INTERVAL = 0.2
 SIGNALLED = frozenset({-15, -9, 128 + 15, 128 + 9})
 
@@ -54,6 +58,10 @@ class BackendJob:
 class Backend:
     platform = ""
     poll_interval = POLL_INTERVAL
+    #: Most schedules of this platform run at once (0: the pool's size).
+    parallel = 0
+    #: The platform reruns a job a node fault ended in place (Slurm's requeue): the flaky job's retry is no new job.
+    requeues = False
 
     def operator_kwargs(self, command: str) -> dict[str, Any]:
         raise NotImplementedError
@@ -67,6 +75,10 @@ class Backend:
     def leftovers(self, name: str, run_id: str, state: str) -> list[str]:
         """Platform resources of the name still held after its jobs ended and one sweep ran (I6); ``run_id`` and
         ``state`` are the task instance's (a sweep keeps what a waiting task will read)."""
+        return []
+
+    def records(self, name: str) -> list[str]:
+        """What the backend keeps of the name's jobs outside the job's private secret channel (I7 reads them)."""
         return []
 
     def host_path(self, results_dir: str) -> Path:
@@ -129,6 +141,18 @@ class LocalBackend(Backend):
         return sorted(found, key=lambda j: j.created)
 
 
+    def records(self, name: str) -> list[str]:
+        """Every file of the name's job folders but the 0600 environment file (the job's private channel)."""
+        texts = []
+        for folder in self.jobs_dir.iterdir() if self.jobs_dir.is_dir() else []:
+            if (_json(folder / "meta.json") or {}).get("name") != name:
+                continue
+            for path in folder.rglob("*"):
+                if path.is_file() and path.stat().st_mode & 0o077:
+                    texts.append(f"{path}: {path.read_text(errors='replace')}")
+        return texts
+
+
 class DockerBackend(Backend):
     """The Docker engine: this provider's containers carrying the job name's label."""
 
@@ -171,6 +195,20 @@ class DockerBackend(Backend):
                 )
             )
         return sorted(found, key=lambda j: j.created)
+
+    def records(self, name: str) -> list[str]:
+        """``docker inspect`` of the name's containers."""
+        return _inspected(self.client, self.engine.named(name))
+
+
+def _inspected(client: Any, summaries: list[dict[str, Any]]) -> list[str]:
+    texts = []
+    for summary in summaries:
+        try:
+            texts.append(json.dumps(client.inspect_container(summary["Id"])))
+        except Exception:  # removed meanwhile
+            continue
+    return texts
 
 
 def _json(path: Path) -> dict[str, Any] | None:
@@ -225,25 +263,41 @@ class KubernetesBackend(Backend):
         return state
 
     def jobs(self, name: str) -> list[BackendJob]:
+        """A Job is live while its pod runs, or while the server holds it neither finished nor suspended (its pod
+        is pending: it will run)."""
         from airflow_provider_tao.hooks import container as ct
 
+        held = {j.metadata.uid: j for j in self.fake.jobs_named(name)}
         found = []
         for entry in self.fake.created("jobs"):
             if entry["name"] != name:
                 continue
             state = self._pod_state(entry["uid"])
+            job = held.get(entry["uid"])
+            waiting = job is not None and not job.spec.suspend and not _finished(job)
             labels = entry.get("labels") or {}
             found.append(
                 BackendJob(
                     job_id=labels.get(ct.LABEL_JOB_ID, ""),
                     created=float(entry.get("created") or 0),
                     ran=state is not None,
-                    live=bool(state and state["live"]),
+                    live=bool(state and state["live"]) or (waiting and state is None),
                     exit_code=None if state is None else state["exit"],
                     results_dir=labels.get(ct.LABEL_RESULTS_DIR, ""),
                 )
             )
         return sorted(found, key=lambda j: j.created)
+
+    def records(self, name: str) -> list[str]:
+        """The name's Job and pods as the API server holds them (its Secrets are the job's private channel), and
+        ``docker inspect`` of the pods' containers."""
+        texts = [json.dumps(self.fake.api().api_client.sanitize_for_serialization(o))
+                 for o in [*self.fake.jobs_named(name), *self.fake.pods_of(name)]]  # fmt: skip
+        for entry in self.fake.created("jobs"):
+            if entry["name"] == name:
+                owned = self.engine.client.containers(all=True, filters={"label": f"kubefake.owner-uid={entry['uid']}"})
+                texts += _inspected(self.engine.client, owned)
+        return texts
 
     def leftovers(self, name: str, run_id: str, state: str) -> list[str]:
         """One sweep (``reap_resources``: canceled Jobs no task waits on, Jobs left suspended by a dead submission),
@@ -264,11 +318,12 @@ class KubernetesBackend(Backend):
         left = []
         for job_id in ids:
             objects = self.fake.objects_of(job_id)
+            deadline = time.monotonic() + 5  # what a deleted Job owns goes with it, soon after (background deletion)
+            while objects and not objects.get("jobs") and time.monotonic() < deadline:
+                time.sleep(0.3)
+                objects = self.fake.objects_of(job_id)
             job = live_jobs.get(job_id) if objects.get("jobs") else None
-            finished = job is not None and any(
-                c.type in ("Complete", "Failed") and c.status == "True" for c in job.status.conditions or []
-            )
-            if finished and job.spec.ttl_seconds_after_finished is not None:
+            if job is not None and _finished(job) and job.spec.ttl_seconds_after_finished is not None:
                 continue
             if objects:
                 left.append(f"job {job_id}: {objects} ({'suspended' if job and job.spec.suspend else 'no Job'})")
@@ -278,3 +333,115 @@ class KubernetesBackend(Backend):
         from airflow_provider_tao.hooks.kubernetes import RESULTS_MOUNT
 
         return self.fake.results_dir / Path(results_dir).relative_to(RESULTS_MOUNT)
+
+
+def _finished(job: Any) -> bool:
+    return any(c.type in ("Complete", "Failed") and c.status == "True" for c in job.status.conditions or [])
+
+
+#: Slurm states of a job that has not ended (a pending job is live: it will run).
+_SLURM_ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+                          "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT"})  # fmt: skip
+
+
+class SlurmBackend(Backend):
+    """The real cluster (``tests/integration/slurm``): ``squeue`` and ``sacct`` by job name, run on its login node
+    over its own sshd (one login per look). Slurm keeps no comment here (``AccountingStoreFlags`` unset), so a Slurm
+    job is tied to its TAO job id by the comment ``squeue`` shows while it is queued or running, or else by the
+    ``meta/slurm_job_id`` file the submission left in the job's folder on the cluster's shared file system.
+
+    :param cluster: the cluster's facts and ssh helper (:class:`tests.integration.slurm.conftest.SlurmCluster`).
+    """
+
+    platform = "slurm"
+    poll_interval = 0.5
+    parallel = 6  # 2 nodes x 2 CPUs: more would wait queued, shared with the other tests' jobs
+    requeues = True
+
+    def __init__(self, conn_id: str, cluster: Any) -> None:
+        self.conn_id = conn_id
+        self.cluster = cluster
+        self.jobs_root = Path(cluster.results_root) / "jobs"
+        self.ids: dict[str, str] = {}  # Slurm job id -> TAO job id
+        self.read: set[str] = set()  # job folders whose Slurm id is known
+
+    def operator_kwargs(self, command: str) -> dict[str, Any]:
+        return {
+            "conn_id": self.conn_id,
+            "image": str(self.cluster.oci_bundle_py),  # the host's /usr: bash runs the command
+            "command": command,
+            "poll_interval": self.poll_interval,
+            "retries": 3,
+        }
+
+    def _tao_id(self, slurm_id: str) -> str:
+        if slurm_id not in self.ids:
+            for folder in set(os.listdir(self.jobs_root)) - self.read:
+                try:
+                    recorded = (self.jobs_root / folder / "meta" / "slurm_job_id").read_text().strip()
+                except OSError:
+                    continue
+                self.read.add(folder)
+                self.ids[recorded] = folder
+        return self.ids.get(slurm_id, f"slurm:{slurm_id}")
+
+    def jobs(self, name: str) -> list[BackendJob]:
+        out = self.cluster.ssh(
+            f"squeue -h --name={name} -o '%i|%k'; echo @@; "
+            f"sacct -X -n -P -S now-1hour --name={name} -o JobID,State,ExitCode,Submit,Start"
+        ).stdout
+        queued, _, acct = out.partition("@@\n")
+        for line in queued.splitlines():
+            slurm_id, _, comment = line.partition("|")
+            if comment.startswith("tao:"):
+                self.ids[slurm_id] = comment[4:]
+        found = []
+        for line in acct.splitlines():
+            slurm_id, state, code, submit, start = (line.split("|") + [""] * 5)[:5]
+            state = state.split()[0] if state else ""
+            live = state not in _SLURM_ENDED
+            status, _, signal = code.partition(":")
+            exit_code = int(status or 0) if not int(signal or 0) else 128 + int(signal)
+            exit_code = None if live or state == "CANCELLED" else exit_code
+            found.append(
+                BackendJob(
+                    job_id=self._tao_id(slurm_id),
+                    created=_epoch(submit) + int(slurm_id) * 1e-9,  # whole seconds: the id orders one second's jobs
+                    ran=start not in ("", "Unknown", "None"),
+                    live=live,
+                    exit_code=exit_code,
+                    results_dir="",
+                )
+            )
+        return sorted(found, key=lambda j: j.created)
+
+    def records(self, name: str) -> list[str]:
+        """The name's sbatch scripts, specs, metas and launchers on the cluster, and Slurm's own record of each job
+        (``scontrol show job``: its command line, environment names, comment) -- not the 0600 env file."""
+        texts = []
+        for job in self.jobs(name):
+            folder = self.jobs_root / job.job_id
+            for path in folder.rglob("*") if folder.is_dir() else []:
+                if path.is_file() and path.parent.name != "env" and path.stat().st_size < 1_000_000:
+                    texts.append(f"{path}: {path.read_text(errors='replace')}")
+        live = self.cluster.ssh(f"squeue -h --name={name} -o %i", check=False).stdout.split()
+        for slurm_id in live:
+            texts.append(self.cluster.ssh(f"scontrol show job {slurm_id}", check=False).stdout)
+        return texts
+
+    def leftovers(self, name: str, run_id: str, state: str) -> list[str]:
+        """The env file (every secret of the job) of each of the name's jobs, once its jobs have ended."""
+        left = []
+        for job in self.jobs(name):
+            if not job.live and (self.jobs_root / job.job_id / "env" / f"{job.job_id}.env").exists():
+                left.append(f"job {job.job_id}: its env file (the job's secrets) is still on the cluster")
+        return left
+
+
+def _epoch(stamp: str) -> float:
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return 0.0

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import json
 import threading
 import time
 import uuid
@@ -131,6 +132,8 @@ class Outcome:
     run_id: str = ""
     ended_at: float = 0.0
     live_at_end: set[str] = field(default_factory=set)  # jobs still live the moment the task ended
+    trigger_kwargs: list[str] = field(default_factory=list)  # every deferral's serialized kwargs (I7)
+    logs: list[str] = field(default_factory=list)
 
 
 class TaskSim:
@@ -212,6 +215,7 @@ class TaskSim:
             self.outcome.live_at_end = self.backend.live_ids(self.outcome.job_name)
         self.outcome.fired = self.rec.fired
         self.outcome.boundaries = list(self.rec.boundaries)
+        self.outcome.logs = list(self.rec.logs)
         self.outcome.ended_at = time.time()
         return self.outcome
 
@@ -296,6 +300,7 @@ class TaskSim:
         """The trigger runs (and is restarted after a triggerer's death) until it makes its event; or the task was
         stopped while deferred ("retry" for a clear, "end" for a mark)."""
         classpath, kwargs = deferred.trigger.serialize()
+        self.outcome.trigger_kwargs.append(json.dumps(kwargs, default=str))
         assert classpath.endswith("TAOJobTrigger")
         while True:
             self.rec.phase = "trigger"
