@@ -20,7 +20,8 @@ JOB_SECONDS = 1.5
 #: It ends on a cancel's SIGTERM at once (as a trainer does; a shell as a container's PID 1 would ignore it and run on
 #: through the cancel's grace, long enough to end by itself at the explorer's time scale).
 COMMAND = (
-    f'trap "exit 143" TERM; sleep {JOB_SECONDS} & wait $!; mkdir -p "$TAO_RESULTS_ROOT/$TAO_JOB_ID"; echo "$TAO_JOB_ID" > "$TAO_RESULTS_ROOT/$TAO_JOB_ID/ran"'
+    f'trap "exit 143" TERM; sleep {JOB_SECONDS} & wait $!; mkdir -p "$TAO_RESULTS_ROOT/$TAO_JOB_ID"; '
+    'echo "$TAO_JOB_ID" > "$TAO_RESULTS_ROOT/$TAO_JOB_ID/ran"'
 )
 #: The same job, but the first one of each task instance fails as a node fault does (ERR_INFRA: Airflow retries), so
 #: the explorer also walks the retry's path: an ended job found, a new one submitted.
@@ -139,7 +140,6 @@ class LocalBackend(Backend):
                 )
             )
         return sorted(found, key=lambda j: j.created)
-
 
     def records(self, name: str) -> list[str]:
         """Every file of the name's job folders but the 0600 environment file (the job's private channel)."""

@@ -6,7 +6,6 @@ tests after it)."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +14,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_tao.hooks.docker import TAODockerHook
-from airflow_provider_tao.hooks.local import LocalHook
 from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
+from airflow_provider_tao.hooks.local import LocalHook
 from airflow_provider_tao.hooks.slurm import SlurmHook
 from tests.explorer.backends import SECRET, Backend, DockerBackend, KubernetesBackend, LocalBackend, SlurmBackend
 from tests.explorer.recorder import CURRENT, instrument_hook
@@ -30,12 +29,10 @@ PLATFORMS = ("local", "docker", "kubernetes", "slurm")
 
 @pytest.fixture(scope="package", autouse=True)
 def _instrumented() -> Iterator[None]:
-    from airflow_provider_tao.hooks import kubernetes_status, local
-
     import structlog
 
-    handler = LogCapture()
-    logging.getLogger().addHandler(handler)
+    from airflow_provider_tao.hooks import kubernetes_status, local
+
     processors = structlog.get_config()["processors"]
     structlog.configure(processors=[*processors[:-1], _captured, processors[-1]])
     with pytest.MonkeyPatch.context() as patch:
@@ -46,7 +43,6 @@ def _instrumented() -> Iterator[None]:
         # and a Kubernetes Job left suspended by a dead submission is swept 3 s after its creation, not 60
         patch.setattr(kubernetes_status, "SETUP_TIMEOUT_SECONDS", 3.0)
         yield
-    logging.getLogger().removeHandler(handler)
     structlog.configure(processors=processors)
 
 
@@ -58,21 +54,6 @@ def _captured(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]
     if recorder is not None:
         recorder.logs.append(str(redact(dict(event))))
     return event
-
-
-class LogCapture(logging.Handler):
-    """Every log line of a schedule (the worker's, the trigger's), as Airflow's masker leaves it, kept on the
-    schedule's recorder for I7."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        from airflow.sdk._shared.secrets_masker import redact
-
-        recorder = CURRENT.get()
-        if recorder is not None:
-            try:
-                recorder.logs.append(str(redact(record.getMessage())))
-            except Exception:  # a message that cannot be formatted is no line of the log
-                pass
 
 
 @pytest.fixture(scope="package")

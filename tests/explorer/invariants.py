@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_tao.records import STATE_KEY, JobRecord

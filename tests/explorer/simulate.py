@@ -57,6 +57,8 @@ STOPS = frozenset({"worker_kill", "triggerer_kill", "clear", "mark_failed", "mar
 WORKER_PHASES = frozenset({"execute", "resume"})
 MAX_TRIES = 4
 OUTAGE_POLLS = 2.5
+#: Interruptions the provider receives through the same code path as another (pruned, see :func:`explored`).
+EQUIVALENT = {"mark_success": "mark_failed"}
 #: Repeated polls of one phase past this occurrence re-read the same state: equivalent boundaries (pruned).
 POLL_OCCURRENCES = 2
 
@@ -85,8 +87,15 @@ def explored(boundaries: list[str], interruption: str) -> list[str]:
     * stopping a process right after a read equals stopping it right before, i.e. after the step before the read --
       but for the first poll of a deferred job (the only boundary where the task waits in the triggerer);
     * a read repeated with no step changing the world in between reads the same state: only its first
-      ``POLL_OCCURRENCES`` repetitions are kept (for a stop, its first).
+      ``POLL_OCCURRENCES`` repetitions are kept (for a stop, its first);
+    * ``mark_success`` equals ``mark_failed`` (:data:`EQUIVALENT`): Airflow delivers both alike -- the worker gets
+      SIGTERM and ``on_kill`` (the task runner sees its state changed by someone else), a deferred task's trigger
+      is cancelled and its ``on_kill`` runs -- and no provider code reads which of the two the state became (the
+      trigger's ``on_kill`` asks only whether the task is still ``deferred``; the sweeper counts neither as
+      waiting).
     """
+    if interruption in EQUIVALENT:
+        return []
     chosen = []
     since_step: dict[str, int] = {}
     for boundary in boundaries:
