@@ -364,6 +364,24 @@ class SlurmBackend(Backend):
         self.jobs_root = Path(cluster.results_root) / "jobs"
         self.ids: dict[str, str] = {}  # Slurm job id -> TAO job id
         self.read: set[str] = set()  # job folders whose Slurm id is known
+        # one multiplexed login for every look (a login per look costs a key exchange each, hundreds a run)
+        self.master = f"/tmp/tao-explore-ssh-{uuid.uuid4().hex[:8]}"
+        options = ("ControlMaster=auto", f"ControlPath={self.master}", "ControlPersist=300")
+        self.argv = cluster.ssh_argv(*(arg for option in options for arg in ("-o", option)))
+
+    def close(self) -> None:
+        """The multiplexed login ends."""
+        import subprocess
+
+        subprocess.run([*self.argv[:-1], "-O", "exit", self.argv[-1]], capture_output=True, timeout=30, check=False)
+
+    def ssh(self, command: str) -> str:
+        import subprocess
+
+        done = subprocess.run([*self.argv, command], capture_output=True, text=True, timeout=120, check=False)
+        if done.returncode != 0:
+            raise AssertionError(f"ssh {command!r} failed: {done.stderr}")
+        return done.stdout
 
     def operator_kwargs(self, command: str) -> dict[str, Any]:
         return {
@@ -386,10 +404,10 @@ class SlurmBackend(Backend):
         return self.ids.get(slurm_id, f"slurm:{slurm_id}")
 
     def jobs(self, name: str) -> list[BackendJob]:
-        out = self.cluster.ssh(
+        out = self.ssh(
             f"squeue -h --name={name} -o '%i|%k'; echo @@; "
             f"sacct -X -n -P -S now-1hour --name={name} -o JobID,State,ExitCode,Submit,Start"
-        ).stdout
+        )
         queued, _, acct = out.partition("@@\n")
         for line in queued.splitlines():
             slurm_id, _, comment = line.partition("|")
@@ -424,9 +442,8 @@ class SlurmBackend(Backend):
             for path in folder.rglob("*") if folder.is_dir() else []:
                 if path.is_file() and path.parent.name != "env" and path.stat().st_size < 1_000_000:
                     texts.append(f"{path}: {path.read_text(errors='replace')}")
-        live = self.cluster.ssh(f"squeue -h --name={name} -o %i", check=False).stdout.split()
-        for slurm_id in live:
-            texts.append(self.cluster.ssh(f"scontrol show job {slurm_id}", check=False).stdout)
+        live = self.ssh(f"squeue -h --name={name} -o %i").split()
+        texts += [self.ssh(f"scontrol show job {slurm_id}") for slurm_id in live]
         return texts
 
     def leftovers(self, name: str, run_id: str, state: str) -> list[str]:

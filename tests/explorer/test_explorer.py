@@ -30,6 +30,7 @@ from tests.explorer.simulate import INTERRUPTIONS, Schedule, TaskSim, explored
 PARALLEL = int(os.environ.get("TAO_EXPLORE_PARALLEL", "24"))
 DURATIONS: dict[Schedule, float] = {}
 _CLEAN: dict[tuple[str, str], list[str]] = {}
+_REPORT_LOCK = threading.Lock()
 
 
 def run_schedule(backend: Any, schedule: Schedule) -> list[str]:
@@ -40,6 +41,10 @@ def run_schedule(backend: Any, schedule: Schedule) -> list[str]:
     if schedule.boundary is not None and outcome.fired is None:
         found.append(f"the boundary {schedule.boundary} was never reached")
     DURATIONS[schedule] = time.monotonic() - started
+    if report := os.environ.get("TAO_EXPLORE_REPORT"):  # one JSON line per schedule as it ends, for the docs' table
+        with _REPORT_LOCK, open(report, "a") as out:
+            out.write(json.dumps([schedule.platform, schedule.job, schedule.boundary, schedule.interruption, found]))
+            out.write("\n")
     return found
 
 
@@ -141,10 +146,6 @@ def test_explore(explored_runs: Any, platform: str, job: str, interruption: str)
     schedules = [s for s, _ in results]
     slowest = sorted(schedules, key=lambda s: -DURATIONS.get(s, 0))[:3]
     print("slowest:", [(s.boundary, round(DURATIONS.get(s, 0), 1)) for s in slowest])
-    if report := os.environ.get("TAO_EXPLORE_REPORT"):  # one JSON line per schedule, for docs/reliability.md
-        with open(report, "a") as out:
-            for s, found in results:
-                out.write(json.dumps([s.platform, s.job, s.boundary, s.interruption, found]) + "\n")
     failed = [f"{s.reproducer()}\n    " + "\n    ".join(found) for s, found in results if found]
     print(f"\n{platform} x {job} x {interruption}: {len(schedules)} schedules, {len(failed)} with violations")
     assert not failed, "\n".join(failed)
