@@ -75,7 +75,8 @@ class Schedule:
 
     def reproducer(self) -> str:
         return (
-            f"TAO_EXPLORE_BOUNDARY='{self.boundary}' python -m pytest -p no:cacheprovider tests/explorer "
+            f"TAO_EXPLORE_PLATFORMS={self.platform} TAO_EXPLORE_BOUNDARY='{self.boundary}' "
+            "python -m pytest -p no:cacheprovider tests/explorer "
             f"-k '{self.platform} and {self.job} and {self.interruption}'"
         )
 
