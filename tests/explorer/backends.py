@@ -409,10 +409,15 @@ class SlurmBackend(Backend):
             f"sacct -X -n -P -S now-1hour --name={name} -o JobID,State,ExitCode,Submit,Start"
         )
         queued, _, acct = out.partition("@@\n")
+        in_queue = set()
         for line in queued.splitlines():
             slurm_id, _, comment = line.partition("|")
+            in_queue.add(slurm_id)
             if comment.startswith("tao:"):
                 self.ids[slurm_id] = comment[4:]
+        # slurmdbd records a job a moment after sbatch: one only squeue shows yet is queued, so live
+        acct += "".join(f"{i}|PENDING|0:0|{time.strftime('%Y-%m-%dT%H:%M:%S')}|Unknown\n" for i in in_queue
+                        if f"\n{i}|" not in f"\n{acct}")  # fmt: skip
         found = []
         for line in acct.splitlines():
             slurm_id, state, code, submit, start = (line.split("|") + [""] * 5)[:5]
