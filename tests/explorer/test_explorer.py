@@ -36,10 +36,13 @@ _REPORT_LOCK = threading.Lock()
 def run_schedule(backend: Any, schedule: Schedule) -> list[str]:
     started = time.monotonic()
     sim = TaskSim(backend, schedule)
-    outcome = sim.run()
-    found = violations(backend, schedule, outcome, sim.store)
-    if schedule.boundary is not None and outcome.fired is None:
-        found.append(f"the boundary {schedule.boundary} was never reached")
+    try:
+        outcome = sim.run()
+        found = violations(backend, schedule, outcome, sim.store)
+        if schedule.boundary is not None and outcome.fired is None:
+            found.append(f"the boundary {schedule.boundary} was never reached")
+    except Exception as exc:  # one schedule's own failure is its result, not every other schedule's in the pool
+        found = [f"the schedule raised {type(exc).__name__}: {exc}"[:500]]
     DURATIONS[schedule] = time.monotonic() - started
     if report := os.environ.get("TAO_EXPLORE_REPORT"):  # one JSON line per schedule as it ends, for the docs' table
         with _REPORT_LOCK, open(report, "a") as out:
