@@ -21,6 +21,7 @@ import pytest
 from tests.explorer.backends import JOBS
 from tests.explorer.conftest import PLATFORMS
 from tests.explorer.invariants import violations
+from tests.explorer.recorder import read_only
 from tests.explorer.simulate import INTERRUPTIONS, Schedule, TaskSim, explored
 
 #: Schedules run side by side, all platforms' at once: they mostly wait on their jobs (sleeps, polls, the fakes'
@@ -39,7 +40,10 @@ def run_schedule(backend: Any, schedule: Schedule) -> list[str]:
     try:
         outcome = sim.run()
         found = violations(backend, schedule, outcome, sim.store)
-        if schedule.boundary is not None and outcome.fired is None:
+        # a poll's n-th repetition depends on timing (a loaded machine's job ends in fewer polls): a repeated read
+        # not reached is a clean run, still checked; any other boundary must be reached
+        repeated_read = read_only(str(schedule.boundary)) and not str(schedule.boundary).endswith("#1")
+        if schedule.boundary is not None and outcome.fired is None and not repeated_read:
             found.append(f"the boundary {schedule.boundary} was never reached")
     except Exception as exc:  # one schedule's own failure is its result, not every other schedule's in the pool
         found = [f"the schedule raised {type(exc).__name__}: {exc}"[:500]]
