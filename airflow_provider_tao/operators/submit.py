@@ -400,7 +400,10 @@ class TAOSubmitOperator(CapacityFailoverMixin, S3StagingMixin, BaseOperator):
             self._keep(context, self._record_for(context, handle, self._outputs_of(context, handle)))
             self._publish(context, hook, handle)
             self._close_attempt(context, hook, handle, outcome="complete", reason=status.message)
-            return self._succeed(context, handle, status, self._outputs_of(context, handle))
+            try:
+                return self._succeed(context, handle, status, self._outputs_of(context, handle))
+            finally:
+                hook.cleanup_job(handle)  # as a resumed try does once it has read the result (SLURM: the env file)
         if found is not None:
             hook, previous, _ = found
             handle = previous.owned_by(try_number)
