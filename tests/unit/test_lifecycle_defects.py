@@ -19,6 +19,7 @@ from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
 from airflow_provider_tao.records import STATE_KEY
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
+from tests.unit import lifecycle_steps
 from tests.unit.fakes import FakeHook, Store, make_context
 from tests.unit.lifecycle_steps import WorkerDied, die_at, kill_local_job, live_local_jobs
 from tests.unit.test_operator_submit import _defer, _op
@@ -270,6 +271,7 @@ def local_conn(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     extra = {"jobs_dir": str(tmp_path / "jobs"), "results_root": str(tmp_path / "results"), "cancel_grace_seconds": 1}
     monkeypatch.setenv("AIRFLOW_CONN_TAO_LOCAL_LIFECYCLE", json.dumps({"conn_type": "tao_local", "extra": extra}))
+    monkeypatch.setattr(lifecycle_steps, "RESULTS_ROOT", extra["results_root"])  # this test's jobs only
     names: list[str] = []
     yield names
     for name in names:
