@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import re
 import time
 import uuid
@@ -469,18 +470,68 @@ async def test_a_watch_waits_for_its_next_status_with_one_timer_pushed_on(fake_p
     fires first; the watch's end cancels its timer."""
     from airflow_provider_tao.triggers.job import _Watch
 
+    async def next_status(timeout: float) -> JobStatus | None:  # as the trigger's run() waits
+        watch.begin_wait(timeout)
+        while (waiter := watch.waiter_needed()) is not None:
+            await waiter
+        return watch.take_status()
+
     watch = _Watch(_submit(fake_platform), interval=0.1)
     loop = asyncio.get_running_loop()
     loop.call_later(0.05, watch.publish, JobStatus(JobState.RUNNING))
-    status = await watch.next_status(0.3)
+    status = await next_status(0.3)
     assert status is not None and status.state is JobState.RUNNING
     assert watch.timer is not None  # still armed for the first wait's end: pushed on, not cancelled
     await asyncio.sleep(0.1)
     started = loop.time()
-    assert await watch.next_status(0.4) is None  # the first timer fired after 0.15 s: the wait went on
+    assert await next_status(0.4) is None  # the first timer fired after 0.15 s: the wait went on
     assert loop.time() - started >= 0.39
     watch.publish(JobStatus(JobState.COMPLETE))
-    ended = await watch.next_status(0)  # a status already there is taken, however short the wait
+    ended = await next_status(0)  # a status already there is taken, however short the wait
     assert ended is not None and ended.state is JobState.COMPLETE
     watch.close()
     assert watch.timer is None
+
+
+#: GC-tracked objects one waiting trigger keeps alive, counted as below: 18.5 after issue 24's rework (33 before).
+WAITING_TRIGGER_OBJECTS = 20
+
+
+async def test_a_waiting_trigger_keeps_few_objects_for_the_garbage_collector(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every object a waiting trigger keeps alive is walked by each full garbage collection, which at 10,000 watched
+    jobs is the triggerer's worst event-loop lag (issue 24; measured by benchmarks/triggerer_load.py). Counted as
+    the triggerer runs triggers: a task per trigger iterating its run(), on running jobs whose log was read."""
+    monkeypatch.setattr(FakeHook, "log_reads_batched", True)  # every log read at the first poll
+    handles = [_submit(fake_platform) for _ in range(200)]
+    for handle in handles:
+        fake_platform.jobs[handle.job_id]["state"] = JobState.RUNNING
+        fake_platform.logs[handle.job_id] = "a line\n"
+
+    async def run_trigger(trigger: TAOJobTrigger) -> None:
+        async for _ in trigger.run():
+            return
+
+    warm_up = _submit(fake_platform)  # the first trigger's one-time imports and caches are not the triggers' cost
+    fake_platform.jobs[warm_up.job_id]["state"] = JobState.COMPLETE
+    await _first_event(_trigger(warm_up))
+    gc.collect()
+    before = len(gc.get_objects())
+    triggers = [_trigger(handle, poll_interval=60) for handle in handles]
+    tasks = [asyncio.create_task(run_trigger(trigger)) for trigger in triggers]
+    poller = None
+    for _ in range(200):  # until every trigger has read its log and waits for its next status
+        await asyncio.sleep(0.05)
+        poller = StatusPoller.existing("fake", "fake_conn")
+        waiting = poller is not None and [w for w in poller.watches.values() if w.waiter and not w.waiter.done()]
+        if waiting and len(waiting) == len(handles) and all(t.log_cursor for t in triggers):
+            break
+    else:
+        pytest.fail("the triggers never all waited")
+    gc.collect()
+    per_trigger = (len(gc.get_objects()) - before) / len(handles)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert per_trigger <= WAITING_TRIGGER_OBJECTS
