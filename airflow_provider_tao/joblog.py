@@ -82,14 +82,16 @@ class JobLogWriter:
     """
 
     def __init__(self, secrets: Sequence[str] = (), max_partial: int = MAX_PARTIAL_CHARS) -> None:
-        self.secrets: set[str] = {s for s in secrets if s}
+        # a tuple, not a set: an empty one is no object of its own for the garbage collector to walk
+        self.secrets: tuple[str, ...] = ()
+        self.mask(secrets)
         self.max_partial = max_partial
         self.partial = ""  # the unfinished line (only its latest \r state)
         self._shown = ""  # the unfinished line's state already shown
 
     def mask(self, values: Iterable[str]) -> None:
         """Mask these values too."""
-        self.secrets.update(v for v in values if v)
+        self.secrets = tuple(dict.fromkeys([*self.secrets, *(v for v in values if v)]))
 
     def feed(self, text: str, final: bool = False) -> list[str]:
         """The lines to write for this chunk; ``final``: the log ended, the unfinished line is written too."""

@@ -78,6 +78,13 @@ def secrets_received(conn_ids: Sequence[str]) -> list[str]:
     return [v for v in dict.fromkeys(values) if v]
 
 
+def job_secrets(secret_conn_ids: Sequence[str], platform_conn_id: str | None) -> list[str]:
+    """The secrets a job received, found as a resumed task finds them, for its log shown outside a task -- its job
+    page, ``airflow tao logs`` -- where no task-log masker runs: the storage connection's and the platform
+    connection's (its NGC or HF key, set in the connection or by the environment fallback)."""
+    return secrets_received([c for c in dict.fromkeys([*secret_conn_ids, platform_conn_id]) if c])
+
+
 def _secrets_of(conn_id: str, conn: Any, extras: dict[str, Any]) -> list[str]:
     from airflow_provider_tao.hooks import get_platform_hook, platform_for_conn_type
     from airflow_provider_tao.hooks.shared.secrets import connection_secrets

@@ -93,6 +93,7 @@ def sweep_connection(
     dry_run: bool,
     recheck: Recheck,
     active: Sequence[JobHandle] | None = None,
+    machines: Sequence[Mapping[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """Sweep one connection: one list call, a decision per active job, a cancel per orphan.
 
@@ -105,14 +106,21 @@ def sweep_connection(
         since the records were read wants its job back).
     :param active: the connection's active jobs when listed already (before its machines were reaped: a job a
         machine's reaping stopped is still reported); None lists them now.
+    :param machines: the rows of :func:`sweep_machines` on this connection: a job on a machine (a Brev instance, a
+        Kubernetes Job) whose reaping stopped it is reported as that reaping's doing, not judged again.
     :returns: one row per job: ``platform, conn_id, job_id, name, dag_id, task_id, task_state, action, why``.
     """
     rows = []
+    stopped_by = {row["name"]: row for row in machines if row["action"] in MACHINE_STOPS_JOBS}
     for handle in hook.list_active_jobs() if active is None else active:
         job = known.get(handle.job_id)
         cancel, why = verdict(hook, handle, job, now, min_age)
         action = "kept"
-        if cancel and dry_run:
+        machine = stopped_by.get(handle.backend_job_id or "")
+        if machine is not None:
+            action = MACHINE_STOPS_JOBS[machine["action"]]
+            why = f"its {machine.get('kind') or 'machine'} {machine['name']}: {machine['why']}"
+        elif cancel and dry_run:
             action = "would cancel"
         elif cancel:
             came_back = recheck(job) if job is not None and job.ti_state not in WANTED_TI_STATES else None
@@ -134,6 +142,15 @@ def sweep_connection(
         log.info("%s", describe(row))
         rows.append(row)
     return rows
+
+
+#: What a machine's reaping did to the jobs on it, by the machine's action (a dry run says what it would do).
+MACHINE_STOPS_JOBS = {
+    "deleted": "canceled",
+    "jobs canceled": "canceled",
+    "would delete": "would cancel",
+    "would cancel jobs": "would cancel",
+}
 
 
 def sweep_machines(

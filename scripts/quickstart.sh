@@ -7,10 +7,11 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 VENV=${VENV:-$ROOT/.venv-quickstart}
-export AIRFLOW_HOME=$ROOT/.quickstart/airflow
+QUICKSTART_DIR=${QUICKSTART_DIR:-$ROOT/.quickstart}  # another folder lets two runs (3.11 and 3.12) run at once
+export AIRFLOW_HOME=$QUICKSTART_DIR/airflow
 export AIRFLOW__CORE__DAGS_FOLDER=$ROOT/example_dags
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
-LOG=$ROOT/.quickstart/quickstart.log
+LOG=$QUICKSTART_DIR/quickstart.log
 
 step() { printf '\n==> %s\n' "$*"; }
 mkdir -p "$AIRFLOW_HOME"

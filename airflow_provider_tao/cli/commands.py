@@ -19,8 +19,9 @@ from airflow.utils.session import create_session
 
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
-from airflow_provider_tao.hooks.shared.secrets import redact, secrets_of
+from airflow_provider_tao.hooks.shared.secrets import redact
 from airflow_provider_tao.jobindex import (
+    WAITING_TI_STATES,
     WANTED_TI_STATES,
     IndexedJob,
     find_job,
@@ -30,6 +31,8 @@ from airflow_provider_tao.jobindex import (
 )
 from airflow_provider_tao.joblog import readable_log
 from airflow_provider_tao.jobs import JobHandle
+from airflow_provider_tao.person_cancel import record_cancel
+from airflow_provider_tao.received_secrets import job_secrets
 from airflow_provider_tao.sweeper import describe, sweep_connection, sweep_machines, task_resumes
 
 log = logging.getLogger(__name__)
@@ -127,7 +130,7 @@ def job_logs(args: Namespace) -> None:
             size += len(chunk)
             cursor = next_cursor
         text = "".join(parts)
-    secrets = secrets_of(job.record.secret_conn_ids)  # no task-log masker out here
+    secrets = job_secrets(job.record.secret_conn_ids, job.conn_id)  # no task-log masker out here
     if args.output in ("json", "yaml"):  # for machines: the log as the job wrote it
         _print([{"job_id": job.job_id, "platform": job.platform, "log": redact(text, secrets)}], args.output)
     else:  # for people: progress bars at their last state, the runner's heartbeats collapsed into words
@@ -140,8 +143,11 @@ def job_logs(args: Namespace) -> None:
 def cancel_job(args: Namespace) -> None:
     """``airflow tao cancel JOB``: the one cancel routine, as a person (the task then fails with ERR_CANCELED)."""
     job, handle, hook = _job_on_platform(args.job_id)
+    by = f"cli:{getpass.getuser()}"
     before = hook.get_job_status(handle).state
-    stopped = hook.cancel_job(handle, requested_by=f"cli:{getpass.getuser()}")
+    # Kept first: the task's next try reads it before submitting, even if the platform refuses the cancel now.
+    ti_state = record_cancel(job, by)
+    stopped = hook.cancel_job(handle, requested_by=by)
     if stopped and not before.is_terminal and not task_resumes(job):
         hook.cleanup_job(handle)  # no task will resume to clean up after it
     after = hook.get_job_status(handle)
@@ -154,9 +160,17 @@ def cancel_job(args: Namespace) -> None:
         "was": before.value,
         "canceled": bool(stopped) and not before.is_terminal,
         "state": after.state.value,
-        "note": "already ended: left as it was" if before.is_terminal else "its task fails with ERR_CANCELED",
+        "note": _cancel_note(before.is_terminal, ti_state),
     }
     _print([row], args.output)
+
+
+def _cancel_note(ended: bool, ti_state: str | None) -> str:
+    if ti_state is not None and ti_state not in WAITING_TI_STATES:
+        return f"its task ({ti_state or 'cleared'}) fails with ERR_CANCELED when it next runs, submitting nothing"
+    if ended:
+        return "already ended: left as it was"
+    return "its task fails with ERR_CANCELED"
 
 
 @cli_utils.action_cli(check_db=False)
@@ -185,10 +199,12 @@ def reap(args: Namespace) -> None:
             hook = _hook(platform, conn_id)
             active = hook.list_active_jobs()  # before the machines: a job their reaping stops is still reported
             with create_session() as session:
-                rows += sweep_machines(hook, task_state_lookup(session), dry_run=args.dry_run)
+                machines = sweep_machines(hook, task_state_lookup(session), dry_run=args.dry_run)
+            rows += machines
             rows += sweep_connection(
-                hook, known, now=now, min_age=min_age, dry_run=args.dry_run, recheck=_recheck, active=active
-            )
+                hook, known, now=now, min_age=min_age, dry_run=args.dry_run, recheck=_recheck, active=active,
+                machines=machines,
+            )  # fmt: skip
         except Exception as exc:  # one unreachable platform must not stop the others' sweeping
             rows.append({"platform": platform, "conn_id": conn_id, "job_id": None, "action": "error", "why": str(exc)})
             log.warning("%s", describe(rows[-1]))

@@ -97,6 +97,9 @@ class TAOPlatformHook(BaseHook):
     #: the trigger then reads every watched log at every poll; otherwise ``[tao] log_reads_per_interval`` bounds the
     #: log reads of a connection per interval (see :mod:`airflow_provider_tao.triggers.log_budget`).
     log_reads_batched: ClassVar[bool] = False
+    #: Watched jobs whose log the last status poll found unchanged since their trigger's last read (a hook whose
+    #: status call sees the logs' new bytes or sizes keeps it): their triggers skip that poll's read.
+    _quiet_logs: frozenset[str] = frozenset()
     #: Environment variable fallbacks for connection fields, e.g. {"login": "SLURM_USER"}.
     env_fallbacks: ClassVar[dict[str, str]] = {}
     #: Connection extras that are seconds (read only when a job is canceled: checked before it is submitted).
@@ -349,6 +352,11 @@ class TAOPlatformHook(BaseHook):
         trigger, so a restarted triggerer resumes where the last one stopped. With ``tail`` the last ``tail``
         lines instead, and a cursor at the end of the log."""
         raise NotImplementedError
+
+    def log_news(self, job_id: str) -> bool:
+        """Whether a read of the job's log now may bring new text: False only when the last status poll saw that
+        its log has not grown since its trigger's last read (so a quiet job costs its trigger no read at all)."""
+        return job_id not in self._quiet_logs
 
     def log_read_reached_end(self, text: str) -> bool:
         """Whether a read of an ended job's log that returned ``text`` reached the log's end, so the trigger makes

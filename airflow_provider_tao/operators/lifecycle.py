@@ -72,6 +72,7 @@ class JobLifecycleMixin(JobOutcomeMixin):
         stored: Any = context["task_state_store"].get(STATE_KEY)
         if reattach:
             self._close_left_behind(context, stored)  # a job that ended unwatched still counts in GPU-hours
+        self._honour_person_cancel(context, None)  # `airflow tao cancel` while no try waited: nothing is submitted
         # Reattach first: an earlier try's job that still runs is this task's job, whatever a new validation of
         # today's inputs would say (the job itself may have moved them), and its outputs are the ones that count.
         # With a chain of connections it may be on any of them (see operators/failover.py).
@@ -95,7 +96,10 @@ class JobLifecycleMixin(JobOutcomeMixin):
             self._keep(context, self._record_for(context, handle, self._outputs_of(context, handle)))
             self._publish(context, hook, handle)
             self._close_attempt(context, hook, handle, outcome="complete", reason=status.message)
-            return self._succeed(context, handle, status, self._outputs_of(context, handle))
+            try:
+                return self._succeed(context, handle, status, self._outputs_of(context, handle))
+            finally:
+                hook.cleanup_job(handle)  # as a resumed try does once it has read the result (SLURM: the env file)
         if found is not None:
             hook, previous, _ = found
             handle = previous.owned_by(try_number)
@@ -170,6 +174,7 @@ class JobLifecycleMixin(JobOutcomeMixin):
         self._handle = handle
         self._keep(context, self._record_for(context, handle, outputs))
         self._publish(context, hook, handle)
+        self._honour_person_cancel(context, handle)  # a cancel that came while this try submitted
         deadline = self._deadline(context)
         if self.deferrable:
             from airflow_provider_tao.triggers.job import TAOJobTrigger

@@ -16,6 +16,7 @@ from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESUL
 from airflow_provider_tao.operators.failover import CapacityFailoverMixin
 from airflow_provider_tao.operators.staging import S3StagingMixin
 from airflow_provider_tao.outage import OutageLog
+from airflow_provider_tao.person_cancel import cancel_request, stop_canceled_job
 from airflow_provider_tao.records import STATE_KEY, XCOM_RECORD, JobRecord
 
 if TYPE_CHECKING:
@@ -95,6 +96,16 @@ class JobOutcomeMixin(CapacityFailoverMixin, S3StagingMixin):
             "log_cursor": cursor,
             "message": status.message,
         }
+
+    def _honour_person_cancel(self, context: Context, handle: JobHandle | None) -> None:
+        """A person canceled this task instance (``airflow tao cancel``; :mod:`~airflow_provider_tao.person_cancel`):
+        the try fails with ERR_CANCELED, and ``handle`` (else the canceled job) is stopped if it still runs."""
+        if (request := cancel_request(context)) is None:
+            return
+        by = str(request.get("by") or "a person")
+        handle = handle or JobHandle.from_json(request["job"])
+        stop_canceled_job(handle, by, self.log)
+        self._fail_canceled(context, handle, f"canceled by {by}")
 
     def _fail_canceled(self, context: Context, handle: JobHandle, why: str) -> None:
         """A job canceled from outside its task: the task fails without retries (a retry would undo the cancel)."""

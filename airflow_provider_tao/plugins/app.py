@@ -17,10 +17,10 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
-from airflow_provider_tao.hooks.shared.secrets import secrets_of
 from airflow_provider_tao.jobindex import IndexedJob, gpu_hours_by_dag_and_day, load_jobs
 from airflow_provider_tao.joblog import readable_log
 from airflow_provider_tao.plugins import pages
+from airflow_provider_tao.received_secrets import job_secrets
 
 if TYPE_CHECKING:
     from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
@@ -180,7 +180,9 @@ def _platform_view(job: IndexedJob) -> tuple[dict[str, str], str, str, str, str,
         return {}, "", f"cannot use connection {job.conn_id!r}: {exc}", "", "", []
     try:
         log, _ = hook.get_job_logs(handle, "", tail=LOG_TAIL_LINES)
-        log = readable_log(log, secrets_of(job.record.secret_conn_ids))  # heartbeats in words, secrets masked
+        log = readable_log(
+            log, job_secrets(job.record.secret_conn_ids, job.conn_id)
+        )  # heartbeats in words, secrets masked
         note = (
             f"last {LOG_TAIL_LINES} lines, read from the {job.platform} platform in {time.monotonic() - started:.1f} s"
         )

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import structlog
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tao.connections import runs_inline
@@ -78,13 +81,55 @@ class _Watch:
     interval: float
     logs: bool = False  # its trigger streams the job's log
     log_turn: bool = False  # the poller granted it a live log read, not made yet
-    updates: asyncio.Queue[JobStatus] = field(default_factory=lambda: asyncio.Queue(maxsize=1))
+    # The newest status not read yet, the future its trigger waits on and the timer bounding that wait: a slot
+    # and one timer pushed on, not an asyncio.Queue and a timeout made and cancelled per status (a 10,000-job
+    # triggerer makes thousands a poll, and every full garbage collection walks through the Queue's six objects).
+    status: JobStatus | None = None
+    waiter: asyncio.Future[None] | None = None
+    timer: asyncio.TimerHandle | None = None
+    until: float = 0.0  # the loop time at which the current wait gives up
+
+    #: the context its timer runs in (the poller's one, not a copy per timer: ``_timed_out`` reads no variable)
+    context: contextvars.Context | None = None
 
     def publish(self, status: JobStatus) -> None:
-        # Only the newest status matters: drop the one the trigger has not read yet.
-        if self.updates.full():
-            self.updates.get_nowait()
-        self.updates.put_nowait(status)
+        # Only the newest status matters: it replaces the one the trigger has not read yet.
+        self.status = status
+        self._wake()
+
+    # The wait for the next status in three plain calls, the waiter awaited by the trigger's run() itself: no
+    # coroutine of a wait kept alive per waiting trigger (every full garbage collection walks through it).
+    def begin_wait(self, timeout: float) -> None:
+        self.until = asyncio.get_running_loop().time() + timeout
+
+    def waiter_needed(self) -> asyncio.Future[None] | None:
+        """The future to await for a status; None when one is there or the wait is over."""
+        self.waiter = None
+        loop = asyncio.get_running_loop()
+        if self.status is not None or self.until <= loop.time():
+            return None
+        if self.timer is None:  # an armed timer firing before ``until`` (an earlier wait's) re-arms it here
+            self.timer = loop.call_at(self.until, self._timed_out, context=self.context)
+        self.waiter = loop.create_future()
+        return self.waiter
+
+    def take_status(self) -> JobStatus | None:
+        """The newest status published since :meth:`begin_wait`; None when none came before the wait's end."""
+        status, self.status = self.status, None
+        return status
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _timed_out(self) -> None:
+        self.timer = None
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
     def take_log_turn(self) -> bool:
         turn, self.log_turn = self.log_turn, False
@@ -119,6 +164,7 @@ class StatusPoller:
         self.restarts = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._timer_context = contextvars.Context()  # its watches' timers share it (see _Watch.context)
 
     @staticmethod
     def _key(platform: str, conn_id: str | None) -> tuple[int, str, str | None]:
@@ -146,19 +192,19 @@ class StatusPoller:
     def existing(cls, platform: str, conn_id: str | None) -> StatusPoller | None:
         return cls._instances.get(cls._key(platform, conn_id))
 
-    @contextlib.asynccontextmanager
-    async def watch(self, handle: JobHandle, interval: float, logs: bool = False) -> AsyncIterator[_Watch]:
-        watch = _Watch(handle, interval, logs)
+    def add(self, watch: _Watch) -> None:
+        """Poll ``watch``'s job from now on; :meth:`remove` ends it."""
+        watch.context = self._timer_context
         self.watches[id(watch)] = watch
         self._wake.set()  # a new job is polled at once, not after the current interval
         self.ensure_running()
-        try:
-            yield watch
-        finally:
-            del self.watches[id(watch)]
-            self.logs.forget(handle.job_id)
-            if not self.watches:
-                await self._stop()
+
+    async def remove(self, watch: _Watch) -> None:
+        watch.close()
+        del self.watches[id(watch)]
+        self.logs.forget(watch.handle.job_id)
+        if not self.watches:
+            await self._stop()
 
     def ensure_running(self) -> None:
         """Start the polling task, or restart it if it died (a bug or an unexpected error must not leave every
@@ -191,7 +237,12 @@ class StatusPoller:
             handles = list({w.handle.job_id: w.handle for w in watches}.values())
             statuses = await self._poll(handles)
             failed = all(s.state is JobState.UNKNOWN and not s.not_found for s in statuses.values())
-            live = [w.handle.job_id for w in watches if w.logs and _running(statuses.get(w.handle.job_id))]
+            # a job whose log the poll saw unchanged (log_news) costs its trigger no read
+            news = self.hook.log_news
+            live = [
+                w.handle.job_id for w in watches
+                if w.logs and _running(statuses.get(w.handle.job_id)) and news(w.handle.job_id)
+            ]  # fmt: skip
             ending = [w.handle.job_id for w in watches if w.logs and _ended(statuses.get(w.handle.job_id))]
             interval = min(w.interval for w in watches)
             readers = self.logs.plan(live, ending, interval)
@@ -263,10 +314,20 @@ class TAOJobTrigger(BaseTrigger):
         self.log_cursor = str(log_cursor)
         self.stream_logs = bool(stream_logs)
         self.cancel_on_kill = bool(cancel_on_kill)
-        self.secret_conn_ids = list(secret_conn_ids or [])
+        self.secret_conn_ids = tuple(secret_conn_ids or ())  # () is no object of its own for the GC to walk
         self.capacity_timeout = None if capacity_timeout is None else float(capacity_timeout)
-        self._writer = JobLogWriter()
+        self._writer: JobLogWriter | None = None  # made at the first log text or secret: a quiet job needs none
+        # One logger per trigger class, not one per trigger (each costs ~9 objects every full garbage collection
+        # walks): the triggerer routes a trigger's lines to its task's log by context variables, not by logger.
+        self._log = _class_logger(self._create_logger_name(type(self), self._log_config_logger_name, self._logger_name))
         self._event_hold = 0.0  # [tao] trigger_event_hold_seconds, from the poller before the first event
+
+    @property
+    def writer(self) -> JobLogWriter:
+        """What shapes the job's log into task log lines (made on first use)."""
+        if self._writer is None:
+            self._writer = JobLogWriter()
+        return self._writer
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -278,20 +339,15 @@ class TAOJobTrigger(BaseTrigger):
                 "log_cursor": self.log_cursor,
                 "stream_logs": self.stream_logs,
                 "cancel_on_kill": self.cancel_on_kill,
-                "secret_conn_ids": self.secret_conn_ids,
+                "secret_conn_ids": list(self.secret_conn_ids),
                 "capacity_timeout": self.capacity_timeout,
             },
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        # One async generator, its watch entered and left by hand and its waits awaited in place: every object a
+        # waiting trigger keeps alive is walked by each full garbage collection (a 10,000-job triggerer's worst lag).
         started = time.monotonic()
-        async with contextlib.aclosing(self._watch()) as events:  # closed with run(): the poller's watch ends
-            async for event in events:
-                # an event right after the deferral races the scheduler (see [tao] trigger_event_hold_seconds)
-                await asyncio.sleep(max(0.0, started + self._event_hold - time.monotonic()))
-                yield event
-
-    async def _watch(self) -> AsyncGenerator[TriggerEvent, None]:
         await self._mask_secrets()
         poller = await StatusPoller.for_connection(self.handle.platform, self.handle.conn_id)
         hook = poller.hook
@@ -300,50 +356,61 @@ class TAOJobTrigger(BaseTrigger):
         self.log.info("Watching %s job %s (%s)", hook.platform, self.handle.job_id, self.handle.name)
         status = JobStatus.unknown("no status yet")
         self._event_hold = poller.event_hold
-        outage = OutageLog(self.log, hook.platform, poller.outage_report)
+        outage: OutageLog | None = None  # made at the first Unknown: most jobs never see an outage
         waiting = WaitLog(self.log, self.handle.job_id, poller.outage_report)
         not_found = 0
-        async with poller.watch(self.handle, self.poll_interval, self.stream_logs) as watch:
+        watch = _Watch(self.handle, self.poll_interval, self.stream_logs)
+        poller.add(watch)
+        try:
             if problem := hook.watch_problem(self.handle):
-                yield self._event(TriggerOutcome.MISPLACED, JobStatus.unknown(problem), problem)
-                return
-            while True:
-                wait = self.poll_interval * 4
-                if self.deadline is not None:
-                    wait = min(wait, max(0.0, self.deadline - time.time()))
-                try:
-                    async with asyncio.timeout(wait):  # no task per wait, as wait_for makes: thousands a poll
-                        status = await watch.updates.get()
-                except TimeoutError:
-                    poller.ensure_running()
-                    # No fresh answer (the poller is backing off): keep the last failure's reason.
-                    if status.state is not JobState.UNKNOWN:
-                        status = JobStatus.unknown(f"no status from the {hook.platform} platform for {wait:.1f} s")
-                outage.update(status)
-                waiting.update(status)
-                not_found = not_found + 1 if status.not_found else 0
-                # An ended job's log is read by the final reads below; a live one when the poller grants it a turn.
-                if self.stream_logs and _running(status) and watch.take_log_turn():
-                    await self._live_log(poller)
-                if self.deadline is not None and time.time() >= self.deadline:
-                    event = self._event(TriggerOutcome.TIMEOUT, status, "the task's execution_timeout passed")
-                    event.payload["waiting"] = waiting.summary()  # why the job had not run yet, if it had not
-                    yield event
-                    return
-                if not_found >= NOT_FOUND_POLLS:
-                    message = f"job {self.handle.job_id} no longer exists on the {hook.platform} platform"
-                    yield self._event(TriggerOutcome.ERROR, status, f"{message} ({status.message})")
-                    return
-                if reason := status.capacity_wait_over(self.capacity_timeout, time.time()):
-                    yield self._event(TriggerOutcome.CAPACITY, status, reason)
-                    return
-                if status.state is JobState.ERROR and (note := await self._resubmitted(hook, status)):
-                    self.log.warning("Job %s: %s", self.handle.job_id, note)
-                    continue
-                if status.state.is_terminal:
-                    complete = await self._final_log(poller) if self.stream_logs else True
-                    yield self._event(TriggerOutcome.BY_STATE[status.state], status, status.message, complete)
-                    return
+                event = self._event(TriggerOutcome.MISPLACED, JobStatus.unknown(problem), problem)
+            else:
+                while True:
+                    wait = self.poll_interval * 4
+                    if self.deadline is not None:
+                        wait = min(wait, max(0.0, self.deadline - time.time()))
+                    watch.begin_wait(wait)
+                    while (waiter := watch.waiter_needed()) is not None:
+                        await waiter
+                    if (fresh := watch.take_status()) is not None:
+                        status = fresh
+                    else:
+                        poller.ensure_running()
+                        # No fresh answer (the poller is backing off): keep the last failure's reason.
+                        if status.state is not JobState.UNKNOWN:
+                            status = JobStatus.unknown(f"no status from the {hook.platform} platform for {wait:.1f} s")
+                    if outage is None and status.state is JobState.UNKNOWN:
+                        outage = OutageLog(self.log, hook.platform, poller.outage_report)
+                    if outage is not None:
+                        outage.update(status)
+                    waiting.update(status)
+                    not_found = not_found + 1 if status.not_found else 0
+                    # An ended job's log is read by the final reads below; a live one when the poller grants it a turn.
+                    if self.stream_logs and _running(status) and watch.take_log_turn():
+                        await self._live_log(poller)
+                    if self.deadline is not None and time.time() >= self.deadline:
+                        event = self._event(TriggerOutcome.TIMEOUT, status, "the task's execution_timeout passed")
+                        event.payload["waiting"] = waiting.summary()  # why the job had not run yet, if it had not
+                        break
+                    if not_found >= NOT_FOUND_POLLS:
+                        message = f"job {self.handle.job_id} no longer exists on the {hook.platform} platform"
+                        event = self._event(TriggerOutcome.ERROR, status, f"{message} ({status.message})")
+                        break
+                    if reason := status.capacity_wait_over(self.capacity_timeout, time.time()):
+                        event = self._event(TriggerOutcome.CAPACITY, status, reason)
+                        break
+                    if status.state is JobState.ERROR and (note := await self._resubmitted(hook, status)):
+                        self.log.warning("Job %s: %s", self.handle.job_id, note)
+                        continue
+                    if status.state.is_terminal:
+                        complete = await self._final_log(poller) if self.stream_logs else True
+                        event = self._event(TriggerOutcome.BY_STATE[status.state], status, status.message, complete)
+                        break
+            # an event right after the deferral races the scheduler (see [tao] trigger_event_hold_seconds)
+            await asyncio.sleep(max(0.0, started + self._event_hold - time.monotonic()))
+            yield event
+        finally:  # also when run() is closed or cancelled: the poller's watch ends with it
+            await poller.remove(watch)
 
     async def _resubmitted(self, hook: TAOPlatformHook, status: JobStatus) -> str | None:
         try:
@@ -379,8 +446,9 @@ class TAOJobTrigger(BaseTrigger):
                 break
             if await self._stream_logs(poller.hook, final=True):
                 return True
-        for line in self._writer.feed("", final=True):  # the operator continues after it: a line may be split
-            self.log.info("[job] %s", line)
+        if self._writer is not None:
+            for line in self._writer.feed("", final=True):  # the operator continues after it: a line may be split
+                self.log.info("[job] %s", line)
         self.log.info("Job %s ended; the rest of its log is copied when the task resumes", self.handle.job_id)
         return False
 
@@ -398,7 +466,7 @@ class TAOJobTrigger(BaseTrigger):
             self.log.debug("Reading the job log failed: %s", exc)
             return False
         at_end = final and (cursor == self.log_cursor or hook.log_read_reached_end(text))
-        lines = self._writer.feed(text, at_end)
+        lines = self.writer.feed(text, at_end) if text or self._writer is not None else []
         try:
             if cursor != self.log_cursor:
                 self.log_cursor = cursor
@@ -454,7 +522,7 @@ class TAOJobTrigger(BaseTrigger):
         from airflow_provider_tao.received_secrets import asecrets_received
 
         values = await asecrets_received(self.secret_conn_ids)
-        self._writer.mask(values)
+        self.writer.mask(values)
         for value in values:
             await amask_secret(value)
 
@@ -538,6 +606,11 @@ class TAOJobTrigger(BaseTrigger):
                 self.log.warning("Canceling job %s failed (%s); asking again in %.0f s", self.handle.job_id, exc, pause)
             await asyncio.sleep(pause)
             pause = min(pause * 2, MAX_BACKOFF_SECONDS)
+
+
+@functools.cache
+def _class_logger(name: str) -> Any:
+    return structlog.get_logger(name)
 
 
 def _on_kill_timeout() -> float:

@@ -9,29 +9,55 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from airflow_provider_tao.hooks.docker import TAODockerHook
+from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
 from airflow_provider_tao.hooks.local import LocalHook
-from tests.explorer.backends import Backend, DockerBackend, LocalBackend
-from tests.explorer.recorder import instrument_hook
+from airflow_provider_tao.hooks.slurm import SlurmHook
+from tests.explorer.backends import SECRET, Backend, DockerBackend, KubernetesBackend, LocalBackend, SlurmBackend
+from tests.explorer.recorder import CURRENT, instrument_hook
 from tests.integration.docker.conftest import docker_connection, docker_engine, results_root  # noqa: F401
+from tests.integration.kubernetes.conftest import kubefake, kubernetes_connection  # noqa: F401
+from tests.integration.slurm.conftest import slurm_cluster  # noqa: F401
 
-#: The platforms explored, in the order they are set up.
-PLATFORMS = ("local", "docker")
+#: Every platform the explorer can run on, in the order they are set up.
+EXPLORABLE = ("local", "docker", "kubernetes", "slurm")
+#: The platforms explored in this run: ``TAO_EXPLORE_PLATFORMS`` (comma-separated), by default those that fit every
+#: CI run's time (see docs/reliability.md for what the others take here).
+PLATFORMS = tuple(os.environ.get("TAO_EXPLORE_PLATFORMS", "local,docker").split(","))
 
 
 @pytest.fixture(scope="package", autouse=True)
 def _instrumented() -> Iterator[None]:
+    import structlog
+
+    from airflow_provider_tao.hooks.kubernetes import status as kubernetes_status
     from airflow_provider_tao.hooks.local import hook as local
 
+    processors = structlog.get_config()["processors"]
+    structlog.configure(processors=[*processors[:-1], _captured, processors[-1]])
     with pytest.MonkeyPatch.context() as patch:
-        for cls in (LocalHook, TAODockerHook):
+        for cls in (LocalHook, TAODockerHook, TAOKubernetesHook, SlurmHook):
             instrument_hook(cls, patch.setattr)
         # the explorer's time scale: a submission cut before its process started is given up on after 3 s, not 30
         patch.setattr(local, "LAUNCH_TIMEOUT_SECONDS", 3.0)
+        # and a Kubernetes Job left suspended by a dead submission is swept 3 s after its creation, not 60
+        patch.setattr(kubernetes_status, "SETUP_TIMEOUT_SECONDS", 3.0)
         yield
+    structlog.configure(processors=processors)
+
+
+def _captured(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """The structlog processor of the explorer: each event of a schedule kept, masked, on its recorder (I7)."""
+    from airflow.sdk._shared.secrets_masker import redact
+
+    recorder = CURRENT.get()
+    if recorder is not None:
+        recorder.logs.append(str(redact(dict(event))))
+    return event
 
 
 @pytest.fixture(scope="package")
@@ -41,7 +67,8 @@ def local_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]
     extra = {"jobs_dir": str(root / "jobs"), "results_root": str(root / "results"), "cancel_grace_seconds": 1}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CUDA_VISIBLE_DEVICES", "")
-        patch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "tao_local", "extra": extra}))
+        connection = {"conn_type": "tao_local", "password": SECRET, "extra": extra}
+        patch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(connection))
         backend = LocalBackend(conn_id, root / "jobs")
         yield backend
         _kill_jobs(backend)
@@ -62,10 +89,41 @@ def _kill_jobs(backend: LocalBackend) -> None:
 @pytest.fixture(scope="package")
 def docker_backend(docker_engine, results_root: Path) -> Iterator[Backend]:  # noqa: F811
     conn_id = "tao_docker_explore"
-    connection = docker_connection(docker_engine, results_root, cancel_grace_seconds=1)
+    # the password is a registry's (for pulls from registry.explorer.invalid only: never used, never to be seen)
+    connection = json.loads(
+        docker_connection(docker_engine, results_root, cancel_grace_seconds=1, registry="registry.explorer.invalid")
+    )
+    connection = json.dumps({**connection, "password": SECRET})
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", connection)
         yield DockerBackend(conn_id, docker_engine)
+
+
+@pytest.fixture(scope="package")
+def kubernetes_backend(kubefake, docker_engine) -> Iterator[Backend]:  # noqa: F811
+    conn_id = "tao_k8s_explore"
+    with pytest.MonkeyPatch.context() as patch:
+        # the kubeconfig inline (a secret extra), its bearer token the explorer's secret (the fake takes any)
+        kubeconfig = json.loads(kubefake.kubeconfig.read_text())
+        kubeconfig["users"][0]["user"]["token"] = SECRET
+        connection = json.loads(kubernetes_connection(kubefake, cancel_grace_seconds=1))
+        connection["extra"].pop("kube_config_path")
+        connection["extra"]["kube_config"] = json.dumps(kubeconfig)
+        patch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(connection))
+        yield KubernetesBackend(conn_id, kubefake, docker_engine)
+
+
+@pytest.fixture(scope="package")
+def slurm_backend(slurm_cluster) -> Iterator[Backend]:  # noqa: F811
+    conn_id = "tao_slurm_explore"
+    connection = slurm_cluster.airflow_conn
+    connection["extra"]["cancel_grace_seconds"] = 1
+    connection["password"] = SECRET  # the key logs in first: the password is never sent
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(connection))
+        backend = SlurmBackend(conn_id, slurm_cluster)
+        yield backend
+        backend.close()
 
 
 @pytest.fixture(scope="package")

@@ -8,17 +8,19 @@
   ends successfully on its retries, its recorded job not stopped;
 * I5 the outputs returned are those of the job that ran: the result's job completed on the backend and its results
   folder holds what that job wrote;
-* I6 nothing of the platform's is held after the task ended (:meth:`Backend.leftovers`).
+* I6 nothing of the platform's is held after the task ended and one sweep ran (:meth:`Backend.leftovers`);
+* I7 the connection's secret (:data:`tests.explorer.backends.SECRET`) is in none of: the task's log lines (as
+  Airflow's masker leaves them), the trigger's serialized kwargs, the backend's records of the jobs
+  (:meth:`Backend.records`: job specs, ``docker inspect``, sbatch scripts, Slurm's job record).
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from airflow_provider_tao.records import STATE_KEY, JobRecord
-from tests.explorer.backends import Backend, BackendJob
+from tests.explorer.backends import SECRET, Backend, BackendJob
 from tests.explorer.simulate import Outcome, Schedule
 
 SETTLE_SECONDS = 8.0  # a cancel's grace (SIGTERM, then SIGKILL) before a job may count as left running
@@ -77,9 +79,20 @@ def violations(backend: Backend, schedule: Schedule, outcome: Outcome, store: An
         ran = next((job for job in jobs if job.job_id == job_id), None)
         if ran is None or not ran.completed:
             found.append(f"I5: the result names job {job_id}, which did not complete on the backend ({ran})")
-        marker = Path(str(outcome.result.get("results_dir"))) / "ran"
+        marker = backend.host_path(str(outcome.result.get("results_dir"))) / "ran"
         written = marker.read_text().strip() if marker.is_file() else None
         if written != job_id:
             found.append(f"I5: the result's folder {marker.parent} holds the output of {written!r}, not {job_id!r}")
-    found.extend(f"I6: {what}" for what in backend.leftovers(outcome.job_name))
+    found.extend(f"I6: {what}" for what in backend.leftovers(outcome.job_name, outcome.run_id, outcome.state))
+    found.extend(f"I7: the connection's secret is in {where}" for where in secret_seen(backend, outcome))
     return found
+
+
+def secret_seen(backend: Backend, outcome: Outcome) -> list[str]:
+    places = {
+        "the task's log": outcome.logs,
+        "the trigger's kwargs": outcome.trigger_kwargs,
+        "the backend's records": backend.records(outcome.job_name) if outcome.job_name else [],
+    }
+    return [f"{where}: ...{text[max(0, text.index(SECRET) - 120) : text.index(SECRET)]}"
+            for where, texts in places.items() for text in texts if SECRET in text][:3]  # fmt: skip

@@ -34,6 +34,10 @@ PURE = frozenset({
     "load_connection", "aload_connection", "setting", "job_name_for", "validate_name", "image_required", "tao_env",
     "new_handle", "results_dir_for", "default_results_root", "job_url", "job_location", "results_url",
     "watch_problem", "platform_details", "runner_mount_path", "aclose",
+    # what the last poll or read already told (which logs grew, whether a read reached the log's end)
+    "log_news", "log_read_reached_end",
+    # SLURM: the job's paths, the scheduling plan and the SSH session are computed or opened, nothing is asked
+    "layout", "plan", "results_root_for", "ssh_settings", "session", "close",
 })  # fmt: skip
 
 
@@ -88,6 +92,7 @@ class Recorder:
         self.fired: str | None = None
         self.outage_until = 0.0
         self.lock = threading.Lock()
+        self.logs: list[str] = []  # the schedule's log lines, masked as Airflow masks them (I7)
 
     def passed(self, name: str) -> None:
         with self.lock:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import json
 import threading
 import time
 import uuid
@@ -56,6 +57,8 @@ STOPS = frozenset({"worker_kill", "triggerer_kill", "clear", "mark_failed", "mar
 WORKER_PHASES = frozenset({"execute", "resume"})
 MAX_TRIES = 4
 OUTAGE_POLLS = 2.5
+#: Interruptions the provider receives through the same code path as another (pruned, see :func:`explored`).
+EQUIVALENT = {"mark_success": "mark_failed"}
 #: Repeated polls of one phase past this occurrence re-read the same state: equivalent boundaries (pruned).
 POLL_OCCURRENCES = 2
 
@@ -72,7 +75,8 @@ class Schedule:
 
     def reproducer(self) -> str:
         return (
-            f"TAO_EXPLORE_BOUNDARY='{self.boundary}' python -m pytest -p no:cacheprovider tests/explorer "
+            f"TAO_EXPLORE_PLATFORMS={self.platform} TAO_EXPLORE_BOUNDARY='{self.boundary}' "
+            "python -m pytest -p no:cacheprovider tests/explorer "
             f"-k '{self.platform} and {self.job} and {self.interruption}'"
         )
 
@@ -84,8 +88,15 @@ def explored(boundaries: list[str], interruption: str) -> list[str]:
     * stopping a process right after a read equals stopping it right before, i.e. after the step before the read --
       but for the first poll of a deferred job (the only boundary where the task waits in the triggerer);
     * a read repeated with no step changing the world in between reads the same state: only its first
-      ``POLL_OCCURRENCES`` repetitions are kept (for a stop, its first).
+      ``POLL_OCCURRENCES`` repetitions are kept (for a stop, its first);
+    * ``mark_success`` equals ``mark_failed`` (:data:`EQUIVALENT`): Airflow delivers both alike -- the worker gets
+      SIGTERM and ``on_kill`` (the task runner sees its state changed by someone else), a deferred task's trigger
+      is cancelled and its ``on_kill`` runs -- and no provider code reads which of the two the state became (the
+      trigger's ``on_kill`` asks only whether the task is still ``deferred``; the sweeper counts neither as
+      waiting).
     """
+    if interruption in EQUIVALENT:
+        return []
     chosen = []
     since_step: dict[str, int] = {}
     for boundary in boundaries:
@@ -128,8 +139,11 @@ class Outcome:
     person_cancel: dict[str, Any] | None = None
     live_seen: int = 0  # most live jobs of the task instance seen at once (I1)
     job_name: str = ""
+    run_id: str = ""
     ended_at: float = 0.0
     live_at_end: set[str] = field(default_factory=set)  # jobs still live the moment the task ended
+    trigger_kwargs: list[str] = field(default_factory=list)  # every deferral's serialized kwargs (I7)
+    logs: list[str] = field(default_factory=list)
 
 
 class TaskSim:
@@ -145,7 +159,7 @@ class TaskSim:
         self.store = RecordingStore()
         self.run_id = f"explore__{uuid.uuid4().hex[:10]}"
         self.rec = Recorder(schedule.boundary, on_hit=self._hit, on_boundary=self._sample)
-        self.outcome = Outcome()
+        self.outcome = Outcome(run_id=self.run_id)
         self.frozen = threading.Event()  # a triggerer step waits there for the simulator to act
         self.release = threading.Event()
         self.event_hit = False
@@ -211,6 +225,7 @@ class TaskSim:
             self.outcome.live_at_end = self.backend.live_ids(self.outcome.job_name)
         self.outcome.fired = self.rec.fired
         self.outcome.boundaries = list(self.rec.boundaries)
+        self.outcome.logs = list(self.rec.logs)
         self.outcome.ended_at = time.time()
         return self.outcome
 
@@ -295,6 +310,7 @@ class TaskSim:
         """The trigger runs (and is restarted after a triggerer's death) until it makes its event; or the task was
         stopped while deferred ("retry" for a clear, "end" for a mark)."""
         classpath, kwargs = deferred.trigger.serialize()
+        self.outcome.trigger_kwargs.append(json.dumps(kwargs, default=str))
         assert classpath.endswith("TAOJobTrigger")
         while True:
             self.rec.phase = "trigger"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -20,23 +21,38 @@ import pytest
 from tests.explorer.backends import JOBS
 from tests.explorer.conftest import PLATFORMS
 from tests.explorer.invariants import violations
+from tests.explorer.recorder import read_only
 from tests.explorer.simulate import INTERRUPTIONS, Schedule, TaskSim, explored
 
-#: Schedules run side by side: they mostly wait on their jobs (sleeps and polls), so 8 fit two cores.
-#: ``TAO_EXPLORE_REPORT=<file>``: every schedule's result appended there (``python -m tests.explorer.table <file>``).
+#: Schedules run side by side, all platforms' at once: they mostly wait on their jobs (sleeps, polls, the fakes'
+#: and the daemons' answers), so many fit two cores. A platform may cap its own share (``Backend.parallel``: the
+#: cluster's job slots). ``TAO_EXPLORE_REPORT=<file>``: every schedule's result appended there (``python -m
+#: tests.explorer.table <file>``). 8 wide: local + Docker took 3 min 36 s with 0 violations, 24 wide 3 min 22 s with
+#: 3 schedules whose 1.5 s jobs ended inside a cancel's window under the load (each passes alone).
 PARALLEL = int(os.environ.get("TAO_EXPLORE_PARALLEL", "8"))
 DURATIONS: dict[Schedule, float] = {}
 _CLEAN: dict[tuple[str, str], list[str]] = {}
+_REPORT_LOCK = threading.Lock()
 
 
 def run_schedule(backend: Any, schedule: Schedule) -> list[str]:
     started = time.monotonic()
     sim = TaskSim(backend, schedule)
-    outcome = sim.run()
-    found = violations(backend, schedule, outcome, sim.store)
-    if schedule.boundary is not None and outcome.fired is None:
-        found.append(f"the boundary {schedule.boundary} was never reached")
+    try:
+        outcome = sim.run()
+        found = violations(backend, schedule, outcome, sim.store)
+        # a poll's n-th repetition depends on timing (a loaded machine's job ends in fewer polls): a repeated read
+        # not reached is a clean run, still checked; any other boundary must be reached
+        repeated_read = read_only(str(schedule.boundary)) and not str(schedule.boundary).endswith("#1")
+        if schedule.boundary is not None and outcome.fired is None and not repeated_read:
+            found.append(f"the boundary {schedule.boundary} was never reached")
+    except Exception as exc:  # one schedule's own failure is its result, not every other schedule's in the pool
+        found = [f"the schedule raised {type(exc).__name__}: {exc}"[:500]]
     DURATIONS[schedule] = time.monotonic() - started
+    if report := os.environ.get("TAO_EXPLORE_REPORT"):  # one JSON line per schedule as it ends, for the docs' table
+        with _REPORT_LOCK, open(report, "a") as out:
+            out.write(json.dumps([schedule.platform, schedule.job, schedule.boundary, schedule.interruption, found]))
+            out.write("\n")
     return found
 
 
@@ -48,6 +64,8 @@ def clean_boundaries(backends: Any, platform: str, job: str) -> list[str]:
         outcome = sim.run()
         found = violations(backends[platform], schedule, outcome, sim.store)
         assert outcome.state == "success" and not found, (outcome, found)
+        assert outcome.logs and outcome.trigger_kwargs, "I7 reads the schedule's log lines and trigger kwargs"
+        assert backends[platform].records(outcome.job_name), "I7 reads the backend's records of the job"
         _CLEAN[platform, job] = list(dict.fromkeys(outcome.boundaries))
     return _CLEAN[platform, job]
 
@@ -61,8 +79,57 @@ def schedule_boundaries(backends: Any, platform: str, job: str, interruption: st
     if job != "ok":
         ok = set(clean_boundaries(backends, platform, "ok"))
         first = next(i for i, b in enumerate(boundaries) if b not in ok)
-        boundaries = boundaries[first : boundaries.index("execute:defer#2") + 1]
+        last = boundaries.index("execute:defer#2") + 1 if "execute:defer#2" in boundaries else len(boundaries)
+        boundaries = boundaries[first:last]
     return explored(boundaries, interruption)
+
+
+def _selected(session: pytest.Session) -> list[tuple[str, str, str]]:
+    """(platform, job, interruption) of every ``test_explore`` this run selected (``-k`` included)."""
+    return [
+        (item.callspec.params["platform"], item.callspec.params["job"], item.callspec.params["interruption"])
+        for item in session.items
+        if getattr(item, "originalname", "") == "test_explore"
+    ]
+
+
+def _interleaved(groups: list[list[Schedule]]) -> list[Schedule]:
+    """One of each group in turn: the platforms share the pool from its start."""
+    out: list[Schedule] = []
+    for i in range(max((len(g) for g in groups), default=0)):
+        out.extend(g[i] for g in groups if i < len(g))
+    return out
+
+
+@pytest.fixture(scope="package")
+def explored_runs(request: pytest.FixtureRequest, backends: Any) -> dict[tuple[str, str, str], list[Any]]:
+    """Every selected schedule, run at once in one pool (the clean runs first, also at once): (platform, job,
+    interruption) -> [(schedule, violations)]."""
+    selected = _selected(request.session)
+    for platform in dict.fromkeys(p for p, _, _ in selected):
+        backends[platform]  # set up here, in pytest's thread
+    caps = {p: threading.Semaphore(backends[p].parallel or PARALLEL) for p in backends}
+
+    def capped(fn: Any, platform: str, *args: Any) -> Any:
+        with caps[platform]:
+            return fn(*args)
+
+    only = os.environ.get("TAO_EXPLORE_BOUNDARY")
+    with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
+        pairs = list(dict.fromkeys((p, j) for p, j, _ in selected))
+        pairs += [(p, "ok") for p, j in pairs if j != "ok" and (p, "ok") not in pairs]
+        list(pool.map(lambda pj: capped(clean_boundaries, pj[0], backends, *pj), pairs))
+        by_key = {}
+        for platform, job, interruption in selected:
+            assert not only or only in _CLEAN[platform, job], f"no boundary {only!r}"
+            chosen = [only] if only else schedule_boundaries(backends, platform, job, interruption)
+            by_key[platform, job, interruption] = [Schedule(platform, job, b, interruption) for b in chosen]
+        per_platform: dict[str, list[Schedule]] = {}
+        for key, schedules in by_key.items():
+            per_platform.setdefault(key[0], []).extend(schedules)
+        order = _interleaved(list(per_platform.values()))
+        futures = {s: pool.submit(capped, run_schedule, s.platform, backends[s.platform], s) for s in order}
+        return {key: [(s, futures[s].result()) for s in schedules] for key, schedules in by_key.items()}
 
 
 @pytest.mark.parametrize("job", JOBS)
@@ -72,27 +139,21 @@ def test_clean_run_boundaries(backends: Any, platform: str, job: str) -> None:
     boundaries = clean_boundaries(backends, platform, job)
     phases = {b.split(":", 1)[0] for b in boundaries}
     assert {"execute", "trigger", "resume"} <= phases, boundaries
-    assert sum(":create_job#" in b for b in boundaries) == (2 if job == "flaky" else 1), boundaries
+    # the flaky job's retry is a second job, or (Slurm requeues a node fault itself) the same job run again
+    creates = 1 if job == "ok" or backends[platform].requeues else 2
+    assert sum(":create_job#" in b for b in boundaries) == creates, boundaries
     print(f"\n{platform} {job}: {len(boundaries)} boundaries: {boundaries}")
 
 
 @pytest.mark.parametrize("interruption", INTERRUPTIONS)
 @pytest.mark.parametrize("job", JOBS)
 @pytest.mark.parametrize("platform", PLATFORMS)
-def test_explore(backends: Any, platform: str, job: str, interruption: str) -> None:
+def test_explore(explored_runs: Any, platform: str, job: str, interruption: str) -> None:
     """Every boundary of the clean run interrupted by ``interruption`` on ``platform``: no invariant breaks."""
-    only = os.environ.get("TAO_EXPLORE_BOUNDARY")
-    chosen = [only] if only else schedule_boundaries(backends, platform, job, interruption)
-    assert not only or only in clean_boundaries(backends, platform, job), f"no boundary {only!r}"
-    schedules = [Schedule(platform, job, b, interruption) for b in chosen]
-    with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
-        results = list(pool.map(lambda s: (s, run_schedule(backends[platform], s)), schedules))
+    results = explored_runs[platform, job, interruption]
+    schedules = [s for s, _ in results]
     slowest = sorted(schedules, key=lambda s: -DURATIONS.get(s, 0))[:3]
     print("slowest:", [(s.boundary, round(DURATIONS.get(s, 0), 1)) for s in slowest])
-    if report := os.environ.get("TAO_EXPLORE_REPORT"):  # one JSON line per schedule, for docs/reliability.md
-        with open(report, "a") as out:
-            for s, found in results:
-                out.write(json.dumps([s.platform, s.job, s.boundary, s.interruption, found]) + "\n")
     failed = [f"{s.reproducer()}\n    " + "\n    ".join(found) for s, found in results if found]
     print(f"\n{platform} x {job} x {interruption}: {len(schedules)} schedules, {len(failed)} with violations")
     assert not failed, "\n".join(failed)

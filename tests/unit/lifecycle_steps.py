@@ -63,19 +63,29 @@ def die_in(monkeypatch: pytest.MonkeyPatch, owner: Any, method: str, *, after: b
     monkeypatch.setattr(owner, method, interrupted)
 
 
+#: The results root of the test's local connection (set by its fixture): a job is this test's only if it writes
+#: there -- another pytest on this machine (CI runs the unit tests on Python 3.12 beside the main suite) runs jobs of
+#: the same names and ids, which this test must neither count nor kill.
+RESULTS_ROOT: str | None = None
+
+
+def _ours(environ: dict[str, str]) -> bool:
+    return RESULTS_ROOT is None or environ.get("TAO_RESULTS_ROOT") == RESULTS_ROOT
+
+
 def live_local_jobs(name: str) -> set[str]:
     """The job ids of the live processes of local jobs named ``name`` (their ``TAO_JOB_NAME``), from ``/proc``."""
     jobs = set()
     for pid in _pids():
         environ = _environ(pid)
-        if environ.get("TAO_JOB_NAME") == name and alive(pid):
+        if environ.get("TAO_JOB_NAME") == name and _ours(environ) and alive(pid):
             jobs.add(environ["TAO_JOB_ID"])
     return jobs
 
 
 def kill_local_job(job_id: str) -> int:
     """SIGKILL every process of the local job ``job_id`` (a crash the platform did not cause); how many."""
-    killed = [pid for pid in _pids() if _environ(pid).get("TAO_JOB_ID") == job_id]
+    killed = [pid for pid in _pids() if (env := _environ(pid)).get("TAO_JOB_ID") == job_id and _ours(env)]
     for pid in killed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

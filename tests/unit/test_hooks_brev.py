@@ -627,6 +627,12 @@ def test_a_watched_jobs_log_comes_with_the_status_probe(monkeypatch: pytest.Monk
     fresh = _hook(monkeypatch, session)
     assert fresh.get_job_logs(handle, "")[0] == "epoch 1\nepoch 2\nepoch 3\n"
     assert session.calls.count(("exec", "box")) == 4
+    # the probe tells the poller whether the log grew since the last read (issue 24: a quiet job costs no read)
+    hook.get_job_statuses([handle])
+    assert not hook.log_news("j1")  # what the probe read from the cursor's time is the cursor's own line
+    served["log"] += b"2026-11-25T07:24:09.000000001Z epoch 9\n"
+    hook.get_job_statuses([handle])
+    assert hook.log_news("j1") and hook.get_job_logs(handle, cursor)[0] == "epoch 9\n"
 
 
 def test_a_cut_log_read_never_shows_half_a_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -996,3 +996,33 @@ def test_shell_quoting_helper_is_not_needed_for_argv(hook, tmp_path):
     handle = hook.create_job(make_spec(f"echo -n ok > {shlex.quote(str(target2))}"))
     assert wait_terminal(hook, handle).state is JobState.COMPLETE
     assert target2.read_text() == "ok"
+
+
+def test_a_status_poll_says_which_watched_logs_grew_since_their_last_read(hook, tmp_path):
+    """``log_news`` (issue 24): the status poll tells the trigger's poller that a job's log has not grown since its
+    last read, so a quiet job costs no read; one line more and it has news again."""
+    go, stop = tmp_path / "go", tmp_path / "stop"
+    script = (
+        "import os, time\n"
+        "print('first', flush=True)\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+        "print('second', flush=True)\n"
+        f"while not os.path.exists({str(stop)!r}): time.sleep(0.01)\n"
+    )
+    handle = hook.create_job(make_spec([PY, "-c", script]))
+    wait_for(lambda: "first" in whole_log(hook, handle))
+    hook.get_job_statuses([handle])
+    assert hook.log_news(handle.job_id)  # never read: the first read is not skipped
+    text, cursor = hook.get_job_logs(handle, "")
+    assert text == "first\n"
+    hook.get_job_statuses([handle])
+    assert not hook.log_news(handle.job_id)
+    go.touch()
+    wait_for(lambda: "second" in whole_log(hook, handle))
+    hook.get_job_statuses([handle])
+    assert hook.log_news(handle.job_id)
+    assert hook.get_job_logs(handle, cursor)[0] == "second\n"
+    hook.get_job_statuses([handle])
+    assert not hook.log_news(handle.job_id)
+    stop.touch()
+    assert wait_terminal(hook, handle).state is JobState.COMPLETE

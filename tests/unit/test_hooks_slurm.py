@@ -820,7 +820,7 @@ async def test_fifty_watched_jobs_cost_one_command_per_poll_with_their_logs_and_
     first reads included; a quiet job's burst at its end, longer than a poll's share of bytes, still reaches
     the task log in full; every job's lines arrive in order, each once."""
     from airflow_provider_tao.hooks.slurm.ssh import AsyncPool
-    from airflow_provider_tao.triggers.job import TAOJobTrigger
+    from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
 
     hook = _hook(monkeypatch, results_root=str(tmp_path / "root"))
     state = tmp_path / "state"
@@ -849,6 +849,8 @@ async def test_fifty_watched_jobs_cost_one_command_per_poll_with_their_logs_and_
             emit(h, 2)
         await asyncio.sleep(0.1)
     assert set(local.commands) == {"squeue"}  # the logs came with the status: one command per poll
+    poller = StatusPoller.existing("slurm", "slurm_x")
+    assert poller is not None and not any(poller.hook.log_news(h.job_id) for h in handles[10:])  # quiet: no reads
 
     emit(handles[0], 1100, width=1000)  # 1.1 MB: more than one read of a job (a poll reads less)
     for h in handles[1:]:

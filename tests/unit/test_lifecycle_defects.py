@@ -19,6 +19,7 @@ from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
 from airflow_provider_tao.records import STATE_KEY
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
+from tests.unit import lifecycle_steps
 from tests.unit.fakes import FakeHook, Store, make_context
 from tests.unit.lifecycle_steps import WorkerDied, die_at, kill_local_job, live_local_jobs
 from tests.unit.test_operator_submit import _defer, _op
@@ -270,6 +271,7 @@ def local_conn(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     extra = {"jobs_dir": str(tmp_path / "jobs"), "results_root": str(tmp_path / "results"), "cancel_grace_seconds": 1}
     monkeypatch.setenv("AIRFLOW_CONN_TAO_LOCAL_LIFECYCLE", json.dumps({"conn_type": "tao_local", "extra": extra}))
+    monkeypatch.setattr(lifecycle_steps, "RESULTS_ROOT", extra["results_root"])  # this test's jobs only
     names: list[str] = []
     yield names
     for name in names:
@@ -336,3 +338,66 @@ def test_a_lookup_of_the_earlier_job_refused_for_good_fails_the_task_and_an_outa
         _op(deferrable=True).execute(make_context(Store(), 1))
     assert isinstance(raised.value, AirflowFailException) is fails_for_good
     assert fake_platform.jobs == {}
+
+
+def test_issue_22_a_persons_cancel_while_the_task_waits_for_its_next_try_is_final_and_a_clear_runs_it_again(
+    local_conn: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Try 1's worker dies while its job A runs: the task is up_for_retry (Airflow gave it a new task instance id).
+    A person runs ``airflow tao cancel A``: the next try fails with ERR_CANCELED and submits nothing (it used to find
+    A canceled and submit B). A clear afterwards (a new id again) runs the task anew. Counted on the backend: the
+    jobs' folders and live processes. The metadata database (the task instance's row, the store the CLI writes to)
+    is this test's ``Store`` and ids."""
+    from argparse import Namespace
+
+    from airflow_provider_tao import person_cancel
+    from airflow_provider_tao.cli import commands
+    from airflow_provider_tao.jobindex import IndexedJob
+    from airflow_provider_tao.records import JobRecord
+
+    def op() -> TAOSubmitOperator:
+        return TAOSubmitOperator(
+            task_id="train", conn_id="tao_local_lifecycle", command="sleep 60", gpu_count=0, deferrable=True
+        )
+
+    def context(try_number: int, ti_id: str) -> dict[str, Any]:
+        ctx = make_context(store, try_number)
+        ctx["ti"].id = ti_id
+        return ctx
+
+    store = Store()
+    ti_now = {"id": "ti-try-1", "state": "running"}
+    die_at(monkeypatch, "record")  # try 1 submits A and keeps its record; then its worker dies
+    with pytest.raises(WorkerDied):
+        op().execute(context(1, ti_now["id"]))
+    a = JobRecord.from_json(store.data[STATE_KEY]).job  # type: ignore[union-attr]
+    local_conn.append(a.name)
+    assert live_local_jobs(a.name) == {a.job_id}
+    ti_now.update(id="ti-try-2", state="up_for_retry")  # Airflow's prepare_db_for_next_try
+
+    # `airflow tao cancel A`, its metadata database being this test's
+    indexed = IndexedJob(
+        record=JobRecord.from_json(store.data[STATE_KEY]),  # type: ignore[arg-type]
+        dag_id="dag", run_id="manual__1", task_id="train", map_index=-1,
+        ti_state=ti_now["state"], ti_try=1, ti_end=None, current=True,
+    )  # fmt: skip
+    monkeypatch.setattr(commands, "_job", lambda job_id: indexed)
+    monkeypatch.setattr(person_cancel, "_task_instance_now", lambda job: (ti_now["id"], ti_now["state"]))
+    monkeypatch.setattr(person_cancel, "_keep", lambda job, value: store.set(person_cancel.CANCEL_KEY, value))
+    capsys.readouterr()
+    commands.cancel_job.__wrapped__.__wrapped__(Namespace(job_id=a.job_id, output="json"))  # type: ignore[attr-defined]
+    (row,) = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (row["canceled"], row["state"]) == (True, "Canceled"), row
+    assert "when it next runs" in row["note"], row
+    _wait_for(lambda: not live_local_jobs(a.name), "job A to stop")
+
+    with pytest.raises(AirflowFailException, match=r"ERR_CANCELED.*canceled by cli:"):
+        op().execute(context(2, "ti-try-2"))
+    jobs_dir = tmp_path / "jobs"
+    assert [p.name for p in jobs_dir.iterdir() if not p.name.startswith("_")] == [a.job_id]  # no job B
+    assert live_local_jobs(a.name) == set()
+
+    # a clear (a new task instance id): the person asks for the task again, and it runs
+    third = _defer(op(), context(3, "ti-cleared"))
+    b = JobHandle.from_json(third.trigger.serialize()[1]["handle"])
+    assert b.job_id != a.job_id and live_local_jobs(a.name) == {b.job_id}

@@ -14,7 +14,7 @@ from airflow_provider_tao.hooks.base import OPERATOR_DETAIL_KEYS, TAOPlatformHoo
 from airflow_provider_tao.hooks.shared.env import MULTI_NODE_VARS, multi_node_env
 from airflow_provider_tao.hooks.slurm import SlurmHook
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobStatus
-from airflow_provider_tao.triggers.job import StatusPoller
+from airflow_provider_tao.triggers.job import StatusPoller, _Watch
 from tests.unit.fakes import FakeHook
 
 
@@ -128,11 +128,15 @@ async def test_the_poller_restarts_itself_when_its_task_dies(fake_platform: type
     async def boom() -> None:
         raise RuntimeError("poller bug")
 
-    async with poller.watch(handle, 0.01):
+    watch = _Watch(handle, 0.01)
+    poller.add(watch)
+    try:
         poller._task = asyncio.create_task(boom())
         await asyncio.sleep(0.01)
         poller.ensure_running()
         assert poller.restarts == 1 and poller._task is not None and not poller._task.done()
+    finally:
+        await poller.remove(watch)
     assert StatusPoller._instances == {}
 
 
@@ -148,9 +152,10 @@ async def test_one_hook_per_loop_and_connection_is_shared_and_closed_when_the_la
     first = await StatusPoller.for_connection("fake", None)
     second = await StatusPoller.for_connection("fake", None)
     assert first is second
-    async with (
-        first.watch(JobHandle("fake", None, "a", "n"), 0.01),
-        first.watch(JobHandle("fake", None, "b", "n"), 0.01),
-    ):
-        assert StatusPoller.existing("fake", None) is first
+    watches = [_Watch(JobHandle("fake", None, job, "n"), 0.01) for job in "ab"]
+    for watch in watches:
+        first.add(watch)
+    assert StatusPoller.existing("fake", None) is first
+    for watch in watches:
+        await first.remove(watch)
     assert closed == [id(first.hook)]

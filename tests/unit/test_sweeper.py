@@ -4,6 +4,7 @@ its reason -- and never a job of a live task, of a task that set ``cancel_on_kil
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import subprocess
@@ -228,3 +229,28 @@ def test_the_maintenance_task_says_how_to_give_it_the_database(monkeypatch: pyte
     monkeypatch.setenv("AIRFLOW_CONN_PG", json.dumps({"conn_type": "postgres", "host": "db", "login": "a",
                        "password": "b", "schema": "airflow"}))  # fmt: skip
     assert sweeper.metadata_db_url("pg").startswith("postgresql://a:b@db")
+
+
+def test_a_job_on_a_machine_its_lease_reaped_reads_as_that_reaping_not_as_kept(hook: ListingHook) -> None:
+    """``airflow tao reap`` reaps machines first (Brev's cost guard): a job the job sweep would keep (its task still
+    waits) but whose instance's lease expired was canceled by that reaping, and its row says so -- not "kept" next
+    to a machine row that says its jobs were canceled."""
+    on_expired, on_kept = (
+        dataclasses.replace(_submit(hook, job_id), backend_job_id=machine)
+        for job_id, machine in (("0000000000b1", "inst-expired"), ("0000000000b2", "inst-kept"))
+    )
+    known = {h.job_id: _job(h, ti_state="deferred") for h in (on_expired, on_kept)}
+    for dry_run, reaped, acted in ((True, "would cancel jobs", "would cancel"), (False, "jobs canceled", "canceled")):
+        machines = [
+            {"name": "inst-expired", "kind": "machine", "action": reaped, "why": "lease expired 3 min ago"},
+            {"name": "inst-kept", "kind": "machine", "action": "kept", "why": "its task is deferred"},
+        ]
+        rows = sweeper.sweep_connection(
+            hook, known, now=time.time(), min_age=0.0, dry_run=dry_run, recheck=lambda job: None,
+            active=[on_expired, on_kept], machines=machines,
+        )  # fmt: skip
+        assert {row["job_id"]: (row["action"], row["why"]) for row in rows} == {
+            on_expired.job_id: (acted, "its machine inst-expired: lease expired 3 min ago"),
+            on_kept.job_id: ("kept", "its task is deferred"),
+        }
+    assert ListingHook.cleaned == []  # the machine's reaping did the cancel; the job sweep cancels nothing more

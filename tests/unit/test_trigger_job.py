@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import re
 import time
 import uuid
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
+from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
 from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
 from tests.unit.fakes import FakeHook
@@ -411,3 +412,126 @@ async def test_triggers_started_one_per_loop_turn_share_one_connection_load_and_
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_quiet_job_costs_no_log_read_where_the_status_call_sees_which_logs_grew(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On a platform whose status call sees which watched logs grew since their last read (SLURM, Brev, local:
+    ``log_news``), a job whose log did not grow costs its trigger no read at that poll; a printing job is read at
+    every poll, and every line still reaches the task log once and in order."""
+    read_to: dict[str, int] = {}
+    real_statuses, real_logs = FakeHook.get_job_statuses, FakeHook.get_job_logs
+
+    def statuses(self: FakeHook, handles: list[JobHandle]) -> dict[str, Any]:
+        answer = real_statuses(self, handles)
+        sizes = {h.job_id: len(self.logs.get(h.job_id, "").encode()) for h in handles}
+        self._quiet_logs = frozenset(job for job, size in sizes.items() if read_to.get(job) == size)
+        return answer
+
+    def logs(self: FakeHook, handle: JobHandle, cursor: str = "", tail: int | None = None) -> tuple[str, str]:
+        text, new = real_logs(self, handle, cursor, tail)
+        read_to[handle.job_id] = int(new)
+        return text, new
+
+    monkeypatch.setattr(FakeHook, "log_reads_batched", True)
+    monkeypatch.setattr(FakeHook, "get_job_statuses", statuses)
+    monkeypatch.setattr(FakeHook, "get_job_logs", logs)
+    handles = [_submit(fake_platform) for _ in range(20)]
+    chatty, quiet = handles[:2], handles[2:]
+
+    def emit(handle: JobHandle) -> None:
+        text = fake_platform.logs.get(handle.job_id, "")
+        fake_platform.logs[handle.job_id] = text + f"{handle.job_id} line {text.count(chr(10)):03}\n"
+
+    tasks = [asyncio.ensure_future(_first_event(_trigger(h, poll_interval=0.05), timeout=60)) for h in handles]
+    for step in range(30):
+        await asyncio.sleep(0.05)
+        for h in chatty + (quiet if step == 15 else []):
+            emit(h)
+    polls = len(fake_platform.status_calls)
+    for h in handles:
+        fake_platform.jobs[h.job_id]["state"] = JobState.COMPLETE
+    payloads = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert all(p["log_complete"] for p in payloads)
+
+    live = collections.Counter(job for poll, job in fake_platform.log_reads if poll < polls)
+    assert polls >= 15
+    assert min(live[h.job_id] for h in chatty) >= polls // 2
+    assert max(live[h.job_id] for h in quiet) <= 3  # its first read, the read after its one line, one in between
+    out = capsys.readouterr().out
+    for h in handles:
+        assert re.findall(rf"\[job\] ({h.job_id} line \d+)", out) == fake_platform.logs[h.job_id].splitlines()
+
+
+async def test_a_watch_waits_for_its_next_status_with_one_timer_pushed_on(fake_platform: type[FakeHook]) -> None:
+    """A trigger's wait for its job's next status (no timeout made and cancelled per status, issue 24): a status
+    published wakes it; none within the wait gives None, after the whole wait even when an earlier wait's timer
+    fires first; the watch's end cancels its timer."""
+    from airflow_provider_tao.triggers.job import _Watch
+
+    async def next_status(timeout: float) -> JobStatus | None:  # as the trigger's run() waits
+        watch.begin_wait(timeout)
+        while (waiter := watch.waiter_needed()) is not None:
+            await waiter
+        return watch.take_status()
+
+    watch = _Watch(_submit(fake_platform), interval=0.1)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.05, watch.publish, JobStatus(JobState.RUNNING))
+    status = await next_status(0.3)
+    assert status is not None and status.state is JobState.RUNNING
+    assert watch.timer is not None  # still armed for the first wait's end: pushed on, not cancelled
+    await asyncio.sleep(0.1)
+    started = loop.time()
+    assert await next_status(0.4) is None  # the first timer fired after 0.15 s: the wait went on
+    assert loop.time() - started >= 0.39
+    watch.publish(JobStatus(JobState.COMPLETE))
+    ended = await next_status(0)  # a status already there is taken, however short the wait
+    assert ended is not None and ended.state is JobState.COMPLETE
+    watch.close()
+    assert watch.timer is None
+
+
+#: GC-tracked objects one waiting trigger keeps alive, counted as below: 18.5 after issue 24's rework (33 before).
+WAITING_TRIGGER_OBJECTS = 20
+
+
+async def test_a_waiting_trigger_keeps_few_objects_for_the_garbage_collector(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every object a waiting trigger keeps alive is walked by each full garbage collection, which at 10,000 watched
+    jobs is the triggerer's worst event-loop lag (issue 24; measured by benchmarks/triggerer_load.py). Counted as
+    the triggerer runs triggers: a task per trigger iterating its run(), on running jobs whose log was read."""
+    monkeypatch.setattr(FakeHook, "log_reads_batched", True)  # every log read at the first poll
+    handles = [_submit(fake_platform) for _ in range(200)]
+    for handle in handles:
+        fake_platform.jobs[handle.job_id]["state"] = JobState.RUNNING
+        fake_platform.logs[handle.job_id] = "a line\n"
+
+    async def run_trigger(trigger: TAOJobTrigger) -> None:
+        async for _ in trigger.run():
+            return
+
+    warm_up = _submit(fake_platform)  # the first trigger's one-time imports and caches are not the triggers' cost
+    fake_platform.jobs[warm_up.job_id]["state"] = JobState.COMPLETE
+    await _first_event(_trigger(warm_up))
+    gc.collect()
+    before = len(gc.get_objects())
+    triggers = [_trigger(handle, poll_interval=60) for handle in handles]
+    tasks = [asyncio.create_task(run_trigger(trigger)) for trigger in triggers]
+    poller = None
+    for _ in range(200):  # until every trigger has read its log and waits for its next status
+        await asyncio.sleep(0.05)
+        poller = StatusPoller.existing("fake", "fake_conn")
+        waiting = poller is not None and [w for w in poller.watches.values() if w.waiter and not w.waiter.done()]
+        if waiting and len(waiting) == len(handles) and all(t.log_cursor for t in triggers):
+            break
+    else:
+        pytest.fail("the triggers never all waited")
+    gc.collect()
+    per_trigger = (len(gc.get_objects()) - before) / len(handles)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert per_trigger <= WAITING_TRIGGER_OBJECTS

@@ -155,7 +155,7 @@ def test_links_to_the_airflow_ui_escape_run_ids() -> None:
 SECRET_KEY = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
 
 
-def test_the_job_page_hides_the_storage_secrets_a_job_prints(
+def test_the_job_page_hides_the_storage_and_platform_secrets_a_job_prints(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import json
@@ -169,14 +169,17 @@ def test_the_job_page_hides_the_storage_secrets_a_job_prints(
         "extra": {"aws_session_token": "tok-123456"},
     }
     monkeypatch.setenv("AIRFLOW_CONN_AWS_TRAIN", json.dumps(aws))
+    # the platform connection's own secret (an NGC key the job got) is the job's too
+    monkeypatch.setenv("AIRFLOW_CONN_FAKE_CONN", json.dumps({"conn_type": "tao_fake", "password": "ngc-key-0123456"}))
     hook = FakeHook(conn_id="fake_conn")
     handle = hook.create_job(type("S", (), {"job_id": "abcdefabcdef", "name": "n"})())  # type: ignore[arg-type]
-    FakeHook.logs[handle.job_id] = f"using {SECRET_KEY}\nsession tok-123456\ndone\n"
+    FakeHook.logs[handle.job_id] = f"using {SECRET_KEY}\nsession tok-123456\nngc ngc-key-0123456\ndone\n"
     record = JobRecord(handle=handle.to_json(), secret_conn_ids=["aws_train"])
     job = IndexedJob(record, "d", "r", "t", -1, "deferred", 1, None, True)
-    _, log, _, _, _, _ = _platform_view(job)
-    assert SECRET_KEY not in log and "tok-123456" not in log
-    assert log == "using ***\nsession ***\ndone\n"
+    view = _platform_view(job)
+    log = view[1]
+    assert SECRET_KEY not in log and "tok-123456" not in log and "ngc-key-0123456" not in log, view
+    assert log == "using ***\nsession ***\nngc ***\ndone\n"
 
 
 def test_records_and_xcoms_carry_no_secret_value(

@@ -327,6 +327,8 @@ class BrevHook(BrevInstancesHook, BrevLaunchHook, BrevReapHook):
         with self._lock:
             self._live -= set(statuses)
             self._live |= {job for job, status in statuses.items() if status.state in _LIVE_JOB_STATES}
+            quiet = [job for job, (cursor, data) in self._prefetched.items() if not _after(data, cursor)[0]]
+            self._quiet_logs = frozenset(quiet)  # (``--since`` the cursor's time: its own line comes again)
         return statuses
 
     def _probe(self, instance: str, handles: Sequence[JobHandle]) -> remote.InstanceProbe | str:
@@ -421,10 +423,7 @@ class BrevHook(BrevInstancesHook, BrevLaunchHook, BrevReapHook):
             if answer is None:
                 return "", cursor
             data = remote.parse_probe(answer).logs.get(handle.job_id, b"")
-        if len(data) > LOG_READ_LIMIT:
-            data = data[: data.rfind(b"\n") + 1]  # the read was cut: its last line is incomplete
-        lines = sorted(ct.timestamped_lines([data]), key=lambda line: line[0])
-        text, new_cursor = ct.read_after(lines, cursor)
+        text, new_cursor = _after(data, cursor)
         if tail is None:
             with self._lock:
                 self._log_cursors[handle.job_id] = new_cursor
@@ -554,6 +553,14 @@ class BrevHook(BrevInstancesHook, BrevLaunchHook, BrevReapHook):
         )
 
     # ----------------------------------------------------------------- the cost guard
+
+
+def _after(data: bytes, cursor: str) -> tuple[str, str]:
+    """The text of a ``docker logs --timestamps`` read after ``cursor``, and the cursor after it."""
+    if len(data) > LOG_READ_LIMIT:
+        data = data[: data.rfind(b"\n") + 1]  # the read was cut: its last line is incomplete
+    lines = sorted(ct.timestamped_lines([data]), key=lambda line: line[0])
+    return ct.read_after(lines, cursor)
 
 
 def _since(cursor: str) -> str:

@@ -115,6 +115,10 @@ class LocalHook(TAOPlatformHook):
     marks_storage = "small files in the job's folder (marks/)"
     log_reads_batched = True  # files on this host: no backend call
 
+    def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(conn_id=conn_id, **kwargs)
+        self._log_ends: dict[str, int] = {}  # job id -> where its last log read ended (offset in job.log)
+
     # ----------------------------------------------------------------- settings
 
     @property
@@ -303,7 +307,13 @@ class LocalHook(TAOPlatformHook):
     def get_job_statuses(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
         self._check_jobs_dir()
         live = supervisor.live_groups()  # one /proc scan for the whole batch
-        return {h.job_id: self._status(h, live) for h in handles}
+        statuses = {h.job_id: self._status(h, live) for h in handles}
+        self._log_ends = {h.job_id: end for h in handles if (end := self._log_ends.get(h.job_id)) is not None}
+        jobs_dir = self.jobs_dir
+        self._quiet_logs = frozenset(
+            job for job, end in self._log_ends.items() if _size(jobs_dir / job / "job.log") == end
+        )
+        return statuses
 
     def _check_jobs_dir(self) -> None:
         # Without its jobs folder (an unmounted or moved volume) the platform cannot answer at all: that is an
@@ -398,6 +408,7 @@ class LocalHook(TAOPlatformHook):
         except FileNotFoundError:
             return "", str(offset)
         data = data[: _utf8_safe_end(data)]  # a character cut by the chunk boundary comes with the next chunk
+        self._log_ends[handle.job_id] = offset + len(data)  # a status poll tells the trigger whether it grew since
         return data.decode(errors="replace"), str(offset + len(data))
 
     # ----------------------------------------------------------------- cancel / failure analysis
@@ -492,6 +503,13 @@ def _group_alive(pid: dict[str, Any], live: set[int]) -> bool:
     # Leader gone but members left: the kernel never hands out a pid still in use as a process group id.
     # A record without a start time was not written by our supervisor and cannot be verified.
     return ticks is None or (pid.get("start_ticks") is not None and ticks == pid["start_ticks"])
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
 
 
 def _utf8_safe_end(data: bytes) -> int:

@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_provider_tao import connections
-
 
 def connection_secrets(conn: Any, extras: dict[str, Any] | None = None) -> list[str]:
     """The secret values of a connection: its password and every extra Airflow's masker calls sensitive (plus the
@@ -19,18 +17,6 @@ def connection_secrets(conn: Any, extras: dict[str, Any] | None = None) -> list[
     values = [getattr(conn, "password", None)]
     values += [v for k, v in extras.items() if should_hide_value_for_key(k) or k in _SECRET_EXTRAS]
     return [v for v in values if isinstance(v, str) and len(v) >= 4]
-
-
-def secrets_of(conn_ids: Sequence[str]) -> list[str]:
-    """The secret values of these connections (one that cannot be read adds none), for text shown outside a task
-    -- a job's log on its job page or from ``airflow tao logs`` -- where Airflow's task-log masker does not run."""
-    values: list[str] = []
-    for conn_id in conn_ids:
-        try:
-            values += connection_secrets(connections.get_connection(conn_id))
-        except Exception:  # a deleted connection: nothing of it to hide
-            continue
-    return values
 
 
 def redact(text: str, secrets: Sequence[str]) -> str:

@@ -275,6 +275,9 @@ class SlurmHook(SlurmPlanHook):
             text, new = slog.merge_log_chunks(chunks, f"p{i}", offset, final)
             # the last read of an ended job only when nothing is left after it (a cut chunk is read on)
             entry.log_cache[handle.job_id] = (offset, text, new, final and slog.chunks_at_end(chunks, f"p{i}"))
+        self._quiet_logs = frozenset(
+            h.job_id for h in readers if entry.log_cache[h.job_id][2] == entry.log_cache[h.job_id][0]
+        )
         return statuses
 
     @staticmethod

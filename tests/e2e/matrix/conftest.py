@@ -719,6 +719,7 @@ def airflow_standalone_config(
         },
         # every platform's task of two cases at once on the worker (the rest waits in the triggerer)
         parallelism=14,
+        pythonpath=(REPO,),  # the explorer's instrumentation (tests.explorer) in the task runners
     )
 
 

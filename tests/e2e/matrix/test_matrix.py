@@ -59,18 +59,6 @@ def _one_job_one_success(matrix: Matrix, case: str, dag_id: str, run_id: str, tr
 # ---------------------------------------------------------------------------------------------- worker kills
 
 
-def test_worker_sigkill_right_after_submission_then_retry_runs_one_job(matrix: Matrix) -> None:
-    dag_id = "mx_worker_kill"
-    run_id = matrix.trigger(dag_id, seconds=25)
-    for platform in PLATFORMS:  # each worker dies as soon as its job is on the backend
-        matrix.wait_jobs(platform, dag_id, run_id, platform, until=ACTIVE, what="the job runs", timeout=180)
-        matrix.standalone.kill_task_runner(dag_id, run_id, platform, sig=signal.SIGKILL)
-    matrix.wait_states(dag_id, run_id, ["success"], PLATFORMS, timeout=300)
-    _one_job_one_success(matrix, "worker SIGKILL right after submission, retry", dag_id, run_id, tries=2)
-    for platform in PLATFORMS:
-        assert "Reattached to job" in matrix.log(dag_id, run_id, platform, 2), platform
-
-
 def test_worker_sigkill_between_submission_and_recording_still_one_job(matrix: Matrix) -> None:
     dag_id = "mx_unrecorded"
     run_id = matrix.trigger(dag_id, seconds=25)

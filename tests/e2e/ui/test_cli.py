@@ -161,9 +161,10 @@ def test_reap_deletes_an_expired_brev_lease_and_keeps_a_running_tasks_and_a_hand
     assert machines[instances["expired"]][0] == "would cancel jobs", machines
     assert machines[instances["running"]][0] == "kept" and "is deferred" in machines[instances["running"]][1]
     assert machines["made-by-hand"] == ("kept", "not created by this provider (no lease of its own)")
-    # the job sweep's own lease never overrides its ownership rules (issue 22 hole 4): the job is kept; the machine's
-    # lease (Brev's cost guard, on the instance itself) still deletes the instance, and the job with it
-    assert jobs[rows["orphan"]["job_id"]] == ("kept", "its task set cancel_on_kill=False"), jobs
+    # the job sweep's own lease never overrides its ownership rules (issue 22 hole 4); the machine's lease (Brev's
+    # cost guard, on the instance itself) still deletes the instance, and the job with it: its row says so
+    action, why = jobs[rows["orphan"]["job_id"]]
+    assert action == "would cancel" and why.startswith(f"its machine {instances['orphan']}: "), jobs
     assert jobs[rows["running"]["job_id"]] == ("kept", "its task is deferred"), jobs
     assert all(ui_brev_world.instance(i)["status"] == "RUNNING" for i in instances.values())  # a dry run
 
@@ -171,9 +172,11 @@ def test_reap_deletes_an_expired_brev_lease_and_keeps_a_running_tasks_and_a_hand
     assert machines[instances["orphan"]][0] == "deleted", machines
     assert machines[instances["expired"]][0] == "jobs canceled", machines
     assert machines[instances["running"]][0] == "kept" and machines["made-by-hand"][0] == "kept", machines
-    # the job sweep keeps a live task's job (hole 4); the machine's lease cancels it ("jobs canceled" above), which
-    # the task reads as a cancel by reap below
-    assert jobs[rows["expired"]["job_id"]] == ("kept", "its task is deferred"), jobs
+    # the job sweep keeps a live task's job (hole 4); the machine's lease cancels it ("jobs canceled" above, and the
+    # job's row says so), which the task reads as a cancel by reap below
+    for name in ("orphan", "expired"):
+        action, why = jobs[rows[name]["job_id"]]
+        assert action == "canceled" and why.startswith(f"its machine {instances[name]}: "), jobs
     assert jobs[rows["running"]["job_id"]] == ("kept", "its task is deferred"), jobs
     ti = ui_dags.wait_for_task_instance("tao_ui_brev_lease", runs["expired"], "train", ["failed"], timeout=90)
     assert ti["try_number"] == 1  # retries=2, yet no retry: the reaper canceled it

@@ -7,9 +7,11 @@ Every job prints ``tick <i> of <job id>`` once a second for ``seconds`` (the run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,81 @@ class HeldBeforeRecording(TAOSubmitOperator):
         super()._keep(context, record)
 
 
+class Explored(TAOSubmitOperator):
+    """The explorer's second level (``test_matrix_explore.py``): try 1 runs with the in-process explorer's
+    instrumentation (:mod:`tests.explorer.recorder`: every platform call and ``task_state_store`` write is a boundary
+    ``<phase>:<call>#n``, phases ``execute`` and ``resume``), each boundary passed appended to
+    ``explore.<run>.<task>.boundaries``. At its schedule's boundary (the run's conf ``boundaries``: task -> boundary)
+    it touches ``explore.<run>.<task>.hit`` and blocks there until the test has interrupted it through Airflow (its
+    process killed, the task cleared or marked) or lets it go on (``.release``). Later tries run as usual."""
+
+    def execute(self, context: Any) -> Any:
+        with _explored(context, "execute"):
+            return super().execute(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        with _explored(context, "resume"):
+            return super().execute_complete(context, event)
+
+
+_INSTRUMENTED: set[type] = set()
+
+
+class _RecordedStore:
+    """``task_state_store`` whose writes are boundaries, as ``tests.explorer.recorder.RecordingStore``'s."""
+
+    def __init__(self, store: Any, recorder: Any) -> None:
+        self.store, self.recorder = store, recorder
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.store.get(key, default)
+
+    def set(self, key: str, value: Any, **kwargs: Any) -> None:
+        self.store.set(key, value, **kwargs)
+        self.recorder.passed(f"store.set[{key}]")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+@contextlib.contextmanager
+def _explored(context: Any, phase: str) -> Iterator[None]:
+    ti = context["ti"]
+    if ti.try_number != 1:
+        yield
+        return
+    from airflow_provider_tao.hooks import get_platform_hook
+    from tests.explorer.recorder import CURRENT, Recorder, instrument_hook
+
+    platform = ti.task_id
+    cls = type(get_platform_hook(platform, PLATFORMS[platform]["conn_id"]))
+    if cls not in _INSTRUMENTED:
+        instrument_hook(cls, setattr)
+        _INSTRUMENTED.add(cls)
+    stem = f"explore.{ti.run_id.replace('/', '_')}.{ti.task_id}"
+    target = ((context["dag_run"].conf or {}).get("boundaries") or {}).get(platform)
+
+    def passed(label: str) -> None:
+        with (MARKS / f"{stem}.boundaries").open("a") as out:
+            out.write(label + "\n")
+
+    def hit(label: str) -> None:
+        (MARKS / f"{stem}.hit").write_text(label)
+        release = MARKS / f"{stem}.release"
+        deadline = time.monotonic() + 600
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    recorder = Recorder(target, on_hit=hit, on_boundary=passed)
+    recorder.phase = phase
+    context["task_state_store"] = _RecordedStore(context["task_state_store"], recorder)
+    token = CURRENT.set(recorder)
+    try:
+        yield
+    finally:
+        CURRENT.reset(token)
+
+
 def _case(dag_id: str, *, variants: dict[str, dict[str, Any]] | None = None, operator: type = TAOSubmitOperator,
           retries: int = 0, **task: Any) -> None:  # fmt: skip
     """One DAG: a task per platform (and per variant, named ``<platform>_<variant>``)."""
@@ -67,8 +144,6 @@ def _case(dag_id: str, *, variants: dict[str, dict[str, Any]] | None = None, ope
                 )
 
 
-# worker SIGKILL right after submission, then Airflow's retry: it waits on the worker, so the kill hits the waiter
-_case("mx_worker_kill", deferrable=False, retries=1)
 # worker SIGKILL between submission and recording the job: the retry finds it by its name
 _case("mx_unrecorded", operator=HeldBeforeRecording, retries=1)
 # clear while deferred
@@ -86,9 +161,10 @@ _case("mx_timeout", execution_timeout=timedelta(seconds=20))
 _case("mx_triggerer")
 # the backend unreachable for 60 s
 _case("mx_outage")
+# the explorer's sampled schedules through this standalone
+_case("mx_explore", operator=Explored, retries=1)
 
 MATRIX_DAG_IDS = (
-    "mx_worker_kill",
     "mx_unrecorded",
     "mx_clear",
     "mx_kill",
@@ -96,4 +172,5 @@ MATRIX_DAG_IDS = (
     "mx_timeout",
     "mx_triggerer",
     "mx_outage",
+    "mx_explore",
 )
