@@ -42,7 +42,8 @@ from measure import first_event
 from airflow_provider_tao.hooks.brev import BrevHook
 from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import JobHandle, JobSpec
-from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
+from airflow_provider_tao.triggers.job import TAOJobTrigger
+from airflow_provider_tao.triggers.poller import StatusPoller
 from tests.brevfake.control import BrevWorld
 
 REPO = Path(__file__).resolve().parents[1]

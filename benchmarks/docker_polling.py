@@ -42,7 +42,8 @@ from measure import cpu, first_event, rss_mib
 from airflow_provider_tao.hooks.docker import TAODockerHook
 from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import JobHandle, JobSpec
-from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
+from airflow_provider_tao.triggers.job import TAOJobTrigger
+from airflow_provider_tao.triggers.poller import StatusPoller
 
 ROOT = Path(os.environ.get("DOCKER_CI_ROOT", "/var/tmp/docker-ci"))
 CONN_ID = "tao_docker_bench"

@@ -40,7 +40,8 @@ from measure import cpu, first_event, print_watch_table, process_cpu, rss_mib
 
 from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
 from airflow_provider_tao.jobs import JobHandle, JobSpec
-from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
+from airflow_provider_tao.triggers.job import TAOJobTrigger
+from airflow_provider_tao.triggers.poller import StatusPoller
 
 REPO = Path(__file__).resolve().parents[1]
 CONN_ID = "tao_k8s_bench"

@@ -62,7 +62,8 @@ from airflow_provider_tao import hooks
 from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.hooks.brev.session import PROBE_WORKERS
 from airflow_provider_tao.jobs import JobHandle, JobState, JobStatus
-from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
+from airflow_provider_tao.triggers.job import TAOJobTrigger
+from airflow_provider_tao.triggers.poller import StatusPoller
 
 KIB_PER_JOB_GOAL = 16.0
 CPU_MS_PER_JOB_POLL_GOAL = 0.05

@@ -36,7 +36,8 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowTaskTimeout, Tas
 
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.records import STATE_KEY, JobRecord
-from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
+from airflow_provider_tao.triggers.job import TAOJobTrigger
+from airflow_provider_tao.triggers.poller import StatusPoller
 from tests.explorer.backends import JOBS
 from tests.explorer.recorder import CURRENT, Killed, Recorder, RecordingStore, muted, read_only
 from tests.integration.taskrun import Triggerer, first_event, make_operator

@@ -820,7 +820,8 @@ async def test_fifty_watched_jobs_cost_one_command_per_poll_with_their_logs_and_
     first reads included; a quiet job's burst at its end, longer than a poll's share of bytes, still reaches
     the task log in full; every job's lines arrive in order, each once."""
     from airflow_provider_tao.hooks.slurm.ssh import AsyncPool
-    from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
+    from airflow_provider_tao.triggers.job import TAOJobTrigger
+    from airflow_provider_tao.triggers.poller import StatusPoller
 
     hook = _hook(monkeypatch, results_root=str(tmp_path / "root"))
     state = tmp_path / "state"

@@ -18,7 +18,8 @@ from airflow_provider_tao.hooks.base import MARK_CONSUMED, JobValidationError
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
 from airflow_provider_tao.records import STATE_KEY
-from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
+from airflow_provider_tao.triggers.job import TAOJobTrigger
+from airflow_provider_tao.triggers.poller import StatusPoller
 from tests.unit import lifecycle_steps
 from tests.unit.fakes import FakeHook, Store, make_context
 from tests.unit.lifecycle_steps import WorkerDied, die_at, kill_local_job, live_local_jobs

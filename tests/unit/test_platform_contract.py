@@ -14,7 +14,7 @@ from airflow_provider_tao.hooks.base import OPERATOR_DETAIL_KEYS, TAOPlatformHoo
 from airflow_provider_tao.hooks.shared.env import MULTI_NODE_VARS, multi_node_env
 from airflow_provider_tao.hooks.slurm import SlurmHook
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobStatus
-from airflow_provider_tao.triggers.job import StatusPoller, _Watch
+from airflow_provider_tao.triggers.poller import StatusPoller, Watch
 from tests.unit.fakes import FakeHook
 
 
@@ -128,7 +128,7 @@ async def test_the_poller_restarts_itself_when_its_task_dies(fake_platform: type
     async def boom() -> None:
         raise RuntimeError("poller bug")
 
-    watch = _Watch(handle, 0.01)
+    watch = Watch(handle, 0.01)
     poller.add(watch)
     try:
         poller._task = asyncio.create_task(boom())
@@ -152,7 +152,7 @@ async def test_one_hook_per_loop_and_connection_is_shared_and_closed_when_the_la
     first = await StatusPoller.for_connection("fake", None)
     second = await StatusPoller.for_connection("fake", None)
     assert first is second
-    watches = [_Watch(JobHandle("fake", None, job, "n"), 0.01) for job in "ab"]
+    watches = [Watch(JobHandle("fake", None, job, "n"), 0.01) for job in "ab"]
     for watch in watches:
         first.add(watch)
     assert StatusPoller.existing("fake", None) is first

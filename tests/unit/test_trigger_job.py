@@ -14,7 +14,8 @@ import pytest
 
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
-from airflow_provider_tao.triggers.job import StatusPoller, TAOJobTrigger
+from airflow_provider_tao.triggers.job import TAOJobTrigger
+from airflow_provider_tao.triggers.poller import StatusPoller
 from tests.unit.fakes import FakeHook
 
 
@@ -126,7 +127,7 @@ async def test_a_long_outage_never_ends_the_wait(
         return real(self, handles)
 
     monkeypatch.setattr(FakeHook, "get_job_statuses", outage)
-    monkeypatch.setattr("airflow_provider_tao.triggers.job.MAX_BACKOFF_SECONDS", 0.1)
+    monkeypatch.setattr("airflow_provider_tao.triggers.poller.MAX_BACKOFF_SECONDS", 0.1)
     monkeypatch.setenv("AIRFLOW__TAO__OUTAGE_REPORT_SECONDS", "0.5")
     handle = _submit(fake_platform)
     fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
@@ -149,7 +150,7 @@ async def test_short_unknown_stretch_is_ridden_out(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(FakeHook, "get_job_statuses", _failing_first(FakeHook.get_job_statuses, 2, "blip"))
-    monkeypatch.setattr("airflow_provider_tao.triggers.job.MAX_BACKOFF_SECONDS", 0.05)
+    monkeypatch.setattr("airflow_provider_tao.triggers.poller.MAX_BACKOFF_SECONDS", 0.05)
     handle = _submit(fake_platform)
     fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
     assert (await _first_event(_trigger(handle)))["status"] == "complete"
@@ -396,11 +397,11 @@ async def test_triggers_started_one_per_loop_turn_share_one_connection_load_and_
 ) -> None:
     """A restarted triggerer starts its triggers one per turn of its loop (TriggerRunner.create_triggers): they
     share one connection load and, before the interval's next poll, one early poll -- not one each."""
-    from airflow_provider_tao.triggers import job
+    from airflow_provider_tao.triggers import poller
 
     loads = []
-    real = job.get_platform_hook
-    monkeypatch.setattr(job, "get_platform_hook", lambda *args: loads.append(args) or real(*args))
+    real = poller.get_platform_hook
+    monkeypatch.setattr(poller, "get_platform_hook", lambda *args: loads.append(args) or real(*args))
     handles = [_submit(fake_platform) for _ in range(50)]
     tasks = []
     for h in handles:
@@ -468,7 +469,7 @@ async def test_a_watch_waits_for_its_next_status_with_one_timer_pushed_on(fake_p
     """A trigger's wait for its job's next status (no timeout made and cancelled per status, issue 24): a status
     published wakes it; none within the wait gives None, after the whole wait even when an earlier wait's timer
     fires first; the watch's end cancels its timer."""
-    from airflow_provider_tao.triggers.job import _Watch
+    from airflow_provider_tao.triggers.poller import Watch
 
     async def next_status(timeout: float) -> JobStatus | None:  # as the trigger's run() waits
         watch.begin_wait(timeout)
@@ -476,7 +477,7 @@ async def test_a_watch_waits_for_its_next_status_with_one_timer_pushed_on(fake_p
             await waiter
         return watch.take_status()
 
-    watch = _Watch(_submit(fake_platform), interval=0.1)
+    watch = Watch(_submit(fake_platform), interval=0.1)
     loop = asyncio.get_running_loop()
     loop.call_later(0.05, watch.publish, JobStatus(JobState.RUNNING))
     status = await next_status(0.3)

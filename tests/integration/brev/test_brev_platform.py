@@ -26,7 +26,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_provider_tao.hooks.brev import BrevHook, remote
 from airflow_provider_tao.hooks.brev.cli import BrevError
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobState
-from airflow_provider_tao.triggers.job import StatusPoller
+from airflow_provider_tao.triggers.poller import StatusPoller
 from tests.brevfake.control import BrevWorld
 from tests.integration.brev.conftest import CONN_ID, brev_connection
 from tests.integration.docker.conftest import DockerEngine

@@ -445,7 +445,7 @@ def test_one_list_call_per_interval_whatever_the_number_of_jobs(
     docker_engine: DockerEngine, triggerer: Triggerer, hook: TAODockerHook
 ) -> None:
     runs = [start(triggerer, _op(docker_engine.busybox, "sleep 6")) for _ in range(12)]
-    from airflow_provider_tao.triggers.job import StatusPoller
+    from airflow_provider_tao.triggers.poller import StatusPoller
 
     async def poller() -> Any:
         return StatusPoller.existing("docker", CONN_ID)

@@ -27,7 +27,7 @@ from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
 from airflow_provider_tao.hooks.kubernetes.marks import mark_annotation
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
-from airflow_provider_tao.triggers.job import StatusPoller
+from airflow_provider_tao.triggers.poller import StatusPoller
 from tests.integration.docker.conftest import DockerEngine
 from tests.integration.kubernetes.conftest import CONN_ID, NAMESPACE, KubeFake
 from tests.integration.taskrun import (

@@ -34,7 +34,7 @@ from airflow_provider_tao.hooks.lepton import marks as lm
 from airflow_provider_tao.hooks.lepton import status as ls
 from airflow_provider_tao.jobs import JobHandle, JobState
 from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
-from airflow_provider_tao.triggers.job import StatusPoller
+from airflow_provider_tao.triggers.poller import StatusPoller
 from tests.integration.docker.conftest import DockerEngine
 from tests.integration.lepton.conftest import CONN_ID, LeptonFake, lepton_connection
 from tests.integration.taskrun import (
