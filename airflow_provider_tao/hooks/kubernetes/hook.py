@@ -329,8 +329,11 @@ class TAOKubernetesHook(KubernetesSpecHook, KubernetesMarksHook):
         raise JobSubmitError(ErrClass.ERR_INFRA, f"Job {name} could not be created: its old Job did not go away")
 
     def _wait_gone(self, name: str, timeout: float = 60.0) -> None:
+        """Until the old Job and its pods are gone: a pod in its termination grace still runs the earlier try's
+        program (the Job object goes at once with Background deletion), and a new Job's pod beside it would be two
+        jobs of one task instance at once."""
         deadline = time.monotonic() + timeout
-        while self._read_job(name) is not None and time.monotonic() < deadline:
+        while (self._read_job(name) is not None or self._pods_of(name)) and time.monotonic() < deadline:
             time.sleep(0.5)
 
     # ----------------------------------------------------------------- find, status

@@ -322,6 +322,26 @@ def test_issue_22_hole_3_an_old_trys_cancel_leaves_the_job_a_newer_try_claimed_m
     kubefake.wait_gone(run.job_id)
 
 
+def test_a_new_trys_job_waits_for_the_canceled_jobs_pods_to_be_gone(
+    docker_engine: DockerEngine, kubefake: KubeFake, hook: TAOKubernetesHook
+) -> None:
+    """Found by the explorer (clear at ``trigger:aget_job_statuses#1``): an older try's cancel suspends Job A, the new
+    try deletes A and creates B -- while A's pod, in its termination grace (a trainer that takes its time over
+    SIGTERM), still runs. B's pod must not start beside it: two jobs of one task instance at once."""
+    spec = JobSpec(name=f"regrace-{uuid.uuid4().hex[:8]}", job_id=uuid.uuid4().hex[:12], gpu_count=0,
+                   command="trap 'sleep 3; exit 143' TERM; sleep 300 & wait", image=docker_engine.busybox)  # fmt: skip
+    first = hook.create_job(spec)
+    kubefake.wait_running(spec.name)
+    assert hook.cancel_job(first, requested_by="an older try")  # suspended: its pod has 2 s of grace, wants 3
+    second = hook.create_job(spec, try_number=2)
+    assert second.backend_job_id != first.backend_job_id
+    left = [p.metadata.name for p in kubefake.pods_of(spec.name)
+            if (p.metadata.labels or {}).get("controller-uid") == first.backend_job_id]  # fmt: skip
+    assert not left, f"Job {spec.name}'s new Job was created beside its old pods {left}"
+    hook.cancel_job(second)
+    hook.cleanup_job(second)
+
+
 def test_issue_22_hole_6_a_job_left_suspended_by_a_dead_worker_is_reaped_with_what_it_owns(
     docker_engine: DockerEngine, kubefake: KubeFake, hook: TAOKubernetesHook, monkeypatch: pytest.MonkeyPatch
 ) -> None:
