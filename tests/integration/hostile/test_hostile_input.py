@@ -244,13 +244,27 @@ def _look_while_running(runs: dict[str, TaskRun], platforms: dict[str, Platform]
     return records
 
 
+#: When this module's tests began: a container made before cannot hold their secrets (made for them); one that runs
+#: still might, and is inspected whatever its age.
+_STARTED = [time.time()]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _started() -> None:
+    _STARTED[0] = time.time() - 5  # the engine's creation times have whole seconds
+
+
 def _inspect_all(engine: Any) -> dict[str, str]:
-    """``docker inspect`` of every container on the engine (job containers, Brev instances, Kubernetes pods, Lepton
-    replicas -- and other sessions', which must not hold our secrets either); a container's environment aside on
-    the platforms whose runtime holds the job's environment (Kubernetes pods, Lepton replicas)."""
+    """``docker inspect`` of every container on the engine this module's tests may have reached (job containers,
+    Brev instances, Kubernetes pods, Lepton replicas -- and other sessions', which must not hold our secrets either:
+    every running one and every one made since these tests began; the hundreds that earlier tests left exited would
+    take longer to inspect than a job runs); a container's environment aside on the platforms whose runtime holds the
+    job's environment (Kubernetes pods, Lepton replicas)."""
     texts = {}
     client = engine.client
     for summary in client.containers(all=True):
+        if summary.get("State") != "running" and summary.get("Created", 0) < _STARTED[0]:
+            continue
         try:
             info = client.inspect_container(summary["Id"])
         except Exception:  # gone meanwhile
