@@ -239,10 +239,19 @@ def task_instance_state(
     session: Session, dag_id: str, run_id: str, task_id: str, map_index: int
 ) -> tuple[bool, str | None]:
     """Whether the task instance's row exists, and its state now (None: cleared, waiting to be scheduled)."""
+    row = task_instance_row(session, dag_id, run_id, task_id, map_index)
+    return (False, None) if row is None else (True, row[1])
+
+
+def task_instance_row(
+    session: Session, dag_id: str, run_id: str, task_id: str, map_index: int
+) -> tuple[str, str | None] | None:
+    """The task instance's id and state now (None: its row is gone; a state of None: cleared, waiting to be
+    scheduled). Airflow gives a task instance a new id at each retry and clear."""
     from airflow.models.taskinstance import TaskInstance
     from sqlalchemy import select
 
-    query = select(TaskInstance.state).where(
+    query = select(TaskInstance.id, TaskInstance.state).where(
         TaskInstance.dag_id == dag_id,
         TaskInstance.run_id == run_id,
         TaskInstance.task_id == task_id,
@@ -250,9 +259,8 @@ def task_instance_state(
     )
     row = session.execute(query).first()
     if row is None:
-        return False, None
-    state = row[0]
-    return True, None if state is None else str(getattr(state, "value", state))
+        return None
+    return str(row.id), None if row.state is None else str(getattr(row.state, "value", row.state))
 
 
 def task_state_lookup(session: Session) -> Callable[[Mapping[str, Any]], str | None]:

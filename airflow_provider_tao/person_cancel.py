@@ -67,21 +67,12 @@ def record_cancel(job: IndexedJob, by: str) -> str | None:
 
 def _task_instance_now(job: IndexedJob) -> tuple[str, str | None] | None:
     """The id and state of ``job``'s task instance, read now (None: its row is gone)."""
-    from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
-    from sqlalchemy import select
 
-    query = select(TaskInstance.id, TaskInstance.state).where(
-        TaskInstance.dag_id == job.dag_id,
-        TaskInstance.run_id == job.run_id,
-        TaskInstance.task_id == job.task_id,
-        TaskInstance.map_index == job.map_index,
-    )
+    from airflow_provider_tao.jobindex import task_instance_row
+
     with create_session() as session:
-        row = session.execute(query).first()
-    if row is None:
-        return None
-    return str(row.id), None if row.state is None else str(getattr(row.state, "value", row.state))
+        return task_instance_row(session, job.dag_id, job.run_id, job.task_id, job.map_index)
 
 
 def _keep(job: IndexedJob, value: dict[str, Any]) -> None:
