@@ -220,7 +220,9 @@ class Watcher:
         self._thread.join()
 
 
-def _look_while_running(runs: dict[str, TaskRun], platforms: dict[str, Platform], engine: Any) -> dict[str, str]:
+def _look_while_running(
+    runs: dict[str, TaskRun], platforms: dict[str, Platform], engine: Any, since: float
+) -> dict[str, str]:
     """Each job's records on its backend, and every container's inspect, taken as soon as that job runs (jobs wait
     for a busy shared cluster for different times) and checked to be still running afterwards."""
     records: dict[str, str] = {}
@@ -235,7 +237,7 @@ def _look_while_running(runs: dict[str, TaskRun], platforms: dict[str, Platform]
             if state is JobState.RUNNING:
                 records |= platforms[name].records(run.job_id, handle.name)
                 if platforms[name].image:  # a container: every container of the engine, now
-                    records |= _inspect_all(engine)
+                    records |= _inspect_all(engine, since)
                 state = hook.get_job_status(handle).state
                 assert state is JobState.RUNNING, f"{name} job {handle.job_id} ended while it was looked at"
                 del waiting[name]
@@ -244,17 +246,14 @@ def _look_while_running(runs: dict[str, TaskRun], platforms: dict[str, Platform]
     return records
 
 
-#: When this module's tests began: a container made before cannot hold their secrets (made for them); one that runs
-#: still might, and is inspected whatever its age.
-_STARTED = [time.time()]
+@pytest.fixture(scope="module")
+def started() -> float:
+    """When this module's tests began: a container made before cannot hold their secrets (made for them); one that
+    runs still might, and is inspected whatever its age."""
+    return time.time() - 5  # the engine's creation times have whole seconds
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _started() -> None:
-    _STARTED[0] = time.time() - 5  # the engine's creation times have whole seconds
-
-
-def _inspect_all(engine: Any) -> dict[str, str]:
+def _inspect_all(engine: Any, since: float) -> dict[str, str]:
     """``docker inspect`` of every container on the engine this module's tests may have reached (job containers,
     Brev instances, Kubernetes pods, Lepton replicas -- and other sessions', which must not hold our secrets either:
     every running one and every one made since these tests began; the hundreds that earlier tests left exited would
@@ -263,7 +262,7 @@ def _inspect_all(engine: Any) -> dict[str, str]:
     texts = {}
     client = engine.client
     for summary in client.containers(all=True):
-        if summary.get("State") != "running" and summary.get("Created", 0) < _STARTED[0]:
+        if summary.get("State") != "running" and summary.get("Created", 0) < since:
             continue
         try:
             info = client.inspect_container(summary["Id"])
@@ -329,6 +328,7 @@ def test_hostile_values_arrive_verbatim_and_no_secret_leaks(  # noqa: PLR0917
     triggerer: Triggerer,
     tmp_path_factory: pytest.TempPathFactory,
     capfd: Any,
+    started: float,
 ) -> None:
     capfd.readouterr()
     secrets = {S3_SECRET: "s3 secret key"} | {v: k for p in platforms.values() for k, v in p.secrets.items()}
@@ -342,7 +342,7 @@ def test_hostile_values_arrive_verbatim_and_no_secret_leaks(  # noqa: PLR0917
             op, context, want = _task(platforms[name], shape, batch)
             runs[name] = _submit(triggerer, op, context)
             wanted[name] = _wanted(op, want)
-        records = _look_while_running(runs, platforms, docker_engine)
+        records = _look_while_running(runs, platforms, docker_engine, started)
         for name, run in runs.items():
             results[name] = finish(run, timeout=RUNNING_TIMEOUT)
     finally:
