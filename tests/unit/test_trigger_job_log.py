@@ -26,6 +26,13 @@ def _submit(conn_id: str = "fake_conn") -> JobHandle:
     return FakeHook(conn_id=conn_id).create_job(spec)
 
 
+async def _polls(fake: type[FakeHook], count: int) -> None:
+    """Return once the trigger has asked the platform for status ``count`` more times (a loaded machine polls late)."""
+    until = len(fake.status_calls) + count
+    while len(fake.status_calls) < until:
+        await asyncio.sleep(0.01)
+
+
 def _job_lines(out: str) -> list[str]:
     """The job's lines in the (console-rendered) log output, without the logger's trailing fields."""
     lines = [line.split("[job] ", 1)[1] for line in out.splitlines() if "[job] " in line]
@@ -41,7 +48,7 @@ async def test_a_waiting_job_says_why_again_and_again_and_names_it_in_the_timeou
     job.update(state=JobState.PENDING, message="Job is waiting for its pods")
 
     async def schedule_fails() -> None:
-        await asyncio.sleep(0.2)
+        await _polls(fake_platform, 2)  # the trigger has seen the first reason, however slowly a loaded machine runs
         job["message"] = UNSCHEDULABLE
 
     asyncio.get_running_loop().create_task(schedule_fails())
@@ -66,9 +73,9 @@ async def test_the_state_change_that_ends_a_wait_is_logged(
     job.update(state=JobState.PENDING, message="PENDING (Resources)")
 
     async def run_then_end() -> None:
-        await asyncio.sleep(0.2)
+        await _polls(fake_platform, 2)
         job.update(state=JobState.RUNNING, message="RUNNING on node1")
-        await asyncio.sleep(0.2)
+        await _polls(fake_platform, 2)
         job.update(state=JobState.COMPLETE, message="COMPLETED")
 
     asyncio.get_running_loop().create_task(run_then_end())
@@ -89,7 +96,7 @@ async def test_a_progress_bar_shows_its_latest_state_and_a_line_without_end_neve
     task = asyncio.ensure_future(trigger.run().__anext__())
     for percent in range(0, 101, 10):  # tqdm: one line rewritten with \r, its newline only at the very end
         log[handle.job_id] += f"\rtrain: {percent:3d}%|" + "#" * (percent // 10)
-        await asyncio.sleep(0.08)
+        await _polls(fake_platform, 2)
     shown = _job_lines(capsys.readouterr().out)
     assert shown[0] == "starting"
     assert "train: 100%|##########" in shown  # shown while the job runs, not only when it ends
@@ -97,7 +104,7 @@ async def test_a_progress_bar_shows_its_latest_state_and_a_line_without_end_neve
     assert len(shown) == len(set(shown))  # each state once
 
     log[handle.job_id] += "\n" + "x" * 100_000  # a line that never ends (no newline, no \r)
-    await asyncio.sleep(0.2)
+    await _polls(fake_platform, 3)
     assert len(trigger._writer.partial) < 20_000  # capped, not held without bound
     assert any(line.startswith("xxxx") for line in _job_lines(capsys.readouterr().out))  # flushed at the limit
     fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
