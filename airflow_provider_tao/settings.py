@@ -65,6 +65,16 @@ OPTIONS: dict[str, tuple[str, str | None, str]] = {
         "way (apache/airflow#67287, #71580: 'finished with state success, but the task instance's state attribute "
         "is queued'). 0 turns the hold off.",
     ),
+    "freeze_triggerer_heap": (
+        "boolean",
+        "True",
+        "At the first TAO trigger a triggerer process runs, move the objects alive then (its imported modules and "
+        "Airflow's own state, which live as long as the process) out of the garbage collector's walk (gc.freeze, as "
+        "Airflow's DAG processor does), so the full collections of a triggerer watching thousands of jobs walk only "
+        "what came later: at 10,000 watched jobs such a collection is the event loop's worst stall. It is "
+        "process-wide: turn it off if another trigger of the triggerer leaves reference cycles made before that "
+        "moment for the collector to free.",
+    ),
     "local_jobs_dir": ("string", None, "Jobs folder of the local platform when its connection does not set one."),
     "local_results_root": (
         "string",
@@ -99,7 +109,11 @@ def default_results_uri() -> str | None:
 
 def stream_logs() -> bool:
     """``[tao] stream_logs``."""
-    return str(_raw("stream_logs") or "True").strip().lower() in ("1", "true", "yes", "on")
+    return _flag("stream_logs")
+
+
+def _flag(option: str) -> bool:
+    return str(_raw(option) or OPTIONS[option][1]).strip().lower() in ("1", "true", "yes", "on")
 
 
 def log_reads_per_interval() -> int:
@@ -124,6 +138,11 @@ def outage_report_seconds() -> float:
 def trigger_event_hold_seconds() -> float:
     """``[tao] trigger_event_hold_seconds``: how long after it starts a trigger may report a job's end."""
     return max(0.0, float(_raw("trigger_event_hold_seconds") or 10))
+
+
+def freeze_triggerer_heap() -> bool:
+    """``[tao] freeze_triggerer_heap``."""
+    return _flag("freeze_triggerer_heap")
 
 
 def local_jobs_dir() -> str | None:
@@ -164,6 +183,7 @@ _EXAMPLES = {
     "lease_hours": "24",
     "outage_report_seconds": "60",
     "trigger_event_hold_seconds": "10",
+    "freeze_triggerer_heap": "False",
     "local_jobs_dir": "/var/lib/airflow/tao/jobs",
     "local_results_root": "/var/lib/airflow/tao/results",
 }

@@ -31,8 +31,11 @@ Every job ends at a random moment between 20 % and 100 % of ``--duration``; both
 at each job count runs in a fresh interpreter (memory freed by one side would otherwise hide the other's growth).
 Measured: backend calls per interval per connection while every job runs (from the first interval to the first
 job's end), seconds calls waited for a backend slot (queueing = the platform being overloaded), the event loop's
-worst lag (a 50 ms ticker), this process's CPU per job per poll (start-up included) and RSS growth per watched job,
-and how late each job's end was noticed (the trigger's event; the task's success follows on a worker).
+worst lag (a 50 ms ticker, wall clock: on a shared machine it counts other processes' time too) and its longest turn
+in CPU time (the stall the triggerer's work causes; the lag goal is judged on it), the longest full garbage
+collection, this process's CPU per job per poll (start-up included) and RSS growth per watched job, and how late each
+job's end was noticed (the trigger's event; the task's success follows on a worker). "unfrozen+logs" is the provider
+with ``[tao] freeze_triggerer_heap`` off.
 
     python benchmarks/triggerer_load.py --jobs 250 1000 --interval 5 --duration 120
 """
@@ -266,6 +269,19 @@ def _watch_full_collections(longest: list[float]) -> None:
     gc.callbacks.append(callback)
 
 
+class _TurnTimedLoop(asyncio.SelectorEventLoop):
+    """The event loop, timing each of its turns (the callbacks one ``_run_once`` runs) in CPU time of its thread: the
+    stall the triggerer's own work causes, which the machine's load does not lengthen (the 50 ms ticker's wall-clock
+    lag counts the time other processes held the two cores too). Waiting in ``select`` costs no CPU."""
+
+    longest_turn = 0.0
+
+    def _run_once(self) -> None:
+        started = time.thread_time()
+        super()._run_once()  # type: ignore[misc]
+        _TurnTimedLoop.longest_turn = max(_TurnTimedLoop.longest_turn, time.thread_time() - started)
+
+
 async def _lag_monitor(stop: asyncio.Event, worst: list[float]) -> None:
     while not stop.is_set():
         before = time.monotonic()
@@ -295,7 +311,8 @@ async def _naive(handle: JobHandle, interval: float, logs: bool) -> float:
         await asyncio.sleep(interval)
 
 
-SIDES = {"provider": _provider, "provider+logs": _provider, "naive+logs": _naive}
+#: "unfrozen+logs" is the provider with logs and ``[tao] freeze_triggerer_heap`` off: what freezing the heap buys
+SIDES = {"provider": _provider, "provider+logs": _provider, "unfrozen+logs": _provider, "naive+logs": _naive}
 
 
 async def _run(kind: str, jobs: int, interval: float, duration: float, instances: int) -> dict[str, Any]:
@@ -305,6 +322,8 @@ async def _run(kind: str, jobs: int, interval: float, duration: float, instances
     handles = _handles(jobs, duration, instances)
     created = min(h.submitted_at for h in handles)
     gc.collect()
+    await asyncio.sleep(0)  # the collection's turn ends before the loop's turns are timed
+    _TurnTimedLoop.longest_turn = 0.0
     rss0, cpu0, start = rss_mib(), cpu(), time.monotonic()
     stop, worst, full_gc = asyncio.Event(), [0.0], [0.0]
     _watch_full_collections(full_gc)
@@ -345,6 +364,7 @@ async def _run(kind: str, jobs: int, interval: float, duration: float, instances
         "rss_per_job_kib": (rss_peak - rss0) * 1024 / jobs,
         "loop_lag_ms": worst[0] * 1000,
         "full_gc_ms": full_gc[0] * 1000,
+        "longest_turn_ms": _TurnTimedLoop.longest_turn * 1000,
         "late_p50": statistics.median(late),
         "late_p95": statistics.quantiles(late, n=20)[18],
         "late_max": max(late),
@@ -356,7 +376,8 @@ def _measure(kind: str, jobs: int, args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, __file__, "--side", kind, "--jobs", str(jobs)]
     for option in ("interval", "duration", "instances"):
         command += [f"--{option}", str(getattr(args, option))]
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ, AIRFLOW__TAO__FREEZE_TRIGGERER_HEAP=str(kind != "unfrozen+logs"))
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
@@ -390,9 +411,9 @@ def _goals(by_jobs: dict[int, dict[str, dict[str, Any]]], interval: float, budge
             largest["cpu_ms_per_job_poll"] <= CPU_MS_PER_JOB_POLL_GOAL,
         ),
         line(
-            f"worst event-loop lag <= {LOOP_LAG_MS_GOAL:g} ms",
-            f"{largest['loop_lag_ms']:.0f} ms",
-            largest["loop_lag_ms"] <= LOOP_LAG_MS_GOAL,
+            f"worst event-loop lag <= {LOOP_LAG_MS_GOAL:g} ms (the loop's longest turn)",
+            f"{largest['longest_turn_ms']:.0f} ms of CPU (wall, on this machine: {largest['loop_lag_ms']:.0f} ms)",
+            largest["longest_turn_ms"] <= LOOP_LAG_MS_GOAL,
         ),
         line(
             "calls per interval independent of the jobs (" + ", ".join(n.removeprefix("sim_") for n in batched) + ")",
@@ -415,13 +436,19 @@ def _goals(by_jobs: dict[int, dict[str, dict[str, Any]]], interval: float, budge
 
 
 def _print_columns(rows: list[tuple[str, str, str]], sides: dict[str, dict[str, Any]]) -> None:
-    """A table of ``(label, key, format)`` rows, one column per side; the ratio is per-job / provider with logs."""
-    print(f"{'':34}" + "".join(f"{name:>15}" for name in sides) + f"{'ratio':>8}")
+    """A table of ``(label, key, format)`` rows, one column per side, then each other side's ratio to the provider
+    with logs (the default): per-job polling's, and the unfrozen heap's."""
+    others = [kind for kind in ("naive+logs", "unfrozen+logs") if kind in sides]
+    print(
+        f"{'':34}"
+        + "".join(f"{name:>15}" for name in sides)
+        + "".join(f"{kind.split('+')[0] + '/':>10}" for kind in others)
+    )
     for label, key, fmt in rows:
         values = [side[key] for side in sides.values()]
-        ratio = sides["naive+logs"][key] / sides["provider+logs"][key] if "naive+logs" in sides else float("nan")
-        ratio = ratio if sides["provider+logs"][key] else float("nan")
-        print(f"{label:34}" + "".join(f"{fmt.format(v):>15}" for v in values) + f"{ratio:>8.1f}")
+        base = sides["provider+logs"][key]
+        ratios = [sides[kind][key] / base if base else float("nan") for kind in others]
+        print(f"{label:34}" + "".join(f"{fmt.format(v):>15}" for v in values) + "".join(f"{r:>10.1f}" for r in ratios))
 
 
 def main() -> None:
@@ -439,7 +466,9 @@ def main() -> None:
         # 1,000 triggers' "Watching job ..." lines (and their jobs' log lines) are not the point here
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
         _register()
-        print(json.dumps(asyncio.run(_run(args.side, args.jobs[-1], args.interval, args.duration, args.instances))))
+        with asyncio.Runner(loop_factory=_TurnTimedLoop) as runner:
+            result = runner.run(_run(args.side, args.jobs[-1], args.interval, args.duration, args.instances))
+        print(json.dumps(result))
         return
     from airflow_provider_tao.settings import log_reads_per_interval
 
@@ -456,6 +485,7 @@ def main() -> None:
         ("CPU ms per job per poll", "cpu_ms_per_job_poll", "{:.3f}"),
         ("RSS per watched job, KiB", "rss_per_job_kib", "{:.1f}"),
         ("worst event-loop lag, ms", "loop_lag_ms", "{:.0f}"),
+        ("longest turn of the loop, CPU ms", "longest_turn_ms", "{:.0f}"),
         ("longest full GC, CPU ms", "full_gc_ms", "{:.0f}"),
         ("end noticed late, p50 s", "late_p50", "{:.2f}"),
         ("end noticed late, p95 s", "late_p95", "{:.2f}"),

@@ -17,6 +17,7 @@ from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.jobs import JobHandle, JobState, JobStatus
 from airflow_provider_tao.settings import log_reads_per_interval, outage_report_seconds, trigger_event_hold_seconds
+from airflow_provider_tao.triggers.heap import freeze_long_lived_heap
 from airflow_provider_tao.triggers.log_budget import LogBudget
 
 #: Upper bound of one batched status call; a hung backend must not hang the trigger.
@@ -140,6 +141,7 @@ class StatusPoller:
     async def _create(cls, key: tuple[int, str, str | None], platform: str, conn_id: str | None) -> StatusPoller:
         hook = get_platform_hook(platform, conn_id)
         await hook.aload_connection()
+        freeze_long_lived_heap()  # the first poller of the process: its imports, this client's too, are in place
         return cls._instances.setdefault(key, cls(hook))
 
     @classmethod
