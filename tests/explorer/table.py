@@ -9,6 +9,14 @@ from collections import defaultdict
 
 from tests.explorer.simulate import INTERRUPTIONS
 
+#: Each platform's mark in a cell: two letters, as first letters collide (local and lepton); an unknown platform is
+#: marked by its full name.
+MARKS = {"local": "Lo", "docker": "Do", "kubernetes": "Ku", "slurm": "Sl", "lepton": "Le", "brev": "Br"}
+
+
+def mark(platform: str) -> str:
+    return MARKS.get(platform, platform)
+
 
 def render(lines: list[str]) -> str:
     cells: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)
@@ -32,8 +40,10 @@ def render(lines: list[str]) -> str:
             if not cell:
                 marks.append("=")  # equivalent to an explored schedule (pruned)
             else:
-                marks.append(" ".join(p[0].upper() + ("" if n == 0 else f"!{n}") for p, n in sorted(cell.items())))
+                marks.append(" ".join(mark(p) + ("" if n == 0 else f"!{n}") for p, n in sorted(cell.items())))
         out.append(f"| {row} | " + " | ".join(marks) + " |")
+    ran = sorted({p for cell in cells.values() for p in cell})
+    out.append("\n" + ", ".join(f"{mark(p)} {p}" for p in ran) + "; `=` equivalent to an explored schedule (pruned)")
     out.append(f"\n{total} schedules, {bad} with violations")
     return "\n".join(out)
 
