@@ -45,6 +45,10 @@ class BackendJob:
     live: bool
     exit_code: int | None  # None: still live, or killed with no exit recorded
     results_dir: str
+    #: It ended carrying a cancel's mark (read on the backend where the marks live with the job): the platform's
+    #: verdict is Canceled whatever its exit code (docs/architecture.md, the cancel routine) -- a job that exited 0
+    #: on its own while the cancel was on its way was canceled, and no try takes its result.
+    cancel_marked: bool = False
 
     @property
     def stopped(self) -> bool:
@@ -184,17 +188,30 @@ class DockerBackend(Backend):
                 continue
             live = state["Status"] in ("running", "restarting", "paused", "created")
             ran = not str(state.get("StartedAt", "")).startswith("0001-")
+            exit_code = None if live else int(state.get("ExitCode", 0))
             found.append(
                 BackendJob(
                     job_id=labels.get(ct.LABEL_JOB_ID, ""),
                     created=float(summary.get("Created") or 0),
                     ran=ran,
                     live=(live and ran) or state["Status"] == "created",
-                    exit_code=None if live else int(state.get("ExitCode", 0)),
+                    exit_code=exit_code,
                     results_dir=labels.get(ct.LABEL_RESULTS_DIR, ""),
+                    cancel_marked=exit_code == 0 and self._cancel_marked(summary["Id"]),
                 )
             )
         return sorted(found, key=lambda j: j.created)
+
+    def _cancel_marked(self, container: str) -> bool:
+        """The container's marks folder (files in the container itself) holds a cancel's mark."""
+        from airflow_provider_tao.hooks.base import MARK_CANCEL
+        from airflow_provider_tao.hooks.shared import container as ct
+
+        try:
+            stream, _ = self.client.get_archive(container, ct.MARKS_DIR)
+            return MARK_CANCEL in ct.read_mark_archive(b"".join(stream))
+        except Exception:  # removed meanwhile, or no marks folder
+            return False
 
     def records(self, name: str) -> list[str]:
         """``docker inspect`` of the name's containers."""
