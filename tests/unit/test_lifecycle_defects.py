@@ -404,7 +404,7 @@ def test_issue_22_a_persons_cancel_while_the_task_waits_for_its_next_try_is_fina
     assert b.job_id != a.job_id and live_local_jobs(a.name) == {b.job_id}
 
 
-@pytest.mark.parametrize("ends", ["after the routine looked", "before the routine looked"])
+@pytest.mark.parametrize("ends", ["after_the_routine_looked", "before_the_routine_looked"])
 def test_issue_22_a_persons_cancel_is_final_when_the_job_ends_by_itself_inside_its_window(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], ends: str
 ) -> None:
@@ -434,12 +434,12 @@ def test_issue_22_a_persons_cancel_is_final_when_the_job_ends_by_itself_inside_i
     real_write_mark = FakeHook.write_mark
 
     def write_mark(self: FakeHook, h: JobHandle, key: str, value: Any) -> None:
-        if key == MARK_CANCELED_BY and ends == "after the routine looked":
+        if key == MARK_CANCELED_BY and ends == "after_the_routine_looked":
             job_exits_0()
         real_write_mark(self, h, key, value)
 
     def record_cancel(indexed: IndexedJob, by: str) -> str:  # kept between the CLI's first look and the routine
-        if ends == "before the routine looked":
+        if ends == "before_the_routine_looked":
             job_exits_0()
         return "deferred"
 
@@ -456,7 +456,7 @@ def test_issue_22_a_persons_cancel_is_final_when_the_job_ends_by_itself_inside_i
     (row,) = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert (row["was"], job["state"]) == ("Running", JobState.COMPLETE), row  # it ended by itself
     event = _event(handle, "complete")  # what the trigger read: exit 0
-    if ends == "after the routine looked":
+    if ends == "after_the_routine_looked":
         assert row["canceled"] is True and row["note"] == "its task fails with ERR_CANCELED", row
         with pytest.raises(AirflowFailException, match=r"ERR_CANCELED.*canceled by cli:"):
             op.execute_complete(context, event)
