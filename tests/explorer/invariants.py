@@ -29,10 +29,14 @@ SETTLE_SECONDS = 8.0  # a cancel's grace (SIGTERM, then SIGKILL) before a job ma
 RECOVERABLE = frozenset({"worker_kill", "triggerer_kill", "clear", "outage", "execution_timeout", None})
 
 
-def settled(backend: Backend, name: str) -> list[BackendJob]:
+def settled(backend: Backend, name: str, expected: frozenset[str] = frozenset()) -> list[BackendJob]:
+    """The name's jobs once none is live, or ``SETTLE_SECONDS`` passed; ``expected`` jobs not listed yet are waited
+    for as live ones (under load the SLURM ok job was once in neither squeue nor sacct 1 s after it ended)."""
     deadline = time.monotonic() + SETTLE_SECONDS
     jobs = backend.jobs(name)
-    while any(job.live for job in jobs) and time.monotonic() < deadline:
+    while (any(job.live for job in jobs) or not expected <= {job.job_id for job in jobs}) and (
+        time.monotonic() < deadline
+    ):
         time.sleep(0.2)
         jobs = backend.jobs(name)
     return jobs
@@ -40,7 +44,8 @@ def settled(backend: Backend, name: str) -> list[BackendJob]:
 
 def violations(backend: Backend, schedule: Schedule, outcome: Outcome, store: Any) -> list[str]:
     found: list[str] = []
-    jobs = settled(backend, outcome.job_name)
+    result = outcome.result if outcome.state == "success" and isinstance(outcome.result, dict) else {}
+    jobs = settled(backend, outcome.job_name, frozenset({str(result["job_id"])} if "job_id" in result else ()))
     record = JobRecord.from_json(store.get(STATE_KEY))
     recorded = record.job_id if record else None
     # jobs an earlier try recorded (and a later try replaced) are accounted for: the record's history holds them
