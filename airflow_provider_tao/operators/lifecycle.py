@@ -367,9 +367,9 @@ class JobLifecycleMixin(JobOutcomeMixin):
         if outcome == "misplaced":
             raise AirflowFailException(event.get("message") or status.message)
         message = event.get("message") or status.message
-        # A person's cancel (`airflow tao cancel`) or the reaper's marks the job only while it runs, and it is final:
-        # a job that ended by itself while that cancel was on its way (its verdict read before the mark) is not
-        # taken, not retried, not failed over -- the person was told it was canceled.
+        # `airflow tao cancel` and the reaper mark a job `canceled_by` only when they find it running, and that is
+        # final: a job that ended by itself while the cancel was on its way (its verdict read before the mark
+        # landed) is not taken, retried or failed over -- the person was told it was canceled.
         who = hook.canceled_by(handle) if outcome in ("complete", "error", "canceled") else None
         analysis = hook.get_failure_analysis(handle) if outcome == "error" and not who else None
         if not who and self._fails_over(handle, outcome, analysis):  # no capacity here: the next connection
