@@ -463,3 +463,32 @@ def test_issue_22_a_persons_cancel_is_final_when_the_job_ends_by_itself_inside_i
     else:
         assert row["canceled"] is False and row["note"] == "already ended: left as it was", row
         assert op.execute_complete(context, event)["job_id"] == handle.job_id
+
+
+def test_issue_22_a_persons_cancel_during_the_failure_analysis_is_final(fake_platform: type[FakeHook]) -> None:
+    """The trigger read the job failed, but the platform had requeued it (SLURM: the requeue took effect and its
+    answer was lost to an SSH drop -- the explorer's slurm flaky ``resume:run#3`` cli_cancel under load); a person
+    cancels it while the resuming try analyses the failure. The try fails ERR_CANCELED: it raised the failure for a
+    retry, whose new task instance id the CLI's record does not bind, and the retry submitted a new job."""
+    store = Store()
+    context = make_context(store, 1)
+    op = _op(deferrable=True)
+    handle = JobHandle.from_json(_defer(op, context).trigger.serialize()[1]["handle"])
+    job = fake_platform.jobs[handle.job_id]
+    job.update(state=JobState.ERROR, exit=1)
+    fake_platform.logs[handle.job_id] = "NCCL WARN net: remote process exited\n"  # a node fault: retriable
+    event = _event(handle, "error")  # what the trigger read
+    job.update(state=JobState.PENDING)  # requeued behind its back
+    real = FakeHook.get_failure_analysis
+
+    def analysis(self: FakeHook, h: JobHandle) -> Any:
+        assert FakeHook().cancel_job(h, requested_by="cli:jdoe") is True  # `airflow tao cancel` lands meanwhile
+        return real(self, h)
+
+    FakeHook.get_failure_analysis = analysis  # type: ignore[method-assign]
+    try:
+        with pytest.raises(AirflowFailException, match=r"ERR_CANCELED.*canceled by cli:jdoe"):
+            op.execute_complete(context, event)
+    finally:
+        FakeHook.get_failure_analysis = real  # type: ignore[method-assign]
+    assert len(fake_platform.jobs) == 1 and job["state"] is JobState.CANCELED
