@@ -31,6 +31,10 @@ def render(lines: list[str]) -> str:
         cell[platform] = cell.get(platform, 0) + len(found)
         total += 1
         bad += bool(found)
+    # the lifecycle's order: by job, then phase; within a phase as the schedules were reported (about their order)
+    jobs = list(dict.fromkeys(row.split(" ", 1)[0] for row in rows))
+    phase = {"execute": 0, "trigger": 1, "resume": 2}
+    rows.sort(key=lambda r: (jobs.index(r.split(" ", 1)[0]), phase.get(r.split("`")[1].split(":")[0], 3)))
     head = "| job, boundary | " + " | ".join(INTERRUPTIONS) + " |"
     out = [head, "|---" * (len(INTERRUPTIONS) + 1) + "|"]
     for row in rows:
