@@ -148,6 +148,9 @@ def cancel_job(args: Namespace) -> None:
     # Kept first: the task's next try reads it before submitting, even if the platform refuses the cancel now.
     ti_state = record_cancel(job, by)
     stopped = hook.cancel_job(handle, requested_by=by)
+    # Canceled only if the routine itself found the job running and marked it (its task then fails ERR_CANCELED
+    # even if the job ends by itself meanwhile); one that ended since `before` keeps its verdict, and its task too.
+    canceled = stopped and not before.is_terminal and bool(hook.canceled_by(handle))
     if stopped and not before.is_terminal and not task_resumes(job):
         hook.cleanup_job(handle)  # no task will resume to clean up after it
     after = hook.get_job_status(handle)
@@ -158,9 +161,9 @@ def cancel_job(args: Namespace) -> None:
         "task_id": job.task_id,
         "run_id": job.run_id,
         "was": before.value,
-        "canceled": bool(stopped) and not before.is_terminal,
+        "canceled": canceled,
         "state": after.state.value,
-        "note": _cancel_note(before.is_terminal, ti_state),
+        "note": _cancel_note(not canceled, ti_state),
     }
     _print([row], args.output)
 

@@ -368,7 +368,7 @@ class JobLifecycleMixin(JobOutcomeMixin):
             raise AirflowFailException(event.get("message") or status.message)
         message = event.get("message") or status.message
         analysis = hook.get_failure_analysis(handle) if outcome == "error" else None
-        if self._fails_over(handle, outcome, analysis):  # no capacity here: the next connection of the chain
+        if self._fails_over(handle, outcome, analysis) and not hook.canceled_by(handle):  # the next connection
             return self._fail_over(context, hook, handle, analysis.summary() if analysis else message)
         self._close_attempt(context, hook, handle, outcome=outcome, reason=analysis.summary() if analysis else message)
         self._mask_received_secrets(handle)  # before the job's own words (failure evidence) reach the log
@@ -383,11 +383,14 @@ class JobLifecycleMixin(JobOutcomeMixin):
                 f"Job {handle.job_id} passed the task's execution_timeout (or [tao] lease_hours): "
                 f"{ErrClass.ERR_TIMEOUT.value}, {fate}{waited}"
             )
+        # `airflow tao cancel` and the reaper mark a job `canceled_by` only when they find it running, and that is
+        # final: a job that ended by itself while the cancel was on its way (its verdict read before the mark
+        # landed) is not taken nor retried -- the person was told it was canceled. Read last, right before the
+        # verdict: a cancel during the failure analysis (seconds of platform calls) counts too.
+        if outcome in ("complete", "error", "canceled") and (who := hook.canceled_by(handle)):
+            hook.cleanup_job(handle)
+            self._fail_canceled(context, handle, f"canceled by {who}")
         if outcome == "canceled":
-            if who := hook.canceled_by(handle):
-                # A person (`airflow tao cancel`) or the reaper stopped it on purpose: never run it again.
-                hook.cleanup_job(handle)
-                self._fail_canceled(context, handle, f"canceled by {who}")
             requested_by = hook.cancel_requested_by(handle)
             if requested_by is not None:
                 # A cancel through this provider, yet this try is resuming: the kill was not the user's (a user's

@@ -202,8 +202,11 @@ class TaskSim:
             handle = record.job
             hook = get_platform_hook(handle.platform, handle.conn_id)
             hook.load_connection()
-            live = handle.job_id in self.backend.live_ids(handle.name)
+            live = handle.job_id in self.backend.live_ids(handle.name)  # the backend's look, for the report
             stopped = hook.cancel_job(handle, requested_by="cli:explorer")
+            # what the CLI reports as canceled: its routine found the job running and marked it (one that ended
+            # after the look above keeps its own verdict)
+            stopped = stopped and bool(hook.canceled_by(handle))
             self.outcome.person_cancel = {"job_id": handle.job_id, "was_live": live, "stopped": stopped,
                                           "at": time.time()}  # fmt: skip
 

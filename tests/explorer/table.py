@@ -9,6 +9,14 @@ from collections import defaultdict
 
 from tests.explorer.simulate import INTERRUPTIONS
 
+#: Each platform's mark in a cell: two letters, as first letters collide (local and lepton); an unknown platform is
+#: marked by its full name.
+MARKS = {"local": "Lo", "docker": "Do", "kubernetes": "Ku", "slurm": "Sl", "lepton": "Le", "brev": "Br"}
+
+
+def mark(platform: str) -> str:
+    return MARKS.get(platform, platform)
+
 
 def render(lines: list[str]) -> str:
     cells: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)
@@ -23,6 +31,10 @@ def render(lines: list[str]) -> str:
         cell[platform] = cell.get(platform, 0) + len(found)
         total += 1
         bad += bool(found)
+    # the lifecycle's order: by job, then phase; within a phase as the schedules were reported (about their order)
+    jobs = list(dict.fromkeys(row.split(" ", 1)[0] for row in rows))
+    phase = {"execute": 0, "trigger": 1, "resume": 2}
+    rows.sort(key=lambda r: (jobs.index(r.split(" ", 1)[0]), phase.get(r.split("`")[1].split(":")[0], 3)))
     head = "| job, boundary | " + " | ".join(INTERRUPTIONS) + " |"
     out = [head, "|---" * (len(INTERRUPTIONS) + 1) + "|"]
     for row in rows:
@@ -32,8 +44,10 @@ def render(lines: list[str]) -> str:
             if not cell:
                 marks.append("=")  # equivalent to an explored schedule (pruned)
             else:
-                marks.append(" ".join(p[0].upper() + ("" if n == 0 else f"!{n}") for p, n in sorted(cell.items())))
+                marks.append(" ".join(mark(p) + ("" if n == 0 else f"!{n}") for p, n in sorted(cell.items())))
         out.append(f"| {row} | " + " | ".join(marks) + " |")
+    ran = sorted({p for cell in cells.values() for p in cell})
+    out.append("\n" + ", ".join(f"{mark(p)} {p}" for p in ran) + "; `=` equivalent to an explored schedule (pruned)")
     out.append(f"\n{total} schedules, {bad} with violations")
     return "\n".join(out)
 

@@ -28,7 +28,7 @@ from tests.explorer.simulate import INTERRUPTIONS, Schedule, TaskSim, explored
 #: and the daemons' answers), so many fit two cores. A platform may cap its own share (``Backend.parallel``: the
 #: cluster's job slots). ``TAO_EXPLORE_REPORT=<file>``: every schedule's result appended there (``python -m
 #: tests.explorer.table <file>``). 8 wide: local + Docker took 3 min 36 s with 0 violations, 24 wide 3 min 22 s with
-#: 3 schedules whose 1.5 s jobs ended inside a cancel's window under the load (each passes alone).
+#: 3 schedules whose 1.5 s jobs ended inside a cancel's window under the load (fixed since, see docs/reliability.md).
 PARALLEL = int(os.environ.get("TAO_EXPLORE_PARALLEL", "8"))
 DURATIONS: dict[Schedule, float] = {}
 _CLEAN: dict[tuple[str, str], list[str]] = {}

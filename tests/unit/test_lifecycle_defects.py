@@ -402,3 +402,93 @@ def test_issue_22_a_persons_cancel_while_the_task_waits_for_its_next_try_is_fina
     third = _defer(op(), context(3, "ti-cleared"))
     b = JobHandle.from_json(third.trigger.serialize()[1]["handle"])
     assert b.job_id != a.job_id and live_local_jobs(a.name) == {b.job_id}
+
+
+@pytest.mark.parametrize("ends", ["after_the_routine_looked", "before_the_routine_looked"])
+def test_issue_22_a_persons_cancel_is_final_when_the_job_ends_by_itself_inside_its_window(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], ends: str
+) -> None:
+    """``airflow tao cancel`` on a deferred task's running job, the job exiting 0 on its own while the cancel is on
+    its way (the explorer's 1.5 s jobs under load: docker ok ``execute:defer#1``, slurm ok
+    ``trigger:aget_job_statuses#2``, cli_cancel). After the routine found it running (it marks ``canceled_by``,
+    then stops an ended job): the person is told "canceled", so the task fails ERR_CANCELED -- it took the job's
+    result. Before the routine looked (after the CLI's own first look): the job keeps its verdict, the task takes
+    its result, and the person is told so -- the CLI said "canceled"."""
+    from argparse import Namespace
+
+    from airflow_provider_tao.cli import commands
+    from airflow_provider_tao.hooks.base import MARK_CANCELED_BY
+    from airflow_provider_tao.jobindex import IndexedJob
+    from airflow_provider_tao.records import JobRecord
+
+    store, context = Store(), make_context(Store(), 1)
+    context["task_state_store"] = store
+    op = _op(deferrable=True)
+    handle = JobHandle.from_json(_defer(op, context).trigger.serialize()[1]["handle"])
+    job = fake_platform.jobs[handle.job_id]
+
+    def job_exits_0() -> None:
+        if not job["state"].is_terminal:
+            job.update(state=JobState.COMPLETE, exit=0)
+
+    real_write_mark = FakeHook.write_mark
+
+    def write_mark(self: FakeHook, h: JobHandle, key: str, value: Any) -> None:
+        if key == MARK_CANCELED_BY and ends == "after_the_routine_looked":
+            job_exits_0()
+        real_write_mark(self, h, key, value)
+
+    def record_cancel(indexed: IndexedJob, by: str) -> str:  # kept between the CLI's first look and the routine
+        if ends == "before_the_routine_looked":
+            job_exits_0()
+        return "deferred"
+
+    monkeypatch.setattr(FakeHook, "write_mark", write_mark)
+    monkeypatch.setattr(commands, "record_cancel", record_cancel)
+    indexed = IndexedJob(
+        record=JobRecord.from_json(store.data[STATE_KEY]),  # type: ignore[arg-type]
+        dag_id="dag", run_id="manual__1", task_id="train", map_index=-1,
+        ti_state="deferred", ti_try=1, ti_end=None, current=True,
+    )  # fmt: skip
+    monkeypatch.setattr(commands, "_job", lambda job_id: indexed)
+    capsys.readouterr()
+    commands.cancel_job.__wrapped__.__wrapped__(Namespace(job_id=handle.job_id, output="json"))  # type: ignore[attr-defined]
+    (row,) = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (row["was"], job["state"]) == ("Running", JobState.COMPLETE), row  # it ended by itself
+    event = _event(handle, "complete")  # what the trigger read: exit 0
+    if ends == "after_the_routine_looked":
+        assert row["canceled"] is True and row["note"] == "its task fails with ERR_CANCELED", row
+        with pytest.raises(AirflowFailException, match=r"ERR_CANCELED.*canceled by cli:"):
+            op.execute_complete(context, event)
+    else:
+        assert row["canceled"] is False and row["note"] == "already ended: left as it was", row
+        assert op.execute_complete(context, event)["job_id"] == handle.job_id
+
+
+def test_issue_22_a_persons_cancel_during_the_failure_analysis_is_final(fake_platform: type[FakeHook]) -> None:
+    """The trigger read the job failed, but the platform had requeued it (SLURM: the requeue took effect and its
+    answer was lost to an SSH drop -- the explorer's slurm flaky ``resume:run#3`` cli_cancel under load); a person
+    cancels it while the resuming try analyses the failure. The try fails ERR_CANCELED: it raised the failure for a
+    retry, whose new task instance id the CLI's record does not bind, and the retry submitted a new job."""
+    store = Store()
+    context = make_context(store, 1)
+    op = _op(deferrable=True)
+    handle = JobHandle.from_json(_defer(op, context).trigger.serialize()[1]["handle"])
+    job = fake_platform.jobs[handle.job_id]
+    job.update(state=JobState.ERROR, exit=1)
+    fake_platform.logs[handle.job_id] = "NCCL WARN net: remote process exited\n"  # a node fault: retriable
+    event = _event(handle, "error")  # what the trigger read
+    job.update(state=JobState.PENDING)  # requeued behind its back
+    real = FakeHook.get_failure_analysis
+
+    def analysis(self: FakeHook, h: JobHandle) -> Any:
+        assert FakeHook().cancel_job(h, requested_by="cli:jdoe") is True  # `airflow tao cancel` lands meanwhile
+        return real(self, h)
+
+    FakeHook.get_failure_analysis = analysis  # type: ignore[method-assign]
+    try:
+        with pytest.raises(AirflowFailException, match=r"ERR_CANCELED.*canceled by cli:jdoe"):
+            op.execute_complete(context, event)
+    finally:
+        FakeHook.get_failure_analysis = real  # type: ignore[method-assign]
+    assert len(fake_platform.jobs) == 1 and job["state"] is JobState.CANCELED
