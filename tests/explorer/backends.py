@@ -132,7 +132,8 @@ class LocalBackend(Backend):
                 groups = _proc_groups() if groups is None else groups
                 live = bool(groups.get(int(pid["pgid"])))
             if pid is None and verdict is None:
-                live = (folder / "launch.json").exists() and not (folder / "marks" / "cancel").exists()
+                # launched, not started: its supervisor never starts a job whose cancel mark is there
+                live = (folder / "launch.json").exists() and not (folder / "marks" / "cancel_requested_by").exists()
             found.append(
                 BackendJob(
                     job_id=folder.name,
