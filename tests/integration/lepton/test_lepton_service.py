@@ -295,6 +295,27 @@ def test_the_reaper_deletes_the_secrets_of_a_submission_that_died_before_its_job
         hook.cancel_job(live)
 
 
+def test_two_sweeps_marking_one_orphan_in_the_same_second_both_finish(
+    lepton_sim_fast: LeptonFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two reapers (a scheduled one beside a person's ``airflow tao reap``; found by the crash-point explorer, whose
+    schedules each sweep once) list the same orphaned secrets; one marks them, the other marks them in the same
+    second: that mark is already there (409), and the sweep goes on instead of failing."""
+    fake = lepton_sim_fast
+    monkeypatch.setenv(f"AIRFLOW_CONN_{SIM_CONN.upper()}", lepton_connection(fake))
+    hook = LeptonHook(SIM_CONN)
+    dead_id = uuid.uuid4().hex[:12]
+    now = time.time()
+    mark = f"tao.{dead_id}.orphan-since.{int(now)}"
+    fake.client().secret.create([SecretItem(name=f"tao.{dead_id}.env.AWS_SECRET", value="s")])
+    listed = hook._secrets_by_job()  # this sweep's listing, before the other sweep's mark
+    fake.client().secret.create([SecretItem(name=mark, value="1")])  # the other sweep marks
+    monkeypatch.setattr(hook, "_secrets_by_job", lambda: listed)
+    rows = hook.reap_resources(lambda ti: None, dry_run=False, now=now)
+    assert {r["action"] for r in rows if dead_id in r["resource"]} == {"kept"}
+    assert mark in fake.secrets()["user"]
+
+
 def test_an_unknown_node_group_of_the_connection_is_refused_naming_the_connections_extra(
     lepton_fake: LeptonFake, monkeypatch: pytest.MonkeyPatch
 ) -> None:
