@@ -22,8 +22,9 @@ _LUSTRE_PREFIX = "fsw/portfolios/ci"
 class LeptonBackend(Backend):
     """The fake Lepton server (``tests/integration/lepton``): ``/fake/jobs`` (every job ever created, deleted ones
     too, with the exact body the client sent, its state history and its replicas) and ``/fake/secrets``. A job ran
-    once its history shows ``Running``; it is live while a replica runs or is pending, or while the server has not
-    finished it; a replica ended by a stop or a delete has no exit code of its own (or the trainer's 143).
+    once its history shows ``Running`` or a replica left ``Pending`` (a replica stopped before its container started
+    counts as ran and stopped: the stop ended it); it is live while a replica runs or is pending, or while the server
+    has not finished it; a replica ended by a stop or a delete has no exit code of its own (or the trainer's 143).
 
     :param fake: the running server (:class:`tests.leptonfake.control.LeptonFake`).
     """
@@ -73,7 +74,10 @@ class LeptonBackend(Backend):
                 BackendJob(
                     job_id=record["labels"].get(LABEL_JOB_ID, ""),
                     created=float(record["history"][0]["at"]) if record["history"] else 0.0,
-                    ran=any(h["state"] == "Running" for h in record["history"]),
+                    # the job turns Running a controller pass after its replica did: a job stopped in between
+                    # shows only its replica's end (Terminated, no exit code: ended by the stop, not by itself)
+                    ran=any(h["state"] == "Running" for h in record["history"])
+                    or any(r["phase"] != "Pending" for r in replicas),
                     live=live,
                     exit_code=None if live or not codes else int(codes[-1]),
                     results_dir=str(envs.get(RESULTS_DIR_ENV) or ""),
