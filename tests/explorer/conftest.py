@@ -1,8 +1,8 @@
 """Backends of the explorer: the local platform in a folder of this session, the test Docker engine
 (``tests/integration/docker/conftest.py``'s fixtures), kubefake, the SLURM cluster, a Lepton fake server and a Brev
-fake world of the explorer's own (started by the Lepton and Brev integration tests' fixtures). Every platform hook class is instrumented while this package's
-tests run (package scope: nothing of the explorer -- its wrappers, its time scale, its environment -- reaches the
-tests after it)."""
+fake world of the explorer's own (started by the Lepton and Brev integration tests' fixtures). Every platform hook
+class is instrumented while this package's tests run (package scope: nothing of the explorer -- its wrappers, its time
+scale, its environment -- reaches the tests after it)."""
 
 from __future__ import annotations
 
