@@ -186,7 +186,7 @@ class BrevBackend(Backend):
 
     def _node_fault(self) -> None:
         """The flaky job's node fault as Brev shows it: the first job container of a task instance that asked for
-        one (``EXPLORE_NODE_FAULT``) has its instance fail under it (``FAILURE``), once it runs."""
+        one (``EXPLORE_NODE_FAULT``) has its instance fail under it (``FAILURE``) once it runs, and dies with it."""
         running = self.engine.client.containers(
             filters={"label": [f"brevfake.world={self.world.tag}", "brevfake.on-instance"], "status": "running"}
         )
@@ -200,6 +200,9 @@ class BrevBackend(Backend):
             if f"{FAULT_ENV}=1" in env and instance not in self.faulted:
                 self.faulted.add(instance)
                 self.world.set_status(instance, "FAILURE", "explorer: the machine failed under its job")
+                # its processes die with it (the fake's FAILURE only flips the status): a job on a failed machine
+                # that ran on would read as live to a person's cancel, which the task rightly takes for ended
+                self.engine.client.kill(summary["Id"])
 
     def operator_kwargs(self, command: str) -> dict[str, Any]:
         env = {}
