@@ -246,7 +246,9 @@ class BrevBackend(Backend):
             for cid, entry in self.seen.items():
                 if entry["name"] == name and cid not in present and entry["state"]["Status"] == "running":
                     entry["state"] = {**entry["state"], "Status": "removed", "ExitCode": None}  # deleted as it ran
-        home = next((self.world.home_of(i["name"]) for i in self.world.instances() if i["name"] == name), None)
+        # by the instance's id, as listed (asking by name again races the instance's deletion)
+        home = next((self.world.world.instance_dir(i["id"]) / "home" for i in self.world.instances()
+                     if i["name"] == name), None)  # fmt: skip
         if home is not None and home.is_dir():
             for path in home.rglob("*"):
                 try:
