@@ -1,7 +1,8 @@
 """Backends of the explorer: the local platform in a folder of this session, the test Docker engine
-(``tests/integration/docker/conftest.py``'s fixtures). Every platform hook class is instrumented while this package's
-tests run (package scope: nothing of the explorer -- its wrappers, its time scale, its environment -- reaches the
-tests after it)."""
+(``tests/integration/docker/conftest.py``'s fixtures), kubefake, the SLURM cluster, a Lepton fake server and a Brev
+fake world of the explorer's own (started by the Lepton and Brev integration tests' fixtures). Every platform hook
+class is instrumented while this package's tests run (package scope: nothing of the explorer -- its wrappers, its time
+scale, its environment -- reaches the tests after it)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,23 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_tao.hooks.brev import BrevHook
 from airflow_provider_tao.hooks.docker import TAODockerHook
 from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
+from airflow_provider_tao.hooks.lepton import LeptonHook
 from airflow_provider_tao.hooks.local import LocalHook
 from airflow_provider_tao.hooks.slurm import SlurmHook
 from tests.explorer.backends import SECRET, Backend, DockerBackend, KubernetesBackend, LocalBackend, SlurmBackend
+from tests.explorer.cloud_backends import BrevBackend, LeptonBackend
 from tests.explorer.recorder import CURRENT, instrument_hook
+from tests.integration.brev.conftest import brev_connection, world_on_path
 from tests.integration.docker.conftest import docker_connection, docker_engine, results_root  # noqa: F401
 from tests.integration.kubernetes.conftest import kubefake, kubernetes_connection  # noqa: F401
+from tests.integration.lepton.conftest import lepton_connection, lepton_fake_factory  # noqa: F401
 from tests.integration.slurm.conftest import slurm_cluster  # noqa: F401
 
 #: Every platform the explorer can run on, in the order they are set up.
-EXPLORABLE = ("local", "docker", "kubernetes", "slurm")
+EXPLORABLE = ("local", "docker", "kubernetes", "slurm", "lepton", "brev")
 #: The platforms explored in this run: ``TAO_EXPLORE_PLATFORMS`` (comma-separated), by default those that fit every
 #: CI run's time (see docs/reliability.md for what the others take here).
 PLATFORMS = tuple(os.environ.get("TAO_EXPLORE_PLATFORMS", "local,docker").split(","))
@@ -40,7 +46,7 @@ def _instrumented() -> Iterator[None]:
     processors = structlog.get_config()["processors"]
     structlog.configure(processors=[*processors[:-1], _captured, processors[-1]])
     with pytest.MonkeyPatch.context() as patch:
-        for cls in (LocalHook, TAODockerHook, TAOKubernetesHook, SlurmHook):
+        for cls in (LocalHook, TAODockerHook, TAOKubernetesHook, SlurmHook, LeptonHook, BrevHook):
             instrument_hook(cls, patch.setattr)
         # the explorer's time scale: a submission cut before its process started is given up on after 3 s, not 30
         patch.setattr(local, "LAUNCH_TIMEOUT_SECONDS", 3.0)
@@ -122,6 +128,31 @@ def slurm_backend(slurm_cluster) -> Iterator[Backend]:  # noqa: F811
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(connection))
         backend = SlurmBackend(conn_id, slurm_cluster)
+        yield backend
+        backend.close()
+
+
+@pytest.fixture(scope="package")
+def lepton_backend(lepton_fake_factory, docker_engine) -> Iterator[Backend]:  # noqa: F811
+    """A fake Lepton workspace of the explorer's own whose API token is the explorer's secret; the connection
+    gives the job an HF token (the same secret), so every job has ``tao.<job_id>.env.*`` user secrets (I6)."""
+    conn_id = "tao_lepton_explore"
+    fake = lepton_fake_factory("--token", SECRET)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", lepton_connection(fake, hf_token=SECRET))
+        yield LeptonBackend(conn_id, fake, docker_engine)
+
+
+@pytest.fixture(scope="package")
+def brev_backend(docker_engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backend]:  # noqa: F811
+    """A fake Brev world of the explorer's own whose login token holds the explorer's secret (its session key)."""
+    conn_id = "tao_brev_explore"
+    root = tmp_path_factory.mktemp("explore-brev")
+    with pytest.MonkeyPatch.context() as patch, world_on_path(docker_engine, root / "world", patch) as world:
+        with world.world.mutate() as state:
+            state["auth"]["session_key"] = SECRET
+        patch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", brev_connection(world, cancel_grace_seconds=1))
+        backend = BrevBackend(conn_id, world, docker_engine, root / "kept")
         yield backend
         backend.close()
 

@@ -55,7 +55,7 @@ def violations(backend: Backend, schedule: Schedule, outcome: Outcome, store: An
     for job in jobs:
         if job.live:
             found.append(f"I2: job {job.job_id} still runs after the task ended ({outcome.state})")
-        elif job.job_id in outcome.live_at_end and not job.stopped:
+        elif job.job_id in outcome.live_at_end and job.ran and not job.stopped:  # not ran: removed while queued
             found.append(f"I2: job {job.job_id} was left running when the task ended ({outcome.state}: "
                          f"{outcome.error[:120]}) and ran to its end (exit {job.exit_code})")  # fmt: skip
     newest = jobs[-1] if jobs else None

@@ -284,11 +284,13 @@ class LeptonAPIHook(TAOPlatformHook):
     def _secret_names(self) -> list[str]:
         return [s.name for s in self._api("listing secrets", lambda c: c.secret.list_all())]
 
-    def _create_secrets(self, values: dict[str, str]) -> None:
+    def _create_secrets(self, values: dict[str, str], *, exists_ok: bool = False) -> None:
+        """:param exists_ok: a secret of that name already there is no error (409: made by another process)."""
         from leptonai.api.v2.types.secret import SecretItem
 
         items = [SecretItem(name=k, value=v) for k, v in values.items()]
-        self._api("creating the job's secrets", lambda c: c.secret.create(items))
+        exists = {409} if exists_ok else set()
+        self._api_unless("creating the job's secrets", lambda c: c.secret.create(items), exists, None)
 
     def _delete_secret(self, name: str) -> None:
         self._api_unless(f"deleting secret {name}", lambda c: c.secret.delete(name), {404}, None)

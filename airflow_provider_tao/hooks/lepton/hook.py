@@ -405,10 +405,9 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
         """Stop and delete the job, again after a failure that may pass (a 5xx, a 429, no answer): 1, 2 then 4 s
         apart, so a blip of the API does not leave a job running whose task is gone."""
         self._ready()
-        backend_id = handle.backend_job_id or handle.name
         for wait in CANCEL_RETRY_WAITS:
             try:
-                self._delete_job(backend_id, handle.job_id)
+                self._delete_own_job(handle)
                 return True
             except JobValidationError:
                 raise
@@ -418,8 +417,19 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
                     raise
                 self.log.warning("Canceling Lepton job %s failed (%s): again in %.0f s", handle.job_id, exc, wait)
                 time.sleep(wait)
-        self._delete_job(backend_id, handle.job_id)
+        self._delete_own_job(handle)
         return True
+
+    def _delete_own_job(self, handle: JobHandle) -> None:
+        """Delete the handle's job -- never a newer job that holds its id now (where the workspace makes the id
+        from the name, a retry's job of the same task instance: a cancel of the ended old job must not stop it);
+        the handle's secrets go either way."""
+        job = self._own_job(handle) if handle.backend_job_id else None
+        if job is None and handle.backend_job_id:
+            self.log.info("Lepton job %s (%s) is gone already: nothing to stop", handle.job_id, handle.backend_job_id)
+            self._delete_secrets(handle.job_id, None, pull_secret=True, marks=True)
+            return
+        self._delete_job(id_of(job) if job is not None else handle.name, handle.job_id)
 
     async def _acancel(self, handle: JobHandle) -> bool:
         await self._aready()

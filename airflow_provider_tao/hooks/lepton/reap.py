@@ -68,7 +68,8 @@ class LeptonReapHook(LeptonAPIHook):
                 why = f"no job has used them for {now - min(since):.0f} s (a submission that died before its job)"
             else:
                 if not since and not dry_run:
-                    self._create_secrets({f"{secret_prefix(job_id)}{_SINCE}.{int(now)}": "1"})
+                    # another sweep (a scheduled reap beside a person's) may have marked it in the same second
+                    self._create_secrets({f"{secret_prefix(job_id)}{_SINCE}.{int(now)}": "1"}, exists_ok=True)
                 rows.append(self._row(job_id, "would mark" if dry_run and not since else "kept", _waiting(since, now)))
                 continue
             if not dry_run:

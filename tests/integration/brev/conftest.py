@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -39,12 +40,20 @@ def brev_world(
     monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[BrevWorld]:
     """A fresh fake Brev world for one test, its ``brev`` first on PATH and the connection ``tao_brev_ci``."""
-    BrevWorld.sweep_orphans(docker_engine.host)
-    world = BrevWorld.create(tmp_path / "brevworld", docker_engine.host)
+    with world_on_path(docker_engine, tmp_path / "brevworld", monkeypatch) as world:
+        monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", brev_connection(world))
+        yield world
+
+
+@contextmanager
+def world_on_path(engine: DockerEngine, directory: Path, patch: pytest.MonkeyPatch) -> Iterator[BrevWorld]:
+    """A fresh world in ``directory``, its ``brev`` first on ``PATH`` (set through ``patch``); its containers are
+    removed at the end (the worlds of killed runs first, at the start)."""
+    BrevWorld.sweep_orphans(engine.host)
+    world = BrevWorld.create(directory, engine.host)
     assert world.engine().image_exists(world.state()["image"]), "the instance image is missing on the engine"
-    monkeypatch.setenv("PATH", f"{world.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
-    monkeypatch.setenv("BREV_FAKE_STATE", str(world.dir))
-    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", brev_connection(world))
+    patch.setenv("PATH", f"{world.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    patch.setenv("BREV_FAKE_STATE", str(world.dir))
     try:
         yield world
     finally:

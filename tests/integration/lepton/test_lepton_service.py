@@ -295,6 +295,53 @@ def test_the_reaper_deletes_the_secrets_of_a_submission_that_died_before_its_job
         hook.cancel_job(live)
 
 
+def test_two_sweeps_marking_one_orphan_in_the_same_second_both_finish(
+    lepton_sim_fast: LeptonFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two reapers (a scheduled one beside a person's ``airflow tao reap``; found by the crash-point explorer, whose
+    schedules each sweep once) list the same orphaned secrets; one marks them, the other marks them in the same
+    second: that mark is already there (409), and the sweep goes on instead of failing."""
+    fake = lepton_sim_fast
+    monkeypatch.setenv(f"AIRFLOW_CONN_{SIM_CONN.upper()}", lepton_connection(fake))
+    hook = LeptonHook(SIM_CONN)
+    dead_id = uuid.uuid4().hex[:12]
+    now = time.time()
+    mark = f"tao.{dead_id}.orphan-since.{int(now)}"
+    fake.client().secret.create([SecretItem(name=f"tao.{dead_id}.env.AWS_SECRET", value="s")])
+    listed = hook._secrets_by_job()  # this sweep's listing, before the other sweep's mark
+    fake.client().secret.create([SecretItem(name=mark, value="1")])  # the other sweep marks
+    monkeypatch.setattr(hook, "_secrets_by_job", lambda: listed)
+    rows = hook.reap_resources(lambda ti: None, dry_run=False, now=now)
+    assert {r["action"] for r in rows if dead_id in r["resource"]} == {"kept"}
+    assert mark in fake.secrets()["user"]
+
+
+def test_a_cancel_of_an_ended_job_leaves_the_retrys_job_that_holds_its_id_running(
+    lepton_sim_fast: LeptonFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the workspace makes a job's id from its name, a retry's job has the id of the ended job before it. A
+    person's ``airflow tao cancel`` of the job Airflow's record still names (the old one, ended: the new try has not
+    kept its record yet) must not stop the new job (found by the crash-point explorer: lepton flaky
+    ``execute:create_job#2`` cli_cancel); the old job's secrets go."""
+    fake = lepton_sim_fast
+    monkeypatch.setenv(f"AIRFLOW_CONN_{SIM_CONN.upper()}", lepton_connection(fake))
+    hook = LeptonHook(SIM_CONN)
+    name = f"retry-{uuid.uuid4().hex[:8]}"
+    old_id, new_id = (uuid.uuid4().hex[:12] for _ in range(2))
+    old = hook.create_job(JobSpec(name, old_id, "train", image="nvcr.io/nvidia/tao:6", secret_env={"K": "v"}))
+    fake.wait_state(old.backend_job_id, "Completed", timeout=30)
+    new = hook.create_job(JobSpec(name, new_id, "train", image="nvcr.io/nvidia/tao:6"), try_number=2)
+    try:
+        assert new.backend_job_id == old.backend_job_id  # the id this test is about (the server's id mode "name")
+        assert hook.cancel_job(old, requested_by="cli:jdoe")
+        (record,) = [j for j in fake.jobs() if j["labels"].get(ls.LABEL_JOB_ID) == new_id]
+        assert not record["deleted"] and record["state"] in ("Queueing", "Starting", "Running"), record["history"]
+        assert hook.get_job_status(new).state.is_active
+        assert not [n for n in fake.secrets()["user"] if n.startswith(f"tao.{old_id}.")]
+    finally:
+        hook.cancel_job(new)
+
+
 def test_an_unknown_node_group_of_the_connection_is_refused_naming_the_connections_extra(
     lepton_fake: LeptonFake, monkeypatch: pytest.MonkeyPatch
 ) -> None:
