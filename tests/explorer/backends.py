@@ -68,8 +68,22 @@ class Backend:
     #: The platform reruns a job a node fault ended in place (Slurm's requeue): the flaky job's retry is no new job.
     requeues = False
 
+    conn_id: str
+    engine: Any  # the Docker engine the platform's jobs run on (those with containers)
+
     def operator_kwargs(self, command: str) -> dict[str, Any]:
         raise NotImplementedError
+
+    def _shell_in_busybox(self, command: str, **extra: Any) -> dict[str, Any]:
+        """The operator arguments of a platform running containers: ``command`` in a shell in the engine's busybox."""
+        return {
+            "conn_id": self.conn_id,
+            "image": self.engine.busybox,
+            "command": ["sh", "-c", command],
+            "poll_interval": self.poll_interval,
+            "retries": 3,
+            **extra,
+        }
 
     def jobs(self, name: str) -> list[BackendJob]:
         raise NotImplementedError
@@ -169,13 +183,7 @@ class DockerBackend(Backend):
         self.client = engine.client
 
     def operator_kwargs(self, command: str) -> dict[str, Any]:
-        return {
-            "conn_id": self.conn_id,
-            "image": self.engine.busybox,
-            "command": ["sh", "-c", command],
-            "poll_interval": self.poll_interval,
-            "retries": 3,
-        }
+        return self._shell_in_busybox(command)
 
     def jobs(self, name: str) -> list[BackendJob]:
         from airflow_provider_tao.hooks.shared import container as ct
@@ -255,14 +263,7 @@ class KubernetesBackend(Backend):
         self.seen: dict[str, dict[str, Any]] = {}  # Job uid -> the last state of its pod's container
 
     def operator_kwargs(self, command: str) -> dict[str, Any]:
-        return {
-            "conn_id": self.conn_id,
-            "image": self.engine.busybox,
-            "command": ["sh", "-c", command],
-            "gpu_count": 0,
-            "poll_interval": self.poll_interval,
-            "retries": 3,
-        }
+        return self._shell_in_busybox(command, gpu_count=0)
 
     def _pod_state(self, uid: str) -> dict[str, Any] | None:
         listed = self.engine.client.containers(all=True, filters={"label": f"kubefake.owner-uid={uid}"})

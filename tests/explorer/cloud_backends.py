@@ -44,14 +44,7 @@ class LeptonBackend(Backend):
             # (hooks/lepton/status.py follow_server_verdict): not retried, so not the flaky job's path.
             # The flag's folder, the volume's results root, exists once a job wrote its results there.
             command = 'mkdir -p "$TAO_RESULTS_ROOT"; ' + command.replace("exit 1;", "exit 137;")
-        return {
-            "conn_id": self.conn_id,
-            "image": self.engine.busybox,
-            "command": ["sh", "-c", command],
-            "gpu_count": 0,
-            "poll_interval": self.poll_interval,
-            "retries": 3,
-        }
+        return self._shell_in_busybox(command, gpu_count=0)
 
     def _named(self, name: str) -> list[dict[str, Any]]:
         from airflow_provider_tao.hooks.lepton.status import LABEL_NAME
@@ -211,16 +204,7 @@ class BrevBackend(Backend):
             # results root is its own instance's disk, deleted with the failed job, so a retry on a new instance
             # would fail again for ever. Its node fault is the instance's instead (:meth:`_node_fault`).
             command, env = JOBS["ok"], {FAULT_ENV: "1"}
-        return {
-            "conn_id": self.conn_id,
-            "image": self.engine.busybox,
-            "command": ["sh", "-c", command],
-            "env": env,
-            "gpu_count": 0,
-            "results_uri": BREV_RESULTS,
-            "poll_interval": self.poll_interval,
-            "retries": 3,
-        }
+        return self._shell_in_busybox(command, env=env, gpu_count=0, results_uri=BREV_RESULTS)
 
     def _look(self, name: str) -> None:
         """Sample the engine and the instance's disk: every container of the name as it is now."""
