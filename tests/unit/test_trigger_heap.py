@@ -34,6 +34,7 @@ async def watch(conn_id):
 class Node:
     pass
 
+before = gc.get_freeze_count()  # Python 3.12 starts with a few hundred frozen already
 asyncio.run(watch("fake_a"))
 asyncio.run(watch("fake_b"))
 node = Node()
@@ -41,7 +42,7 @@ node.me = node  # a cycle: only the collector frees it
 alive = weakref.ref(node)
 del node
 gc.collect()
-print(json.dumps({"frozen": frozen, "cycle_collected": alive() is None}))
+print(json.dumps({"frozen": [n - before for n in frozen], "cycle_collected": alive() is None}))
 """
 
 
@@ -68,4 +69,4 @@ def test_the_first_poller_freezes_the_heap_once_and_later_garbage_is_still_colle
 
 
 def test_the_freeze_is_off_when_the_setting_says_so() -> None:
-    assert _run("False")["frozen"] == [0, 0]
+    assert all(n <= 0 for n in _run("False")["frozen"])  # nothing frozen (what was may be freed)
