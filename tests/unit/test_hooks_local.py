@@ -687,12 +687,16 @@ def test_a_recorded_process_group_now_owned_by_another_program_is_not_the_job(ho
 # ----------------------------------------------------------------------------- logs
 
 
-def test_logs_by_byte_offset_concatenate_to_the_whole_log(hook):
+def test_logs_by_byte_offset_concatenate_to_the_whole_log(hook, tmp_path):
+    # The job writes half its lines, then waits for the test to have read some: "read in pieces" must not
+    # depend on how fast the machine runs the job (a loaded CI ran all 300 lines between two reads).
+    gate = tmp_path / "go-on"
     script = (
-        "import sys, time\n"
+        "import os, sys, time\n"
         "for i in range(300):\n"
         "    sys.stdout.write(f'line {i:04d} ' + 'x' * (i % 37) + '\\n')\n"
         "    sys.stdout.flush()\n"
+        f"    while i == 150 and not os.path.exists({str(gate)!r}): time.sleep(0.01)\n"
         "    if i % 10 == 0: time.sleep(0.01)\n"
     )
     handle = hook.create_job(make_spec([PY, "-c", script]))
@@ -705,6 +709,8 @@ def test_logs_by_byte_offset_concatenate_to_the_whole_log(hook):
         assert new_offset - offset == len(text.encode())
         chunks.append(text)
         offset = new_offset
+        if text:
+            gate.touch()
         if terminal:
             break
         time.sleep(0.01)
