@@ -23,7 +23,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao.jobindex import WAITING_TI_STATES, WANTED_TI_STATES, IndexedJob
@@ -154,7 +154,11 @@ MACHINE_STOPS_JOBS = {
 
 
 def sweep_machines(
-    hook: TAOPlatformHook, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
+    hook: TAOPlatformHook,
+    task_state: Callable[[Mapping[str, Any]], str | None],
+    *,
+    dry_run: bool,
+    recorded: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """What outlives its job besides the job -- the machines a platform rents for jobs (Brev's instances), a
     Kubernetes Job left suspended, a Docker container never started --, reaped by the platform's own rule
@@ -163,15 +167,30 @@ def sweep_machines(
     :param hook: the connection's hook (connection loaded).
     :param task_state: the Airflow state of a task instance given as ``{dag_id, run_id, task_id, map_index}``.
     :param dry_run: decide and report, stop nothing.
+    :param recorded: this connection's jobs as Airflow's task records hold them (:func:`recorded_jobs`).
     """
     rows = []
-    for resource in hook.reap_resources(task_state, dry_run=dry_run):
+    for resource in hook.reap_resources(task_state, dry_run=dry_run, recorded=recorded):
         row = {"platform": hook.platform, "conn_id": hook.conn_id, "job_id": None, "name": resource["resource"],
                "kind": resource.get("kind", "machine"), "action": resource["action"],
                "why": resource["why"]}  # fmt: skip
         log.info("%s", describe(row))
         rows.append(row)
     return rows
+
+
+def recorded_jobs(jobs: Iterable[IndexedJob], platform: str, conn_id: str | None) -> dict[str, dict[str, Any]]:
+    """What Airflow's task records say ran through one connection: a job's platform id (``backend_job_id``: a Brev
+    instance's name, a container's id) -> its task instance (``dag_id, run_id, task_id, map_index``) and its job's
+    ``name``; the first record of ``jobs`` naming an id wins (:func:`~airflow_provider_tao.jobindex.load_jobs` lists
+    the newest first)."""
+    found: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        backend_id = str(job.record.handle.get("backend_job_id") or "")
+        if backend_id and (job.platform, job.conn_id) == (platform, conn_id):
+            origin = {"dag_id": job.dag_id, "run_id": job.run_id, "task_id": job.task_id, "map_index": job.map_index}
+            found.setdefault(backend_id, {**origin, "name": job.record.handle.get("name")})
+    return found
 
 
 def _cancel(hook: TAOPlatformHook, handle: JobHandle, job: IndexedJob | None, why: str) -> str:

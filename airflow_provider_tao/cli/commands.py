@@ -33,7 +33,7 @@ from airflow_provider_tao.joblog import readable_log
 from airflow_provider_tao.jobs import JobHandle
 from airflow_provider_tao.person_cancel import record_cancel
 from airflow_provider_tao.received_secrets import job_secrets
-from airflow_provider_tao.sweeper import describe, sweep_connection, sweep_machines, task_resumes
+from airflow_provider_tao.sweeper import describe, recorded_jobs, sweep_connection, sweep_machines, task_resumes
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,8 @@ def reap(args: Namespace) -> None:
             hook = _hook(platform, conn_id)
             active = hook.list_active_jobs()  # before the machines: a job their reaping stops is still reported
             with create_session() as session:
-                machines = sweep_machines(hook, task_state_lookup(session), dry_run=args.dry_run)
+                recorded = recorded_jobs(jobs, platform, conn_id)
+                machines = sweep_machines(hook, task_state_lookup(session), dry_run=args.dry_run, recorded=recorded)
             rows += machines
             rows += sweep_connection(
                 hook, known, now=now, min_age=min_age, dry_run=args.dry_run, recheck=_recheck, active=active,

@@ -252,7 +252,11 @@ class TAOPlatformHook(BaseHook):
         return bool(hours) and (now or time.time()) > handle.submitted_at + hours * 3600
 
     def reap_resources(
-        self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
+        self,
+        task_state: Callable[[Mapping[str, Any]], str | None],
+        *,
+        dry_run: bool,
+        recorded: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> list[dict[str, str]]:
         """What ``airflow tao reap`` also stops on this connection besides jobs: machines the platform rents for
         jobs (Brev's instances whose lease expired or whose task finished), objects no TTL would ever remove
@@ -261,6 +265,9 @@ class TAOPlatformHook(BaseHook):
         :param task_state: the Airflow state of a task instance given as ``{dag_id, run_id, task_id, map_index}``
             (None when Airflow does not know it), from the metadata database.
         :param dry_run: decide and report, stop nothing.
+        :param recorded: what this Airflow's task records say ran on this connection (:func:`~airflow_provider_tao.
+            sweeper.recorded_jobs`): a job's platform id -> its task instance and job name. Who owns a resource whose
+            own label cannot be read (a Brev instance that failed cannot be exec'd for its lease).
         :returns: one row per resource: ``{"resource", "action", "why"}`` and its ``kind`` (default ``machine``).
         """
         return []

@@ -11,6 +11,7 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,9 +92,10 @@ class Backend:
     def live_ids(self, name: str) -> set[str]:
         return {job.job_id for job in self.jobs(name) if job.live}
 
-    def leftovers(self, name: str, run_id: str, state: str) -> list[str]:
+    def leftovers(self, name: str, run_id: str, state: str, recorded: Mapping[str, Mapping[str, Any]]) -> list[str]:
         """Platform resources of the name still held after its jobs ended and one sweep ran (I6); ``run_id`` and
-        ``state`` are the task instance's (a sweep keeps what a waiting task will read)."""
+        ``state`` are the task instance's (a sweep keeps what a waiting task will read), ``recorded`` what its task
+        records give the sweep (:func:`airflow_provider_tao.sweeper.recorded_jobs`)."""
         return []
 
     def records(self, name: str) -> list[str]:
@@ -318,7 +320,7 @@ class KubernetesBackend(Backend):
                 texts += _inspected(self.engine.client, owned)
         return texts
 
-    def leftovers(self, name: str, run_id: str, state: str) -> list[str]:
+    def leftovers(self, name: str, run_id: str, state: str, recorded: Mapping[str, Mapping[str, Any]]) -> list[str]:
         """One sweep (``reap_resources``: canceled Jobs no task waits on, Jobs left suspended by a dead submission),
         then what is left of the name's jobs on the server: a Job that has not finished, or an object (Secret,
         ConfigMap, Service, pod) of a Job that is gone. A finished Job stays until its ``ttlSecondsAfterFinished``
@@ -333,7 +335,9 @@ class KubernetesBackend(Backend):
         if any(j.spec.suspend and j.metadata.name == name for j in live_jobs.values()):
             time.sleep(SETUP_TIMEOUT_SECONDS + 1)  # a suspended Job of a dead submission is swept past its window
             hook = get_platform_hook("kubernetes", self.conn_id)
-            hook.reap_resources(lambda origin: state if origin.get("run_id") == run_id else "running", dry_run=False)
+            hook.reap_resources(
+                lambda origin: state if origin.get("run_id") == run_id else "running", dry_run=False, recorded=recorded
+            )
         left = []
         for job_id in ids:
             objects = self.fake.objects_of(job_id)
@@ -477,7 +481,7 @@ class SlurmBackend(Backend):
         texts += [self.ssh(f"scontrol show job {slurm_id}") for slurm_id in live]
         return texts
 
-    def leftovers(self, name: str, run_id: str, state: str) -> list[str]:
+    def leftovers(self, name: str, run_id: str, state: str, recorded: Mapping[str, Mapping[str, Any]]) -> list[str]:
         """The env file (every secret of the job) of each of the name's jobs, once its jobs have ended."""
         left = []
         for job in self.jobs(name):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ class LeptonBackend(Backend):
         they reference are the job's private channel)."""
         return [json.dumps(record) for record in self._named(name)]
 
-    def leftovers(self, name: str, run_id: str, state: str) -> list[str]:
+    def leftovers(self, name: str, run_id: str, state: str, recorded: Mapping[str, Mapping[str, Any]]) -> list[str]:
         """One real sweep (``reap_resources``), then any user secret (``tao.<job_id>.env.*``, ``.files.*``, marks)
         or image pull secret of the name's jobs that is still held although its job is over: a deleted job keeps
         nothing, an ended one only its ownership marks (they go with it, at its TTL).
@@ -96,7 +97,9 @@ class LeptonBackend(Backend):
         from airflow_provider_tao.hooks.lepton.status import LABEL_JOB_ID
 
         hook = get_platform_hook("lepton", self.conn_id)
-        hook.reap_resources(lambda origin: state if origin.get("run_id") == run_id else "running", dry_run=False)
+        hook.reap_resources(
+            lambda origin: state if origin.get("run_id") == run_id else "running", dry_run=False, recorded=recorded
+        )
         stored = self.fake.secrets()
         by_id: dict[str, list[dict[str, Any]]] = {}
         for record in self._named(name):
@@ -274,14 +277,16 @@ class BrevBackend(Backend):
             texts = [e["inspect"] for e in self.seen.values() if e["name"] == name]
         return texts + [f"{path}: {text}" for path, text in self.files.get(name, {}).items()]
 
-    def leftovers(self, name: str, run_id: str, state: str) -> list[str]:
+    def leftovers(self, name: str, run_id: str, state: str, recorded: Mapping[str, Mapping[str, Any]]) -> list[str]:
         """One real sweep (``reap_resources``: instances whose task is finished or lease expired), then the task's
         own instance (its lease is a file on it) or a job container of the name that is still there."""
         from airflow_provider_tao.hooks import get_platform_hook
         from airflow_provider_tao.hooks.shared import container as ct
 
         hook = get_platform_hook("brev", self.conn_id)
-        hook.reap_resources(lambda origin: state if origin.get("run_id") == run_id else "running", dry_run=False)
+        hook.reap_resources(
+            lambda origin: state if origin.get("run_id") == run_id else "running", dry_run=False, recorded=recorded
+        )
         left = [f"instance {i['name']} ({i['status']})" for i in self.world.instances()
                 if i["name"] == name and i["status"] != "DELETING"]  # fmt: skip
         for summary in self.engine.client.containers(all=True, filters={"label": f"brevfake.world={self.world.tag}"}):

@@ -692,6 +692,45 @@ def test_reaper_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [c for c in session.calls if c[0] == "delete"] == [("delete", "expired"), ("delete", "finished")]
 
 
+def test_an_instance_that_cannot_be_execd_is_reaped_by_airflows_record_of_its_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task's own instance that failed under its job shows no lease (exec does not answer there), and the task was
+    marked failed before its resume could delete it: the sweeper's records name it, so it goes once its task is
+    finished -- never one they do not name, nor a reused instance a record names (the task's own is named after its
+    job), nor one whose task may still read it."""
+    instances = {name: {"status": "FAILURE"} for name in ("d-t-0123456789", "d-t-1111111111", "shared", "d-t-222")}
+    instances |= {"d-t-3333333333": {"status": "STOPPED"}}
+    session = ScriptedSession(instances, lambda i, c: pytest.fail(f"exec on {i}, which is not running"))
+    hook = _hook(monkeypatch, session)
+    origin = {"dag_id": "d", "task_id": "t", "map_index": -1}
+    recorded = {
+        "d-t-0123456789": origin | {"run_id": "r1", "name": "d-t-0123456789"},
+        "d-t-1111111111": origin | {"run_id": "r2", "name": "d-t-1111111111"},  # its task is up for retry
+        "shared": origin | {"run_id": "r1", "name": "d-t-0123456789"},  # a reused instance the job ran on
+        "d-t-3333333333": origin | {"run_id": "r3", "name": "d-t-3333333333", "map_index": 2},
+    }
+    states = {"r1": "failed", "r2": "up_for_retry", "r3": "success"}
+    decisions = {d.instance: d for d in hook.reap(lambda o: states[o["run_id"]], recorded=recorded)}
+    assert {name: d.action for name, d in decisions.items()} == {
+        "d-t-0123456789": "deleted", "d-t-1111111111": "skipped", "shared": "skipped", "d-t-222": "skipped",
+        "d-t-3333333333": "deleted",
+    }  # fmt: skip
+    assert (
+        decisions["d-t-0123456789"].reason
+        == "it is FAILURE and its task d.t run r1 is failed (by this Airflow's record)"
+    )
+    assert "d.t run r3 map index 2 is success" in decisions["d-t-3333333333"].reason
+    assert "its task d.t run r2 is up_for_retry" in decisions["d-t-1111111111"].reason
+    assert decisions["d-t-222"].reason == "it is FAILURE: its lease cannot be read without starting it"
+    assert sorted(c for c in session.calls if c[0] != "ls") == [
+        ("delete", "d-t-0123456789"),
+        ("delete", "d-t-3333333333"),
+    ]
+    # without the records (a reaper run from a task: no metadata database) such an instance is only skipped
+    assert {d.action for d in hook.reap(lambda o: "failed")} == {"skipped"}
+
+
 def test_reaper_dry_run_and_expired_leases_under_tasks_that_still_watch(monkeypatch: pytest.MonkeyPatch) -> None:
     """An expired instance is never pulled from under a task that still watches a job on it: its jobs are canceled
     (here: would be) and the task deletes it; with nothing running on it any more, the next reap deletes it."""

@@ -254,3 +254,17 @@ def test_a_job_on_a_machine_its_lease_reaped_reads_as_that_reaping_not_as_kept(h
             on_kept.job_id: ("kept", "its task is deferred"),
         }
     assert ListingHook.cleaned == []  # the machine's reaping did the cancel; the job sweep cancels nothing more
+
+
+def test_the_records_tell_the_machine_reaping_what_ran_through_the_connection() -> None:
+    """``airflow tao reap`` gives each connection's reaping what the task records say ran through it (the owner of
+    a Brev instance that failed, whose lease cannot be read): the newest record naming a platform id wins."""
+    brev = JobHandle("brev", "tao_brev", "0000000000c1", "d-t-0123456789", backend_job_id="d-t-0123456789")
+    retry = dataclasses.replace(brev, job_id="0000000000c2", try_number=2)
+    elsewhere = dataclasses.replace(brev, conn_id="tao_brev_other", backend_job_id="box")
+    jobs = [_job(retry, ti_state="failed"), _job(brev, ti_state="failed", current=False), _job(elsewhere)]
+    assert sweeper.recorded_jobs(jobs, "brev", "tao_brev") == {
+        "d-t-0123456789": {"dag_id": "train_dag", "run_id": "manual__1", "task_id": "train", "map_index": -1,
+                           "name": "d-t-0123456789"},
+    }  # fmt: skip
+    assert sweeper.recorded_jobs(jobs, "docker", "tao_brev") == {}

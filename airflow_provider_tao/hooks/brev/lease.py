@@ -73,24 +73,34 @@ def judge(
     task_state: Callable[[Mapping[str, Any]], str | None] | None,
     *,
     now: float,
+    origin: Mapping[str, Any] | None = None,
 ) -> tuple[str, str]:
     """What the reaper does with one instance, and why: ``skipped`` / ``kept``; ``delete`` (its lease expired, or its
     task is finished and nothing of it runs there any more: a running job of a finished task is the orphan sweep's to
     judge, it may have been kept with ``cancel_on_kill=False``); ``cancel jobs`` (its lease expired while its task
-    still watches it: the task must see the cancel, and deletes the instance)."""
+    still watches it: the task must see the cancel, and deletes the instance).
+
+    ``origin`` is the task instance this Airflow's records name as the instance's job's (``dag_id, run_id, task_id,
+    map_index, name``): an instance that cannot be exec'd (it failed under its job, it was stopped) shows no lease,
+    but the task's own instance -- named after its job -- is this provider's by that record, and goes once its task
+    finished (its resume, which deletes it, never runs when the task is marked failed before it)."""
     status = str(entry.get("status"))
     if status == "DELETING":
         return "skipped", "it is being deleted already"
     if scan == "unread":
-        return "skipped", f"it is {status}: its lease cannot be read without starting it"
+        unread = f"it is {status}: its lease cannot be read without starting it"
+        if origin is None or origin.get("name") != name or task_state is None:
+            return "skipped", unread
+        state = task_state(origin)
+        if state in FINISHED_TASK_STATES:
+            return "delete", f"it is {status} and its task {_owner(origin)} is {state} (by this Airflow's record)"
+        return "skipped", f"{unread}; its task {_owner(origin)} is {state or 'not finished'}"
     if isinstance(scan, str):
         return "skipped", f"its lease could not be read: {scan}"
     lease, running = scan
     if lease is None or not own_lease(lease, name):
         return "kept", "not created by this provider (no lease of its own)"
-    owner = f"{lease.get('dag_id')}.{lease.get('task_id')} run {lease.get('run_id')}"
-    if lease.get("map_index") not in (None, "", "-1"):
-        owner += f" map index {lease.get('map_index')}"
+    owner = _owner(lease)
     expires = float(lease.get("expires_at") or 0)
     state = task_state(lease) if task_state is not None else None
     jobs = ", ".join(c.job_id for c in running)
@@ -112,6 +122,14 @@ def judge(
         return "delete", f"its task {owner} is {state}"
     known = f"is {state}" if state else "is not finished (or unknown to this Airflow)"
     return "kept", f"leased until {utc(expires)}; its task {owner} {known}"
+
+
+def _owner(origin: Mapping[str, Any]) -> str:
+    """A task instance in words, from a lease or a record: ``dag.task run R`` (and its map index, if mapped)."""
+    owner = f"{origin.get('dag_id')}.{origin.get('task_id')} run {origin.get('run_id')}"
+    if str(origin.get("map_index")) not in ("None", "", "-1"):
+        owner += f" map index {origin.get('map_index')}"
+    return owner
 
 
 def task_state_lookup(ti: Any) -> Callable[[Mapping[str, Any]], str | None]:

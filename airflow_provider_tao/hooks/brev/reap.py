@@ -27,12 +27,16 @@ class BrevReapHook(BrevSessionHook):
         return super().lease_expired(handle, now)
 
     def reap_resources(
-        self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
+        self,
+        task_state: Callable[[Mapping[str, Any]], str | None],
+        *,
+        dry_run: bool,
+        recorded: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> list[dict[str, str]]:
         """``airflow tao reap``'s cost guard: :meth:`reap` on this connection."""
         return [
             {"resource": d.instance, "action": d.action, "why": d.reason}
-            for d in self.reap(task_state=task_state, dry_run=dry_run)
+            for d in self.reap(task_state=task_state, dry_run=dry_run, recorded=recorded)
         ]
 
     def reap(
@@ -41,6 +45,7 @@ class BrevReapHook(BrevSessionHook):
         now: float | None = None,
         *,
         dry_run: bool = False,
+        recorded: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> list[ReapDecision]:
         """Delete every instance this provider created whose lease has expired or whose task is finished and on which
         no job runs any more (a running job of a finished task is the orphan sweep's to judge: it may have been kept
@@ -55,6 +60,9 @@ class BrevReapHook(BrevSessionHook):
             reaped, and at once.
         :param now: the time to judge leases by (epoch seconds; default now).
         :param dry_run: decide and report; delete and cancel nothing.
+        :param recorded: a job's instance -> its task instance and job name, as this Airflow's task records hold them
+            (:func:`~airflow_provider_tao.sweeper.recorded_jobs`): an instance that cannot be exec'd (it failed, it
+            was stopped) has no readable lease, but the task's own one -- named after its job -- is known from them.
         """
         now = time.time() if now is None else now
         instances = self.session.instances()
@@ -62,7 +70,9 @@ class BrevReapHook(BrevSessionHook):
         decisions = []
         for name in sorted(instances):
             entry = instances[name]
-            decision = self._judge(name, entry, scans.get(name, "unread"), task_state, now=now, dry_run=dry_run)
+            scan = scans.get(name, "unread")
+            origin = (recorded or {}).get(name)
+            decision = self._judge(name, entry, scan, task_state, now=now, dry_run=dry_run, origin=origin)
             self.log.info("Reaper: %s %s: %s", decision.action, decision.instance, decision.reason)
             decisions.append(decision)
         return decisions
@@ -76,11 +86,12 @@ class BrevReapHook(BrevSessionHook):
         *,
         now: float,
         dry_run: bool,
+        origin: Mapping[str, Any] | None,
     ) -> ReapDecision:
         """:func:`~airflow_provider_tao.hooks.brev.lease.judge`, then the act: delete the instance, or cancel the
         jobs of an expired one whose task still watches it (the task deletes it; or the next reap once nothing runs
         on it)."""
-        action, reason = leases.judge(name, entry, scan, task_state, now=now)
+        action, reason = leases.judge(name, entry, scan, task_state, now=now, origin=origin)
         if action in ("kept", "skipped"):
             return ReapDecision(name, action, reason)
         if dry_run:

@@ -84,7 +84,11 @@ class TAODockerHook(DockerSubmitHook):
         return [self._handle_of(c) for c in self._list() if c.get("State") in ("running", "paused", "restarting")]
 
     def reap_resources(
-        self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
+        self,
+        task_state: Callable[[Mapping[str, Any]], str | None],
+        *,
+        dry_run: bool,
+        recorded: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> list[dict[str, str]]:
         """Containers created but never started past :data:`~airflow_provider_tao.hooks.shared.container.
         START_TIMEOUT_SECONDS`: their submitting worker died between creating and starting them. Nothing ran, but

@@ -184,7 +184,11 @@ class TAOKubernetesHook(KubernetesSpecHook, KubernetesMarksHook):
         return [self._handle_of(job) for job in jobs["items"] if not _finished(job) and not is_canceled(job)]
 
     def reap_resources(
-        self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool
+        self,
+        task_state: Callable[[Mapping[str, Any]], str | None],
+        *,
+        dry_run: bool,
+        recorded: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> list[dict[str, str]]:
         """Suspended Jobs nothing will resume or read, deleted with what they own (Secret, ConfigMaps, Service): one
         whose submitting worker died before starting it, and a canceled one whose task does not wait on it. No TTL

@@ -41,7 +41,12 @@ class LeptonReapHook(LeptonAPIHook):
     """
 
     def reap_resources(
-        self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool, now: float | None = None
+        self,
+        task_state: Callable[[Mapping[str, Any]], str | None],
+        *,
+        dry_run: bool,
+        recorded: Mapping[str, Mapping[str, Any]] | None = None,
+        now: float | None = None,
     ) -> list[dict[str, str]]:
         """One row per job whose secrets were deleted, marked as orphaned, or would be (``dry_run``).
 

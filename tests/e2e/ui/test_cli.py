@@ -135,17 +135,21 @@ def test_reap_deletes_an_expired_brev_lease_and_keeps_a_running_tasks_and_a_hand
 ):
     """Brev's cost guard in ``airflow tao reap``, on the fake Brev world: an instance whose lease expired and whose
     task is gone is deleted; one whose lease expired under a task that still waits has its job canceled (the task
-    fails with ERR_CANCELED, no retry, and deletes it); a running task's instance and one made by hand are kept."""
+    fails with ERR_CANCELED, no retry, and deletes it); a running task's instance and one made by hand are kept. An
+    instance that failed (no exec, so no lease to read) is deleted once its task is finished, by the task records."""
     ui_brev_world.create_instance("made-by-hand")
     dags = {"orphan": "tao_ui_brev_lease", "expired": "tao_ui_brev_lease", "running": "tao_ui_brev"}
+    dags["broken"] = "tao_ui_brev_lease"
     runs = {name: ui_dags.trigger_dag_run(dag) for name, dag in dags.items()}
     for name, run_id in runs.items():
         ui_dags.wait_for_task_instance(dags[name], run_id, "train", ["deferred"], timeout=180)
     rows = {name: cli_json(airflow_standalone, "tao", "jobs", "--run-id", run_id)[0] for name, run_id in runs.items()}
     instances = {name: row["backend_job_id"] for name, row in rows.items()}
     assert all(ui_brev_world.instance(i)["status"] == "RUNNING" for i in instances.values())
-    ui_dags.mark_task_instance_failed("tao_ui_brev_lease", runs["orphan"], "train")  # cancel_on_kill=False: it runs on
-    ui_dags.wait_for_task_instance("tao_ui_brev_lease", runs["orphan"], "train", ["failed"], timeout=60)
+    for name in ("orphan", "broken"):  # cancel_on_kill=False: their jobs run on
+        ui_dags.mark_task_instance_failed("tao_ui_brev_lease", runs[name], "train")
+        ui_dags.wait_for_task_instance("tao_ui_brev_lease", runs[name], "train", ["failed"], timeout=60)
+    ui_brev_world.set_status(instances["broken"], "FAILURE", "host lost")  # its lease is on it: unreadable now
     for name in ("orphan", "expired"):  # 10.8 s leases
         lease = json.loads((ui_brev_world.home_of(instances[name]) / ".tao-brev" / "lease.json").read_text())
         expires = float(lease["expires_at"])
@@ -159,22 +163,25 @@ def test_reap_deletes_an_expired_brev_lease_and_keeps_a_running_tasks_and_a_hand
     def dry_run() -> tuple[dict[str, tuple[str, str]], dict[str, tuple[str, str]]] | None:
         found = verdicts(cli_json(airflow_standalone, "tao", "reap", "--dry-run", "--min-age-minutes", "0"))
         # an instance whose exec did not answer in time lists no job this sweep (the next one does)
-        return found if all(rows[name]["job_id"] in found[1] for name in dags) else None
+        return found if all(rows[name]["job_id"] in found[1] for name in dags if name != "broken") else None
 
     machines, jobs = wait_until(dry_run, timeout=90, interval=2, message="a dry run never listed the three jobs")
     assert machines[instances["orphan"]][0] == "would delete" and "lease expired" in machines[instances["orphan"]][1]
     assert machines[instances["expired"]][0] == "would cancel jobs", machines
     assert machines[instances["running"]][0] == "kept" and "is deferred" in machines[instances["running"]][1]
     assert machines["made-by-hand"] == ("kept", "not created by this provider (no lease of its own)")
+    owner = f"tao_ui_brev_lease.train run {runs['broken']}"
+    assert machines[instances["broken"]] == ("would delete", f"it is FAILURE and its task {owner} is failed (by this "
+                                             "Airflow's record)"), machines  # fmt: skip
     # the job sweep's own lease never overrides its ownership rules (issue 22 hole 4); the machine's lease (Brev's
     # cost guard, on the instance itself) still deletes the instance, and the job with it: its row says so
     action, why = jobs[rows["orphan"]["job_id"]]
     assert action == "would cancel" and why.startswith(f"its machine {instances['orphan']}: "), jobs
     assert jobs[rows["running"]["job_id"]] == ("kept", "its task is deferred"), jobs
-    assert all(ui_brev_world.instance(i)["status"] == "RUNNING" for i in instances.values())  # a dry run
+    assert all(ui_brev_world.instance(i)["status"] in ("RUNNING", "FAILURE") for i in instances.values())  # a dry run
 
     machines, jobs = verdicts(cli_json(airflow_standalone, "tao", "reap", "--min-age-minutes", "0"))
-    assert machines[instances["orphan"]][0] == "deleted", machines
+    assert machines[instances["orphan"]][0] == "deleted" and machines[instances["broken"]][0] == "deleted", machines
     assert machines[instances["expired"]][0] == "jobs canceled", machines
     assert machines[instances["running"]][0] == "kept" and machines["made-by-hand"][0] == "kept", machines
     # the job sweep keeps a live task's job (hole 4); the machine's lease cancels it ("jobs canceled" above, and the
@@ -187,7 +194,7 @@ def test_reap_deletes_an_expired_brev_lease_and_keeps_a_running_tasks_and_a_hand
     assert ti["try_number"] == 1  # retries=2, yet no retry: the reaper canceled it
     log = ui_dags.get_task_log("tao_ui_brev_lease", runs["expired"], "train", 1)
     assert "ERR_CANCELED (not retriable)" in log and "canceled by reap: lease expired" in log, log[-3000:]
-    for name in ("orphan", "expired"):  # the reaper deleted one, the task that saw the cancel the other
+    for name in ("orphan", "broken", "expired"):  # the reaper deleted two, the task that saw the cancel the other
         wait_until(lambda n=name: _gone(ui_brev_world, instances[n]), timeout=60, message=f"{name} instance stays")
     assert ui_brev_world.instance(instances["running"])["status"] == "RUNNING"
     assert ui_brev_world.instance("made-by-hand")["status"] == "RUNNING"
