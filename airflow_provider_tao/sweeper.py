@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_tao.jobindex import WAITING_TI_STATES, WANTED_TI_STATES, IndexedJob
 
 if TYPE_CHECKING:
-    from airflow_provider_tao.hooks.base import TAOPlatformHook
+    from airflow_provider_tao.hooks.base import Recorded, TAOPlatformHook
     from airflow_provider_tao.jobs import JobHandle
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ def sweep_machines(
     task_state: Callable[[Mapping[str, Any]], str | None],
     *,
     dry_run: bool,
-    recorded: Mapping[str, Mapping[str, Any]] | None = None,
+    recorded: Recorded | None = None,
 ) -> list[dict[str, Any]]:
     """What outlives its job besides the job -- the machines a platform rents for jobs (Brev's instances), a
     Kubernetes Job left suspended, a Docker container never started --, reaped by the platform's own rule

@@ -1,21 +1,18 @@
 """``TAOPlatformHook``: the one interface every platform implements, sync for the worker and async for the trigger.
 
 Method names follow the TAO SDK (``create_job``, ``get_job_status``, ...). Behaviour every platform shares lives
-here, not in the platform hooks: name validation, the GPU-count rules, failure analysis from platform facts, the
-ownership marks that make a clear-while-deferred safe, and the one cancel routine used by every path that cancels
-(operator ``on_kill``, trigger ``on_kill``, deadline).
-
-Ownership: a job is *owned* by the task try that submitted it or took it over (``claim_job``). A cancel coming
-from a try that no longer owns the job -- e.g. the old trigger's ``on_kill`` firing after a cleared task's new
-try already reattached -- is skipped. Platforms keep small marks with the job (``owner_try``,
-``cancel_requested_by``, ``canceled_by``, ``consumed_by``) through :meth:`TAOPlatformHook.read_marks` /
-:meth:`TAOPlatformHook.write_mark`.
+here: name validation, the GPU-count rules, failure analysis from platform facts, the ownership marks that make a
+clear-while-deferred safe, and the one cancel routine used by every path that cancels (operator and trigger
+``on_kill``, deadline). A job is *owned* by the task try that submitted it or took it over (``claim_job``); a cancel
+from a try that no longer owns it (an old trigger's ``on_kill`` after a cleared task's new try reattached) is
+skipped. Platforms keep small marks with the job (``owner_try``, ``cancel_requested_by``, ``canceled_by``,
+``consumed_by``) through :meth:`TAOPlatformHook.read_marks` / :meth:`TAOPlatformHook.write_mark`.
 
 What a platform implements to appear everywhere (operator, trigger, UI links, the TAO jobs view, ``airflow tao``,
-the docs): the abstract job methods below, plus :meth:`TAOPlatformHook.probe_connection` (the "Test" button),
-:meth:`TAOPlatformHook.list_active_jobs` (``airflow tao reap``) and, where it has them,
-:meth:`TAOPlatformHook.job_url` (a console page of the job), :meth:`TAOPlatformHook.job_location` (where the job
-is, in words) and :meth:`TAOPlatformHook.lease_expired` (a lease of its own). See ``docs/architecture.md``.
+the docs): the abstract job methods below, :meth:`TAOPlatformHook.probe_connection` (the "Test" button),
+:meth:`TAOPlatformHook.list_active_jobs` (``airflow tao reap``) and, where it has them, :meth:`TAOPlatformHook.job_url`
+(a console page of the job), :meth:`TAOPlatformHook.job_location` (where the job is, in words) and
+:meth:`TAOPlatformHook.lease_expired` (a lease of its own). See ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -52,6 +49,7 @@ MARK_CANCELED_BY = "canceled_by"
 OPERATOR_DETAIL_KEYS = frozenset({"mount_path"})
 #: The most log bytes one ``get_job_logs`` call returns; the next call continues from its cursor.
 LOG_READ_LIMIT = 1 << 20
+Recorded = Mapping[str, Mapping[str, Any]]
 
 
 def _absent(module: str) -> bool:
@@ -252,11 +250,7 @@ class TAOPlatformHook(BaseHook):
         return bool(hours) and (now or time.time()) > handle.submitted_at + hours * 3600
 
     def reap_resources(
-        self,
-        task_state: Callable[[Mapping[str, Any]], str | None],
-        *,
-        dry_run: bool,
-        recorded: Mapping[str, Mapping[str, Any]] | None = None,
+        self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool, recorded: Recorded | None = None
     ) -> list[dict[str, str]]:
         """What ``airflow tao reap`` also stops on this connection besides jobs: machines the platform rents for
         jobs (Brev's instances whose lease expired or whose task finished), objects no TTL would ever remove
@@ -265,9 +259,8 @@ class TAOPlatformHook(BaseHook):
         :param task_state: the Airflow state of a task instance given as ``{dag_id, run_id, task_id, map_index}``
             (None when Airflow does not know it), from the metadata database.
         :param dry_run: decide and report, stop nothing.
-        :param recorded: what this Airflow's task records say ran on this connection (:func:`~airflow_provider_tao.
-            sweeper.recorded_jobs`): a job's platform id -> its task instance and job name. Who owns a resource whose
-            own label cannot be read (a Brev instance that failed cannot be exec'd for its lease).
+        :param recorded: a job's platform id -> its task instance and job name, from the task records: who owns a
+            resource whose own label cannot be read (a failed Brev instance cannot be exec'd for its lease).
         :returns: one row per resource: ``{"resource", "action", "why"}`` and its ``kind`` (default ``machine``).
         """
         return []
@@ -567,9 +560,13 @@ class TAOPlatformHook(BaseHook):
         self.log.info("Canceling job %s (%s) on %s", handle.job_id, handle.backend_job_id, self.platform)
         return await self._acancel(handle)
 
-    def cleanup_job(self, handle: JobHandle) -> None:
+    def cleanup_job(self, handle: JobHandle, *, adoptable: bool = False) -> None:
         """Remove what only a running job needs (a secret file on a shared filesystem) once it has ended for good.
-        Best effort: a failure is logged, never raised."""
+        Best effort: a failure is logged, never raised.
+
+        :param adoptable: a kill's, whose task may run again (a clear, a timeout's retry): a job that completed on
+            its own keeps what its next try needs to adopt it (a Brev instance); the sweeper removes it later.
+        """
 
     def resubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
         """Called by the trigger when the job ended in Error. A platform that can rerun the job in place (same

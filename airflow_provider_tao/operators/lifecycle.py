@@ -425,4 +425,6 @@ class JobLifecycleMixin(JobOutcomeMixin):
         hook = get_platform_hook(handle.platform, handle.conn_id)
         hook.load_connection()
         if hook.cancel_job(handle):
-            hook.cleanup_job(handle)
+            # a kill does not say whether the task runs again (a clear, a timeout with retries left): a job that
+            # completed on its own meanwhile is kept for that try to adopt, and swept once the task is over
+            hook.cleanup_job(handle, adoptable=True)

@@ -30,6 +30,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
+from airflow_provider_tao.jobindex import WANTED_TI_STATES
 from airflow_provider_tao.joblog import JobLogWriter
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobState, JobStatus
 from airflow_provider_tao.outage import OutageLog
@@ -317,7 +318,8 @@ class TAOJobTrigger(BaseTrigger):
         if not self.cancel_on_kill:
             self.log.info("cancel_on_kill=False: leaving job %s running", self.handle.job_id)
             return
-        if await self._task_state() == "deferred":
+        state = await self._task_state()
+        if state == "deferred":
             # Airflow 3.3 also calls on_kill when a trigger moves to another triggerer (the task still waits on the
             # job there): canceling would cost a resubmission of the same job
             self.log.info("The task is still deferred (its trigger moved): leaving job %s running", self.handle.job_id)
@@ -326,7 +328,7 @@ class TAOJobTrigger(BaseTrigger):
         # and those cancels land in on_kill itself (Airflow 3.3 swallows them silently): a cancel that takes a few
         # remote round trips (SLURM: marks, status, scancel over SSH) was abandoned half-way. The cancel runs as a
         # task of its own that they cannot interrupt; on_kill waits for it up to the triggerer's on_kill_timeout.
-        cancel = asyncio.ensure_future(self._cancel_job())
+        cancel = asyncio.ensure_future(self._cancel_job(adoptable=state in WANTED_TI_STATES))
         _CANCELS.add(cancel)
         cancel.add_done_callback(_CANCELS.discard)
         deadline = time.monotonic() + _on_kill_timeout()
@@ -360,7 +362,7 @@ class TAOJobTrigger(BaseTrigger):
             return None
         return None if state is None else str(getattr(state, "value", state))
 
-    async def _cancel_job(self) -> None:
+    async def _cancel_job(self, *, adoptable: bool) -> None:
         # Its own hook, never the poller's: run() is being cancelled at the same moment, and the poller's last
         # watcher leaving closes the poller's client under a cancel still in flight. Platforms that pool their
         # connection (SLURM) share it anyway; holding it here keeps it open until the cancel is done.
@@ -368,9 +370,10 @@ class TAOJobTrigger(BaseTrigger):
         await hook.aload_connection()
         try:
             # As the operator's on_kill: a job that was stopped (or had just ended) is cleaned up too -- the task
-            # will not resume to do it (a Brev instance of the task's own, a container with auto_remove).
+            # will not resume to do it (a Brev instance of the task's own, a container with auto_remove) -- but for
+            # what a cleared task's next try needs to adopt a job that completed on its own (``adoptable``)
             if await self._cancel_until_done(hook):
-                await asyncio.to_thread(hook.cleanup_job, self.handle)
+                await asyncio.to_thread(functools.partial(hook.cleanup_job, self.handle, adoptable=adoptable))
         finally:
             await hook.aclose()
 

@@ -657,6 +657,24 @@ def test_cancel_stops_the_container_and_deletes_only_the_tasks_own_instance(monk
     assert ("delete", "shared") not in session.calls and ("exec", "shared") in session.calls
 
 
+@pytest.mark.parametrize(
+    ("code", "adoptable", "deleted"),
+    [(0, True, False), (0, False, True), (1, True, True)],
+    ids=["completed-before-a-kill-whose-task-runs-again", "completed-task-over", "failed"],
+)
+def test_a_kill_keeps_the_instance_of_a_job_that_completed_for_the_next_try_to_adopt(
+    monkeypatch: pytest.MonkeyPatch, code: int, adoptable: bool, deleted: bool
+) -> None:
+    """Issue 22 (I2): a job that completed while a kill's cancel was on its way (a clear, a timeout with retries
+    left) keeps its instance -- its outputs are there, and the next try adopts it instead of running it again; the
+    reaper deletes it once the task is over. A failed job's instance goes as before, and so does every instance when
+    the task is over (``adoptable`` False)."""
+    answer = _probe_payload({"j1": _state("exited", code)}, exits={"j1": code})
+    session = ScriptedSession({"dag-train-0123456789": {"status": "RUNNING"}}, lambda i, c: answer)
+    _hook(monkeypatch, session).cleanup_job(_handle("j1", "dag-train-0123456789"), adoptable=adoptable)
+    assert (("delete", "dag-train-0123456789") in session.calls) is deleted
+
+
 def test_reaper_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
     now = 1_800_000_000.0
 

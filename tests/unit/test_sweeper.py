@@ -103,7 +103,7 @@ class ListingHook(FakeHook):
             raise RuntimeError("the platform said 500")
         return super()._cancel(handle)
 
-    def cleanup_job(self, handle: JobHandle) -> None:
+    def cleanup_job(self, handle: JobHandle, *, adoptable: bool = False) -> None:
         self.cleaned.append(handle.job_id)
 
 

@@ -9,6 +9,7 @@ import re
 import time
 import uuid
 from typing import Any
+from unittest.mock import AsyncMock
 
 import pytest
 
@@ -216,17 +217,28 @@ async def test_log_lines_whose_cursor_is_stored_are_written_even_when_a_kill_lan
 async def test_on_kill_cancels_the_owned_job_and_cleans_up_after_it(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cleaned: list[str] = []
-    monkeypatch.setattr(FakeHook, "cleanup_job", lambda self, handle: cleaned.append(handle.job_id))
+    cleaned: list[tuple[str, bool]] = []
+
+    def cleanup_job(self: FakeHook, handle: JobHandle, *, adoptable: bool = False) -> None:
+        cleaned.append((handle.job_id, adoptable))
+
+    monkeypatch.setattr(FakeHook, "cleanup_job", cleanup_job)
     handle = _submit(fake_platform)
     await _trigger(handle).on_kill()
     assert fake_platform.jobs[handle.job_id]["state"] is JobState.CANCELED
     assert FakeHook().cancel_requested_by(handle) == 1
-    assert cleaned == [handle.job_id]  # the task will not resume to clean up: the kill does, as on the worker
+    # the task will not resume to clean up: the kill does, as on the worker (the task's state unknown: all of it)
+    assert cleaned == [(handle.job_id, False)]
     ended = _submit(fake_platform)
     fake_platform.jobs[ended.job_id]["state"] = JobState.COMPLETE  # it ended just before the kill
     await _trigger(ended).on_kill()
-    assert fake_platform.jobs[ended.job_id]["state"] is JobState.COMPLETE and cleaned[-1] == ended.job_id
+    assert fake_platform.jobs[ended.job_id]["state"] is JobState.COMPLETE and cleaned[-1] == (ended.job_id, False)
+    # marked failed: the task is over, all goes; cleared: its next try may adopt a job that completed meanwhile
+    for state, adoptable in (("failed", False), ("success", False), ("scheduled", True), ("up_for_retry", True)):
+        trigger = _trigger(_submit(fake_platform))
+        monkeypatch.setattr(trigger, "_task_state", AsyncMock(return_value=state))
+        await trigger.on_kill()
+        assert cleaned[-1] == (trigger.handle.job_id, adoptable), state
 
 
 async def test_on_kill_finishes_its_cancel_through_the_triggerers_repeated_cancels(

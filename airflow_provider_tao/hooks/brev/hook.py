@@ -496,12 +496,20 @@ class BrevHook(BrevInstancesHook, BrevLaunchHook, BrevReapHook):
             usage = ct.container_usage(created or None, state, None, where)
         return replace(usage, gpu_type=gpu if gpu not in ("", "-") else None)
 
-    def cleanup_job(self, handle: JobHandle) -> None:
+    def cleanup_job(self, handle: JobHandle, *, adoptable: bool = False) -> None:
         """Once the job has ended: delete the task's own instance (a reused one is kept, and so is the container
-        there, for its log); on a reused instance that failed under the job, stop the container."""
+        there, for its log); on a reused instance that failed under the job, stop the container. A job that
+        completed before a kill whose task runs again (``adoptable``) keeps its instance: it holds the outputs the
+        next try adopts (deleting it would run the job again); the reaper deletes it once the task is over."""
         try:
             status = self.get_job_status(handle)
             if not status.state.is_terminal:
+                return
+            if adoptable and status.state is JobState.COMPLETE and self._ephemeral(handle):
+                self.log.info(
+                    "Job %s completed before the kill: instance %s is kept for the task's next try to adopt",
+                    handle.job_id, handle.backend_job_id,
+                )  # fmt: skip
                 return
             if self._ephemeral(handle):
                 self._delete_instance(handle.backend_job_id, f"job {handle.job_id} ended {status.state.value}")

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from airflow_provider_tao.hooks.base import Recorded
 from airflow_provider_tao.hooks.brev import lease as leases
 from airflow_provider_tao.hooks.brev.cli import BrevError
 from airflow_provider_tao.hooks.brev.lease import ReapDecision
@@ -27,11 +28,7 @@ class BrevReapHook(BrevSessionHook):
         return super().lease_expired(handle, now)
 
     def reap_resources(
-        self,
-        task_state: Callable[[Mapping[str, Any]], str | None],
-        *,
-        dry_run: bool,
-        recorded: Mapping[str, Mapping[str, Any]] | None = None,
+        self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool, recorded: Recorded | None = None
     ) -> list[dict[str, str]]:
         """``airflow tao reap``'s cost guard: :meth:`reap` on this connection."""
         return [
@@ -45,7 +42,7 @@ class BrevReapHook(BrevSessionHook):
         now: float | None = None,
         *,
         dry_run: bool = False,
-        recorded: Mapping[str, Mapping[str, Any]] | None = None,
+        recorded: Recorded | None = None,
     ) -> list[ReapDecision]:
         """Delete every instance this provider created whose lease has expired or whose task is finished and on which
         no job runs any more (a running job of a finished task is the orphan sweep's to judge: it may have been kept

@@ -28,10 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
-from airflow_provider_tao.hooks.base import (
-    MARK_CANCEL,
-    JobValidationError,
-)
+from airflow_provider_tao.hooks.base import MARK_CANCEL, JobValidationError, Recorded
 from airflow_provider_tao.hooks.docker.submit import DockerSubmitHook
 from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.hooks.shared.container import container_name
@@ -84,11 +81,7 @@ class TAODockerHook(DockerSubmitHook):
         return [self._handle_of(c) for c in self._list() if c.get("State") in ("running", "paused", "restarting")]
 
     def reap_resources(
-        self,
-        task_state: Callable[[Mapping[str, Any]], str | None],
-        *,
-        dry_run: bool,
-        recorded: Mapping[str, Mapping[str, Any]] | None = None,
+        self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool, recorded: Recorded | None = None
     ) -> list[dict[str, str]]:
         """Containers created but never started past :data:`~airflow_provider_tao.hooks.shared.container.
         START_TIMEOUT_SECONDS`: their submitting worker died between creating and starting them. Nothing ran, but
@@ -260,7 +253,7 @@ class TAODockerHook(DockerSubmitHook):
             details={"container": name, "daemon": self.base_url},
         )
 
-    def cleanup_job(self, handle: JobHandle) -> None:
+    def cleanup_job(self, handle: JobHandle, *, adoptable: bool = False) -> None:
         """With ``auto_remove``, the ended container goes once its verdict has been read."""
         if self.auto_remove and self.get_job_status(handle).state.is_terminal:
             self._remove(container_name(handle.job_id))

@@ -42,7 +42,7 @@ from typing import Any
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
-from airflow_provider_tao.hooks.base import ConnectionProblem, JobSubmitError, JobValidationError
+from airflow_provider_tao.hooks.base import ConnectionProblem, JobSubmitError, JobValidationError, Recorded
 from airflow_provider_tao.hooks.kubernetes.errors import explain, kubernetes_problem, refusal_class
 from airflow_provider_tao.hooks.kubernetes.logs import TAIL_READ_BYTES, PodLogRead, log_refusal_expected
 from airflow_provider_tao.hooks.kubernetes.marks import KubernetesMarksHook
@@ -184,11 +184,7 @@ class TAOKubernetesHook(KubernetesSpecHook, KubernetesMarksHook):
         return [self._handle_of(job) for job in jobs["items"] if not _finished(job) and not is_canceled(job)]
 
     def reap_resources(
-        self,
-        task_state: Callable[[Mapping[str, Any]], str | None],
-        *,
-        dry_run: bool,
-        recorded: Mapping[str, Mapping[str, Any]] | None = None,
+        self, task_state: Callable[[Mapping[str, Any]], str | None], *, dry_run: bool, recorded: Recorded | None = None
     ) -> list[dict[str, str]]:
         """Suspended Jobs nothing will resume or read, deleted with what they own (Secret, ConfigMaps, Service): one
         whose submitting worker died before starting it, and a canceled one whose task does not wait on it. No TTL
@@ -528,7 +524,7 @@ class TAOKubernetesHook(KubernetesSpecHook, KubernetesMarksHook):
                 self.log.debug("Cannot read node %s: %s", node, exc)
         return usage_of(job, pods, labels)
 
-    def cleanup_job(self, handle: JobHandle) -> None:
+    def cleanup_job(self, handle: JobHandle, *, adoptable: bool = False) -> None:
         """A job given up on while Kubernetes still holds it (unschedulable, an image it cannot pull) or canceled
         (suspended) is deleted once its verdict has been read: nothing keeps waiting for a node, and no TTL applies
         to a suspended Job. Finished Jobs stay until their TTL."""

@@ -493,7 +493,7 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
             self.log.info("A failure fact was not available: %s", exc)
             return default
 
-    def cleanup_job(self, handle: JobHandle) -> None:
+    def cleanup_job(self, handle: JobHandle, *, adoptable: bool = False) -> None:
         """Once the verdict is read: a job given up on while Lepton still holds it (no capacity, replicas that never
         became ready) is stopped and deleted with all its secrets; an ended job keeps its marks (and stays until its
         TTL), its other secrets are deleted."""

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from airflow_provider_tao.hooks.base import Recorded
 from airflow_provider_tao.hooks.lepton.api import LeptonAPIHook, pull_secret_name, secret_prefix
 from airflow_provider_tao.hooks.lepton.status import (
     ENDING_STATES,
@@ -45,7 +46,7 @@ class LeptonReapHook(LeptonAPIHook):
         task_state: Callable[[Mapping[str, Any]], str | None],
         *,
         dry_run: bool,
-        recorded: Mapping[str, Mapping[str, Any]] | None = None,
+        recorded: Recorded | None = None,
         now: float | None = None,
     ) -> list[dict[str, str]]:
         """One row per job whose secrets were deleted, marked as orphaned, or would be (``dry_run``).

@@ -392,7 +392,7 @@ class SlurmHook(SlurmPlanHook):
             return True
         raise SlurmTransportError(f"scancel {handle.backend_job_id} failed: {result.err_text}")
 
-    def cleanup_job(self, handle: JobHandle) -> None:
+    def cleanup_job(self, handle: JobHandle, *, adoptable: bool = False) -> None:
         """Delete the job's 0600 env file (it holds the secrets) once the job has ended for good."""
         env_file = self.layout(handle.job_id, handle.name).env_file
         try:
