@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_tao.records import STATE_KEY, SUBMITTED, XCOM_RECORD, JobRecord
+from airflow_provider_tao.records import CHAIN_KEY, STATE_KEY, SUBMITTED, XCOM_RECORD, JobRecord
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -223,6 +223,22 @@ def load_jobs(
                     jobs.append(IndexedJob(record=earlier, current=False, **common))
     jobs.sort(key=lambda job: job.started_at, reverse=True)
     return jobs
+
+
+def load_write_aheads(session: Session) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every task instance's write-ahead -- its chain record, kept before each submission: the platform, connection,
+    job name and job id its newest job was submitted under -- with the task instance (``dag_id, run_id, task_id,
+    map_index``). Who owns a job whose submission was never recorded (its worker died during it)."""
+    from airflow.models.task_state_store import TaskStateStoreModel
+    from sqlalchemy import select
+
+    found = []
+    for row in session.scalars(select(TaskStateStoreModel).where(TaskStateStoreModel.key == CHAIN_KEY)):
+        chain = _loads(row.value)
+        if isinstance(chain, dict) and chain.get("job_name"):
+            ti = {"dag_id": row.dag_id, "run_id": row.run_id, "task_id": row.task_id, "map_index": int(row.map_index)}
+            found.append((ti, chain))
+    return found
 
 
 def find_job(session: Session, job_id: str) -> IndexedJob | None:

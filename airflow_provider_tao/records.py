@@ -16,6 +16,9 @@ from airflow_provider_tao.jobs import JobHandle, _JsonValue
 
 #: ``task_state_store`` key of a task instance's record.
 STATE_KEY = "tao_job"
+#: ``task_state_store`` key of the chain record: ``{"conn_id", "position", "platform", "job_name", "job_id",
+#: "attempts": [...]}`` -- where the newest submission went (written before it is made) and the attempts so far.
+CHAIN_KEY = "tao_chain"
 #: XCom key of the current try's record (pushed before the task defers, updated when it ends).
 XCOM_RECORD = "tao_job"
 #: Earlier jobs of a task instance kept in its record (other tries), newest last.

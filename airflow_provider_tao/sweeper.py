@@ -179,17 +179,26 @@ def sweep_machines(
     return rows
 
 
-def recorded_jobs(jobs: Iterable[IndexedJob], platform: str, conn_id: str | None) -> dict[str, dict[str, Any]]:
+def recorded_jobs(
+    jobs: Iterable[IndexedJob],
+    platform: str,
+    conn_id: str | None,
+    write_aheads: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]] = (),
+) -> dict[str, dict[str, Any]]:
     """What Airflow's task records say ran through one connection: a job's platform id (``backend_job_id``: a Brev
     instance's name, a container's id) -> its task instance (``dag_id, run_id, task_id, map_index``) and its job's
     ``name``; the first record of ``jobs`` naming an id wins (:func:`~airflow_provider_tao.jobindex.load_jobs` lists
-    the newest first)."""
+    the newest first). A job whose submission was never recorded (its worker died during it) is known by its
+    write-ahead (:func:`~airflow_provider_tao.jobindex.load_write_aheads`), under its name."""
     found: dict[str, dict[str, Any]] = {}
     for job in jobs:
         backend_id = str(job.record.handle.get("backend_job_id") or "")
         if backend_id and (job.platform, job.conn_id) == (platform, conn_id):
             origin = {"dag_id": job.dag_id, "run_id": job.run_id, "task_id": job.task_id, "map_index": job.map_index}
             found.setdefault(backend_id, {**origin, "name": job.record.handle.get("name")})
+    for ti, chain in write_aheads:
+        if (chain.get("platform"), chain.get("conn_id")) == (platform, conn_id):
+            found.setdefault(str(chain["job_name"]), {**ti, "name": chain["job_name"]})
     return found
 
 

@@ -26,6 +26,7 @@ from airflow_provider_tao.jobindex import (
     IndexedJob,
     find_job,
     load_jobs,
+    load_write_aheads,
     task_instance_state,
     task_state_lookup,
 )
@@ -187,6 +188,7 @@ def reap(args: Namespace) -> None:
     conn_types = {conn_type: platform for platform, (conn_type, _) in PLATFORMS.items()}
     with create_session() as session:
         jobs = load_jobs(session)
+        write_aheads = load_write_aheads(session)
         configured = session.execute(
             select(Connection.conn_id, Connection.conn_type).where(Connection.conn_type.in_(conn_types))
         ).all()
@@ -202,7 +204,7 @@ def reap(args: Namespace) -> None:
             hook = _hook(platform, conn_id)
             active = hook.list_active_jobs()  # before the machines: a job their reaping stops is still reported
             with create_session() as session:
-                recorded = recorded_jobs(jobs, platform, conn_id)
+                recorded = recorded_jobs(jobs, platform, conn_id, write_aheads)
                 machines = sweep_machines(hook, task_state_lookup(session), dry_run=args.dry_run, recorded=recorded)
             rows += machines
             rows += sweep_connection(

@@ -75,15 +75,13 @@ from airflow_provider_tao.accounting import (
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobHandle, JobSpec, JobState, JobStatus
+from airflow_provider_tao.records import CHAIN_KEY
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_provider_tao.hooks.base import TAOPlatformHook
 
-#: ``task_state_store`` key of the chain record: ``{"conn_id", "position", "platform", "job_name", "job_id",
-#: "attempts": [...]}`` -- where the newest submission went (written before it is made) and the attempts so far.
-CHAIN_KEY = "tao_chain"
 #: XCom key of the attempts so far, pushed as each one closes (the return value carries them too).
 XCOM_ATTEMPTS = "tao_attempts"
 _REUSABLE = (JobState.PENDING, JobState.RUNNING, JobState.PAUSED, JobState.COMPLETE)

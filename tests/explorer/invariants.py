@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from airflow_provider_tao.jobindex import IndexedJob
-from airflow_provider_tao.records import STATE_KEY, JobRecord
+from airflow_provider_tao.records import CHAIN_KEY, STATE_KEY, JobRecord
 from airflow_provider_tao.sweeper import recorded_jobs
 from tests.explorer.backends import SECRET, Backend, BackendJob
 from tests.explorer.simulate import Outcome, Schedule
@@ -95,7 +95,10 @@ def violations(backend: Backend, schedule: Schedule, outcome: Outcome, store: An
         written = marker.read_text().strip() if marker.is_file() else None
         if written != job_id:
             found.append(f"I5: the result's folder {marker.parent} holds the output of {written!r}, not {job_id!r}")
-    recorded = recorded_jobs(_indexed(record, outcome), backend.platform, backend.conn_id)
+    ti = {"dag_id": "dag", "run_id": outcome.run_id, "task_id": "train", "map_index": -1}
+    chain = store.get(CHAIN_KEY)
+    write_aheads = [(ti, chain)] if isinstance(chain, dict) and chain.get("job_name") else []
+    recorded = recorded_jobs(_indexed(record, outcome), backend.platform, backend.conn_id, write_aheads)
     found.extend(f"I6: {w}" for w in backend.leftovers(outcome.job_name, outcome.run_id, outcome.state, recorded))
     found.extend(f"I7: the connection's secret is in {where}" for where in secret_seen(backend, outcome))
     return found
@@ -103,7 +106,8 @@ def violations(backend: Backend, schedule: Schedule, outcome: Outcome, store: An
 
 def _indexed(record: JobRecord | None, outcome: Outcome) -> list[IndexedJob]:
     """The task's jobs as ``airflow tao reap`` reads them from the metadata database (:func:`~airflow_provider_tao.
-    jobindex.load_jobs`): the record's job, then those of its history, newest first."""
+    jobindex.load_jobs`, its write-ahead as :func:`~airflow_provider_tao.jobindex.load_write_aheads`): the record's
+    job, then those of its history, newest first."""
     if record is None:
         return []
     older = [r for r in (JobRecord.from_json(old) for old in reversed(record.history)) if r is not None]

@@ -268,3 +268,31 @@ def test_the_records_tell_the_machine_reaping_what_ran_through_the_connection() 
                            "name": "d-t-0123456789"},
     }  # fmt: skip
     assert sweeper.recorded_jobs(jobs, "docker", "tao_brev") == {}
+    # a submission whose worker died before its record was kept is known by its write-ahead, under its job's name
+    ti = {"dag_id": "train_dag", "run_id": "manual__2", "task_id": "train", "map_index": -1}
+    chain = {"platform": "brev", "conn_id": "tao_brev", "job_name": "d-t-9999999999", "job_id": "0000000000c3"}
+    recorded = sweeper.recorded_jobs(jobs, "brev", "tao_brev", [(ti, chain), (ti, {**chain, "conn_id": "other"})])
+    assert recorded["d-t-9999999999"] == {**ti, "name": "d-t-9999999999"} and len(recorded) == 2
+
+
+def test_the_write_aheads_are_read_from_the_task_state_store() -> None:
+    """``airflow tao reap`` reads every task instance's chain record (its write-ahead) from the metadata database."""
+    from types import SimpleNamespace
+
+    from airflow_provider_tao.jobindex import load_write_aheads
+
+    chain = {"platform": "brev", "conn_id": "tao_brev", "job_name": "d-t-9999999999", "job_id": "0000000000c3"}
+    rows = [
+        SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=3, value=json.dumps(chain)),
+        SimpleNamespace(dag_id="d", run_id="r2", task_id="t", map_index=-1, value=json.dumps({"attempts": []})),
+        SimpleNamespace(dag_id="d", run_id="r3", task_id="t", map_index=-1, value="not json"),
+    ]
+    asked: list[Any] = []
+
+    class Session:
+        def scalars(self, statement: Any) -> list[Any]:
+            asked.append(statement.compile(compile_kwargs={"literal_binds": True}))
+            return rows
+
+    assert load_write_aheads(Session()) == [({"dag_id": "d", "run_id": "r", "task_id": "t", "map_index": 3}, chain)]
+    assert "task_state_store.key = 'tao_chain'" in str(asked[0])
