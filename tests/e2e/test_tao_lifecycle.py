@@ -47,7 +47,7 @@ def test_defect_1_reattach_after_a_worker_sigkill_returns_the_outputs_of_the_job
 
 
 def test_defect_3_an_outage_never_fails_a_task_without_retries(dags: AirflowClient, marks: Path) -> None:
-    runs = {dag_id: start_run(dags, dag_id, marks, seconds=40) for dag_id in ("tao_e2e_outage", "tao_e2e_outage_sync")}
+    runs = {dag_id: start_run(dags, dag_id, marks, seconds=30) for dag_id in ("tao_e2e_outage", "tao_e2e_outage_sync")}
     wait_started(marks, count=2)
     wait_watched(dags, "tao_e2e_outage", runs["tao_e2e_outage"])
 
@@ -55,7 +55,7 @@ def test_defect_3_an_outage_never_fails_a_task_without_retries(dags: AirflowClie
     unmounted = TAO_E2E_ROOT / "jobs-unmounted"
     jobs_dir.rename(unmounted)  # the jobs volume goes away: no status, no logs, on every path
     try:
-        time.sleep(20)  # 4 report intervals at [tao] outage_report_seconds=5: 20 minutes at the default
+        time.sleep(15)  # 3 report intervals at [tao] outage_report_seconds=5: 15 minutes at the default
     finally:
         unmounted.rename(jobs_dir)
 
