@@ -213,15 +213,22 @@ def load_jobs(
             "ti_end": _epoch(ti.end_date) if ti else None,
             "ti_exists": ti is not None,
         }
-        jobs.append(IndexedJob(record=latest, current=True, **common))
-        if include_history:
-            seen = {latest.job_id}
-            for old in reversed(latest.history):
-                earlier = JobRecord.from_json(old)
-                if earlier is not None and earlier.job_id not in seen:
-                    seen.add(earlier.job_id)
-                    jobs.append(IndexedJob(record=earlier, current=False, **common))
+        jobs += record_jobs(latest, include_history=include_history, **common)
     jobs.sort(key=lambda job: job.started_at, reverse=True)
+    return jobs
+
+
+def record_jobs(latest: JobRecord, *, include_history: bool = True, **ti: Any) -> list[IndexedJob]:
+    """A task instance's jobs from its record: the record's own (current), then its history's, newest first, each
+    once. ``ti``: the :class:`IndexedJob` fields of the task instance (``dag_id`` ... ``ti_exists``)."""
+    jobs = [IndexedJob(record=latest, current=True, **ti)]
+    if include_history:
+        seen = {latest.job_id}
+        for old in reversed(latest.history):
+            earlier = JobRecord.from_json(old)
+            if earlier is not None and earlier.job_id not in seen:
+                seen.add(earlier.job_id)
+                jobs.append(IndexedJob(record=earlier, current=False, **ti))
     return jobs
 
 

@@ -203,8 +203,8 @@ def reap(args: Namespace) -> None:
         try:
             hook = _hook(platform, conn_id)
             active = hook.list_active_jobs()  # before the machines: a job their reaping stops is still reported
+            recorded = recorded_jobs(jobs, platform, conn_id, write_aheads)
             with create_session() as session:
-                recorded = recorded_jobs(jobs, platform, conn_id, write_aheads)
                 machines = sweep_machines(hook, task_state_lookup(session), dry_run=args.dry_run, recorded=recorded)
             rows += machines
             rows += sweep_connection(

@@ -98,6 +98,16 @@ class Backend:
         records give the sweep (:func:`airflow_provider_tao.sweeper.recorded_jobs`)."""
         return []
 
+    def _sweep(self, run_id: str, state: str, recorded: Mapping[str, Mapping[str, Any]]) -> None:
+        """One real sweep of the platform's resources (``reap_resources``) as ``airflow tao reap`` makes it: the task
+        instance of ``run_id`` is ``state``, any other one still running."""
+        from airflow_provider_tao.hooks import get_platform_hook
+
+        hook = get_platform_hook(self.platform, self.conn_id)
+        hook.reap_resources(
+            lambda origin: state if origin.get("run_id") == run_id else "running", dry_run=False, recorded=recorded
+        )
+
     def records(self, name: str) -> list[str]:
         """What the backend keeps of the name's jobs outside the job's private secret channel (I7 reads them)."""
         return []
@@ -325,7 +335,6 @@ class KubernetesBackend(Backend):
         then what is left of the name's jobs on the server: a Job that has not finished, or an object (Secret,
         ConfigMap, Service, pod) of a Job that is gone. A finished Job stays until its ``ttlSecondsAfterFinished``
         with what it owns (Kubernetes' own garbage collection, not ours)."""
-        from airflow_provider_tao.hooks import get_platform_hook
         from airflow_provider_tao.hooks.kubernetes.status import SETUP_TIMEOUT_SECONDS
         from airflow_provider_tao.hooks.shared import container as ct
 
@@ -334,10 +343,7 @@ class KubernetesBackend(Backend):
         live_jobs = {j.metadata.labels.get(ct.LABEL_JOB_ID): j for j in batch.list_namespaced_job("default").items}
         if any(j.spec.suspend and j.metadata.name == name for j in live_jobs.values()):
             time.sleep(SETUP_TIMEOUT_SECONDS + 1)  # a suspended Job of a dead submission is swept past its window
-            hook = get_platform_hook("kubernetes", self.conn_id)
-            hook.reap_resources(
-                lambda origin: state if origin.get("run_id") == run_id else "running", dry_run=False, recorded=recorded
-            )
+            self._sweep(run_id, state, recorded)
         left = []
         for job_id in ids:
             objects = self.fake.objects_of(job_id)

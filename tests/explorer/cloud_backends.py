@@ -92,14 +92,10 @@ class LeptonBackend(Backend):
         A secret created for a job that was never posted has no job record to be found by; the explorer cannot make
         one: its interruptions come between two platform calls, and ``create_job`` posts the job in the same call
         that created the secrets (an outage fails a call before it starts)."""
-        from airflow_provider_tao.hooks import get_platform_hook
         from airflow_provider_tao.hooks.lepton.api import pull_secret_name, secret_prefix
         from airflow_provider_tao.hooks.lepton.status import LABEL_JOB_ID
 
-        hook = get_platform_hook("lepton", self.conn_id)
-        hook.reap_resources(
-            lambda origin: state if origin.get("run_id") == run_id else "running", dry_run=False, recorded=recorded
-        )
+        self._sweep(run_id, state, recorded)
         stored = self.fake.secrets()
         by_id: dict[str, list[dict[str, Any]]] = {}
         for record in self._named(name):
@@ -280,13 +276,9 @@ class BrevBackend(Backend):
     def leftovers(self, name: str, run_id: str, state: str, recorded: Mapping[str, Mapping[str, Any]]) -> list[str]:
         """One real sweep (``reap_resources``: instances whose task is finished or lease expired), then the task's
         own instance (its lease is a file on it) or a job container of the name that is still there."""
-        from airflow_provider_tao.hooks import get_platform_hook
         from airflow_provider_tao.hooks.shared import container as ct
 
-        hook = get_platform_hook("brev", self.conn_id)
-        hook.reap_resources(
-            lambda origin: state if origin.get("run_id") == run_id else "running", dry_run=False, recorded=recorded
-        )
+        self._sweep(run_id, state, recorded)
         left = [f"instance {i['name']} ({i['status']})" for i in self.world.instances()
                 if i["name"] == name and i["status"] != "DELETING"]  # fmt: skip
         for summary in self.engine.client.containers(all=True, filters={"label": f"brevfake.world={self.world.tag}"}):

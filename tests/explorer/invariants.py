@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from airflow_provider_tao.jobindex import IndexedJob
+from airflow_provider_tao.jobindex import IndexedJob, record_jobs
 from airflow_provider_tao.records import CHAIN_KEY, STATE_KEY, JobRecord
 from airflow_provider_tao.sweeper import recorded_jobs
 from tests.explorer.backends import SECRET, Backend, BackendJob
@@ -110,9 +110,8 @@ def _indexed(record: JobRecord | None, outcome: Outcome) -> list[IndexedJob]:
     job, then those of its history, newest first."""
     if record is None:
         return []
-    older = [r for r in (JobRecord.from_json(old) for old in reversed(record.history)) if r is not None]
-    return [IndexedJob(r, "dag", outcome.run_id, "train", -1, outcome.state, None, None, r is record)
-            for r in (record, *older)]  # fmt: skip
+    return record_jobs(record, dag_id="dag", run_id=outcome.run_id, task_id="train", map_index=-1,
+                       ti_state=outcome.state, ti_try=None, ti_end=None)  # fmt: skip
 
 
 def secret_seen(backend: Backend, outcome: Outcome) -> list[str]:

@@ -505,13 +505,13 @@ class BrevHook(BrevInstancesHook, BrevLaunchHook, BrevReapHook):
             status = self.get_job_status(handle)
             if not status.state.is_terminal:
                 return
-            if adoptable and status.state is JobState.COMPLETE and self._ephemeral(handle):
-                self.log.info(
-                    "Job %s completed before the kill: instance %s is kept for the task's next try to adopt",
-                    handle.job_id, handle.backend_job_id,
-                )  # fmt: skip
-                return
             if self._ephemeral(handle):
+                if adoptable and status.state is JobState.COMPLETE:
+                    self.log.info(
+                        "Job %s completed before the kill: instance %s is kept for the task's next try to adopt",
+                        handle.job_id, handle.backend_job_id,
+                    )  # fmt: skip
+                    return
                 self._delete_instance(handle.backend_job_id, f"job {handle.job_id} ended {status.state.value}")
             elif status.raw_state == "UNHEALTHY":
                 self._call(handle.backend_job_id, remote.stop(handle.job_id, 0))
