@@ -4,7 +4,7 @@
 # Docker engine, the SLURM cluster; moto S3 and `airflow standalone` are started by the test fixtures
 # themselves), runs the linters and type checker, then pytest; meanwhile, in the background, the unit tests and the
 # quickstart on Python 3.12 (PYTHON312, else pyenv's, else python3.12 on PATH; none is an error). Extra arguments go
-# to pytest.
+# to each pytest session (they select within it: `-k`, `-x`, `--durations=N`, not paths).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -87,12 +87,42 @@ mypy airflow_provider_tao
 step "docs (Sphinx, warnings are errors)"
 python -m sphinx -W --keep-going -q -b html docs build/docs
 
-step "pytest"
+step "pytest: two sessions at once (the end-to-end tests | the rest), then the tests that stop a shared daemon"
+# The end-to-end tests mostly wait on Airflow, the rest mostly compute: side by side they share the two cores. Each
+# session has its own pytest folder and its own fakes; the daemons both use (dockerd, sshd and slurmctld) are stopped
+# only by the `exclusive` tests, run alone once both sessions are done. Each session's output is kept in a log and
+# printed when it ends.
+session() {
+  local name=$1
+  shift
+  python -m pytest -p no:cacheprovider -ra --durations=15 --basetemp="/tmp/tao-pytest-$name" "$@" \
+    > "/tmp/pytest-$name.log" 2>&1
+}
 set +e
-python -m pytest -p no:cacheprovider -ra --durations=15 "$@"
-rc=$?
+session e2e tests/e2e "$@" &
+e2e=$!
+session rest tests --ignore=tests/e2e -m "not exclusive" "$@" &
+rest=$!
+wait "$rest"
+rc_rest=$?
+step "pytest, all but the end-to-end tests: exit code $rc_rest"
+cat /tmp/pytest-rest.log
+wait "$e2e"
+rc_e2e=$?
+step "pytest, the end-to-end tests: exit code $rc_e2e"
+cat /tmp/pytest-e2e.log
+step "pytest, the tests that stop a shared daemon (alone)"
+python -m pytest -p no:cacheprovider -ra --durations=15 tests -m exclusive "$@"
+rc_exclusive=$?
 set -e
-step "pytest exit code $rc"
+rc=0
+for code in "$rc_rest" "$rc_e2e" "$rc_exclusive"; do
+  # 5: no test selected, which arguments that pick tests (`-k`) make of some session; without arguments an error
+  if [ "$code" -ne 0 ] && { [ "$code" -ne 5 ] || [ $# -eq 0 ]; }; then
+    rc=$code
+  fi
+done
+step "pytest exit codes: the rest $rc_rest, end-to-end $rc_e2e, exclusive $rc_exclusive"
 
 step "Python 3.12: the unit tests and the quickstart (run in the background meanwhile)"
 if [ -z "$py312" ]; then
