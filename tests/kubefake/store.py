@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from tests.kubefake import jsonpatch
+
 #: resource -> (kind, apiVersion, namespaced)
 RESOURCES: dict[str, tuple[str, str, bool]] = {
     "pods": ("Pod", "v1", True),
@@ -223,23 +225,6 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-def json_patch(target: dict[str, Any], operations: list[dict[str, Any]]) -> dict[str, Any]:
-    """RFC 6902 ``add`` / ``replace`` / ``remove`` / ``test`` on object paths."""
-    doc = copy.deepcopy(target)
-    for op in operations:
-        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].lstrip("/").split("/")]
-        node = doc
-        for part in parents:
-            node = node.setdefault(part, {}) if op["op"] == "add" else node[part]
-        if op["op"] in ("add", "replace"):
-            node[last] = op["value"]
-        elif op["op"] == "remove":
-            node.pop(last)
-        elif op["op"] == "test" and node.get(last) != op["value"]:
-            raise ApiError(422, "Invalid", f"the server rejected our request due to an error: test failed at {op}")
-    return doc
-
-
 # ----------------------------------------------------------------------------- the store
 
 
@@ -357,11 +342,10 @@ class Store:
             if current is None:
                 raise not_found(resource, name)
             if content_type.startswith("application/json-patch+json"):
-                if not isinstance(patch, list):
-                    raise ApiError(
-                        400, "BadRequest", "json: cannot unmarshal object into Go value of type jsonpatch.Patch"
-                    )
-                updated = json_patch(current, patch)
+                try:
+                    updated = jsonpatch.apply(current, patch)
+                except jsonpatch.Refusal as exc:
+                    raise ApiError(exc.code, exc.reason, exc.message, exc.details) from exc
             elif content_type.startswith(("application/merge-patch+json", "application/strategic-merge-patch+json")):
                 if not isinstance(patch, dict):
                     raise ApiError(

@@ -111,6 +111,16 @@ class KubernetesAPIHook(TAOPlatformHook):
                 return None
             raise
 
+    async def _aread_job(self, name: str) -> dict[str, Any] | None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            return dict(await self._acall("batch", "read_namespaced_job", name, self.namespace))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def _pods_of(self, name: str) -> list[dict[str, Any]]:
         return list(
             self._call("core", "list_namespaced_pod", self.namespace, label_selector=f"{ct.LABEL_NAME}={name}")["items"]

@@ -1,11 +1,11 @@
-"""Ownership marks as annotations of the Job (merge patches), and the cancel they guard: a JSON patch that suspends
-the Job only as read."""
+"""Ownership marks as annotations of the Job, and the cancel they guard: JSON patches that act only on the Job as the
+handle (or the cancel's read) knows it -- never on another try's Job of the same name."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any
+from typing import Any, TypeGuard
 
 from airflow_provider_tao.hooks.base import MARK_CANCEL, MARK_CANCELED_BY, MARK_CONSUMED, MARK_OWNER
 from airflow_provider_tao.hooks.kubernetes.api import KubernetesAPIHook
@@ -16,6 +16,8 @@ _MARK_KEYS = frozenset({MARK_OWNER, MARK_CANCEL, MARK_CONSUMED, MARK_CANCELED_BY
 JSON_PATCH = "application/json-patch+json"
 #: Times a cancel re-reads a Job whose marks changed between its read and its suspension.
 CANCEL_CONFLICT_RETRIES = 5
+#: Times a mark is written again on our Job that changed between a refused write and the read explaining it.
+MARK_CONFLICT_RETRIES = 3
 
 
 def mark_annotation(key: str) -> str:
@@ -23,8 +25,13 @@ def mark_annotation(key: str) -> str:
     return f"{ct.LABEL_DOMAIN}/{key}"
 
 
+def _ours(job: dict[str, Any] | None, handle: JobHandle) -> TypeGuard[dict[str, Any]]:
+    """``job`` is ``handle``'s own (its job id label), not a newer try's Job of the same name."""
+    return job is not None and (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) == handle.job_id
+
+
 def _marks(job: dict[str, Any] | None, handle: JobHandle) -> dict[str, Any]:
-    if job is None or (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) != handle.job_id:
+    if not _ours(job, handle):
         return {}  # gone, or a newer job of the same name: nothing of this one was claimed
     marks: dict[str, Any] = {}
     prefix = f"{ct.LABEL_DOMAIN}/"
@@ -45,6 +52,19 @@ def _gone(exc: Exception) -> bool:
 def _pointer(key: str) -> str:
     """``key`` as one JSON Pointer token (RFC 6901: ``~`` and ``/`` escaped)."""
     return key.replace("~", "~0").replace("/", "~1")
+
+
+def _mark_patch(handle: JobHandle, key: str, value: Any, job: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """A JSON patch that keeps mark ``key`` only on the Job ``handle`` names: a ``test`` of its job id first, in the
+    same request, so another try's Job of the name (retries share it) refuses it (422) and stays unmarked. A Job
+    read (``job``) without annotations gets the map -- only as read (its resourceVersion): RFC 6902's ``add``
+    needs the parent, and an ``add`` of the whole map would replace one written meanwhile."""
+    ours = {"op": "test", "path": f"/metadata/labels/{_pointer(ct.LABEL_JOB_ID)}", "value": handle.job_id}
+    annotation, text = mark_annotation(key), json.dumps(value)
+    if job is None or job["metadata"].get("annotations") is not None:
+        return [ours, {"op": "add", "path": f"/metadata/annotations/{_pointer(annotation)}", "value": text}]
+    as_read = {"op": "test", "path": "/metadata/resourceVersion", "value": job["metadata"]["resourceVersion"]}
+    return [ours, as_read, {"op": "add", "path": "/metadata/annotations", "value": {annotation: text}}]
 
 
 class KubernetesMarksHook(KubernetesAPIHook):
@@ -71,7 +91,7 @@ class KubernetesMarksHook(KubernetesAPIHook):
         the name, suspended already), False when another try owns it now, else a JSON patch that suspends it only
         as read -- ``test`` operations on its job id and on the owner and cancel marks, so check and act are one
         step: a newer try that claims the Job in between (a clear) fails the test and keeps its Job."""
-        if job is None or (job["metadata"].get("labels") or {}).get(ct.LABEL_JOB_ID) != handle.job_id:
+        if not _ours(job, handle):
             return True
         marks = _marks(job, handle)
         if marks.get(MARK_CANCEL) != marks.get(MARK_OWNER, handle.try_number):
@@ -125,48 +145,52 @@ class KubernetesMarksHook(KubernetesAPIHook):
         return _marks(job, handle)
 
     async def aread_marks(self, handle: JobHandle) -> dict[str, Any]:
-        from kubernetes_asyncio.client.exceptions import ApiException
+        return _marks(await self._aread_job(handle.name), handle)
 
-        try:
-            job = await self._acall("batch", "read_namespaced_job", handle.name, self.namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return {}
-            raise
-        return _marks(job, handle)
-
-    def _mark_patch(self, handle: JobHandle, key: str, value: Any) -> dict[str, Any]:
-        return {"metadata": {"annotations": {mark_annotation(key): json.dumps(value)}}}
+    def _not_ours(self, job: dict[str, Any] | None, handle: JobHandle, key: str) -> bool:
+        """True, logged, when ``job`` -- read after a refused mark -- is not ``handle``'s: the mark is not kept, and
+        nothing of another try's Job is touched (its cancel sees the same: nothing of ``handle``'s left to stop)."""
+        if job is None:
+            self.log.info("Job %s no longer exists: mark %s not kept", handle.name, key)
+        elif not _ours(job, handle):
+            self.log.info("Job %s is another job's now (not %s): mark %s not kept", handle.name, handle.job_id, key)
+        return not _ours(job, handle)
 
     def write_mark(self, handle: JobHandle, key: str, value: Any) -> None:
+        """Keep ``key`` on ``handle``'s own Job only (see :func:`_mark_patch`). A refusal (422) is explained by the
+        Job read after it: gone or another job's -- the mark is not kept --, or ours and changed: written again."""
         from kubernetes.client.exceptions import ApiException
 
-        try:
-            self._call(
-                "batch",
-                "patch_namespaced_job",
-                handle.name,
-                self.namespace,
-                self._mark_patch(handle, key, value),
-                _content_type="application/merge-patch+json",
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            self.log.info("Job %s no longer exists: mark %s not kept", handle.name, key)
+        job: dict[str, Any] | None = None
+        for _ in range(MARK_CONFLICT_RETRIES):
+            try:
+                ops = _mark_patch(handle, key, value, job)
+                self._call("batch", "patch_namespaced_job", handle.name, self.namespace, ops, _content_type=JSON_PATCH)
+                return
+            except ApiException as exc:
+                if exc.status not in (404, 422):
+                    raise
+                refused = exc
+            job = None if refused.status == 404 else self._read_job(handle.name)
+            if self._not_ours(job, handle, key):
+                return
+        raise refused
 
     async def awrite_mark(self, handle: JobHandle, key: str, value: Any) -> None:
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        try:
-            await self._acall(
-                "batch",
-                "patch_namespaced_job",
-                handle.name,
-                self.namespace,
-                self._mark_patch(handle, key, value),
-                _content_type="application/merge-patch+json",
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        job: dict[str, Any] | None = None
+        for _ in range(MARK_CONFLICT_RETRIES):
+            try:
+                ops = _mark_patch(handle, key, value, job)
+                await self._acall("batch", "patch_namespaced_job", handle.name, self.namespace, ops,
+                                  _content_type=JSON_PATCH)  # fmt: skip
+                return
+            except ApiException as exc:
+                if exc.status not in (404, 422):
+                    raise
+                refused = exc
+            job = None if refused.status == 404 else await self._aread_job(handle.name)
+            if self._not_ours(job, handle, key):
+                return
+        raise refused
