@@ -488,7 +488,9 @@ class SlurmBackend(Backend):
         return texts
 
     def leftovers(self, name: str, run_id: str, state: str, recorded: Mapping[str, Mapping[str, Any]]) -> list[str]:
-        """The env file (every secret of the job) of each of the name's jobs, once its jobs have ended."""
+        """The env file (every secret of the job) of each of the name's jobs, once its jobs have ended and one sweep
+        (``reap_resources``: the env files of ended jobs whose task is over) ran."""
+        self._sweep(run_id, state, recorded)
         left = []
         for job in self.jobs(name):
             if not job.live and (self.jobs_root / job.job_id / "env" / f"{job.job_id}.env").exists():

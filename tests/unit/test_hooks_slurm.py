@@ -722,6 +722,123 @@ def test_parsing_the_slurm_example_dag_opens_no_ssh_library(tmp_path: Path) -> N
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
+# ----------------------------------------------------------------------------- the sweep of env files, run locally
+
+
+def _local_run(hook: SlurmHook, monkeypatch: pytest.MonkeyPatch, bin_dir: Path) -> list[str]:
+    """``hook.run`` in the local shell against the fake executables of ``bin_dir``; returns the commands run."""
+    from airflow_provider_tao.hooks.slurm.ssh import Result
+
+    commands: list[str] = []
+
+    def run(command: str, stdin: bytes | None = None, timeout: float = 300.0) -> Result:
+        commands.append(command)
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+        proc = subprocess.run(["sh", "-c", command], input=stdin or b"", capture_output=True, env=env, check=False)
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    monkeypatch.setattr(hook, "run", run)
+    return commands
+
+
+def _staged(hook: SlurmHook, job_id: str, name: str, slurm_id: str) -> Path:
+    """A job folder as a submission leaves it (env file, meta, the Slurm id unless ``slurm_id`` is "")."""
+    layout = hook.layout(job_id, name)
+    env = Path(layout.env_file)
+    env.parent.mkdir(parents=True)
+    env.write_text("export SECRET='s'\n")
+    meta = Path(layout.job_dir) / "meta"
+    meta.mkdir()
+    (meta / f"{job_id}.json").write_text(json.dumps(JobHandle("slurm", "slurm_x", job_id, name).to_json()))
+    if slurm_id:
+        (meta / "slurm_job_id").write_text(f"{slurm_id}\n")
+    return env
+
+
+def test_reap_deletes_env_files_of_ended_jobs_whose_task_is_over_in_two_commands(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    hook = _hook(monkeypatch, results_root=str(tmp_path / "root"))
+    # squeue: 11 ended, 12 runs, 14 is the job of a submitter that died before recording its id (by its comment)
+    _fake_bin(tmp_path, "squeue", "printf '11|COMPLETED|tao:j1\\n12|RUNNING|tao:j2\\n14|PENDING|tao:j5\\n'\n")
+    commands = _local_run(hook, monkeypatch, tmp_path / "bin")
+    files = {
+        "over": _staged(hook, "j1", "n1", "11"),  # ended; its task failed (marked failed after the trigger's event)
+        "running": _staged(hook, "j2", "n2", "12"),  # its task is over, but the job still runs (cancel_on_kill=False)
+        "resumes": _staged(hook, "j3", "n3", "13"),  # gone from squeue; its task is deferred: it may requeue the job
+        "unknown": _staged(hook, "j4", "n4", "15"),  # ended; no record names it (another deployment's)
+        "queued": _staged(hook, "j5", "n5", ""),  # id never recorded, pending by its comment; task over by write-ahead
+        "unrecorded": _staged(hook, "j6", "n6", ""),  # id never recorded, no job queued: known by its write-ahead
+        "other_name": _staged(hook, "j7", "n7", "17"),  # the record under its Slurm id is another job's (id reused)
+    }
+    origin = {"dag_id": "d", "task_id": "t", "map_index": -1}
+    recorded = {
+        "11": {**origin, "run_id": "r1", "name": "n1"},
+        "12": {**origin, "run_id": "r2", "name": "n2"},
+        "13": {**origin, "run_id": "r3", "name": "n3"},
+        "n5": {**origin, "run_id": "r5", "name": "n5"},
+        "n6": {**origin, "run_id": "r6", "name": "n6"},
+        "17": {**origin, "run_id": "r7", "name": "someone-else"},
+    }
+    states = {"r1": "failed", "r2": "failed", "r3": "deferred", "r5": "success", "r6": "success", "r7": "failed"}
+    asked: list[str] = []
+
+    def task_state(ti: Any) -> str | None:
+        asked.append(ti["run_id"])
+        return states.get(ti["run_id"])
+
+    planned = hook.reap_resources(task_state, dry_run=True, recorded=recorded)
+    assert [(r["resource"], r["action"]) for r in planned] == [
+        (str(files["over"]), "would delete"),
+        (str(files["unrecorded"]), "would delete"),
+    ]
+    assert all(path.exists() for path in files.values()) and len(commands) == 1
+
+    rows = hook.reap_resources(task_state, dry_run=False, recorded=recorded)
+    assert [(r["resource"], r["kind"], r["action"]) for r in rows] == [
+        (str(files["over"]), "env file", "deleted"),
+        (str(files["unrecorded"]), "env file", "deleted"),
+    ]
+    assert (
+        rows[0]["why"]
+        == "its Slurm job has ended (11 COMPLETED) and its task d.t run r1 is failed (by this Airflow's record)"
+    )
+    assert rows[1]["why"].startswith("its Slurm job has ended (none was submitted) and its task d.t run r6 is success")
+    assert [name for name, path in files.items() if path.exists()] == [
+        "running", "resumes", "unknown", "queued", "other_name"
+    ]  # fmt: skip
+    assert len(commands) == 3  # the listing, then ONE delete for every file
+    assert "r2" not in asked and "r5" not in asked  # a job that still runs or queues is not judged by its task
+
+    # an unread queue says nothing about which jobs ended: nothing is deleted
+    _fake_bin(tmp_path, "squeue", "echo 'slurm_load_jobs error: Socket timed out' >&2; exit 1\n")
+    files["again"] = _staged(hook, "j8", "n8", "18")
+    recorded["18"] = {**origin, "run_id": "r1", "name": "n8"}
+    rows = hook.reap_resources(task_state, dry_run=False, recorded=recorded)
+    assert [(r["kind"], r["action"]) for r in rows] == [("env files", "skipped")]
+    assert "Socket timed out" in rows[0]["why"] and files["again"].exists()
+
+    # the connection breaks before the delete: the file waits for the next sweep, the sweep goes on
+    from airflow_provider_tao.hooks.slurm.ssh import SlurmTransportError
+
+    _fake_bin(tmp_path, "squeue", "exit 0\n")
+    listing = hook.run
+
+    def broken(command: str, stdin: bytes | None = None, timeout: float = 300.0) -> Any:
+        if command.startswith("cd ") and "rm -f" in command:
+            raise SlurmTransportError("cannot reach the login node: timed out")
+        return listing(command, stdin, timeout)
+
+    monkeypatch.setattr(hook, "run", broken)
+    rows = hook.reap_resources(task_state, dry_run=False, recorded=recorded)
+    # the queue is empty now: the jobs that ran or queued have ended, and their tasks are over
+    assert [(r["resource"], r["action"]) for r in rows] == [
+        (str(files[name]), "failed") for name in ("running", "queued", "again")
+    ]
+    assert all(r["why"].endswith("rm failed: cannot reach the login node: timed out") for r in rows)
+    assert all(files[name].exists() for name in ("running", "queued", "again"))
+
+
 # ----------------------------------------------------------------------------- the triggerer side, run locally
 
 

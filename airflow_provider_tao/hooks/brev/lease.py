@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_tao.hooks.brev import remote
+from airflow_provider_tao.hooks.shared.reaping import FINISHED_TASK_STATES, task_over_by_record, task_words
 from airflow_provider_tao.jobindex import WAITING_TI_STATES
 from airflow_provider_tao.jobs import JobSpec
 
 #: Who wrote a lease: only instances whose lease says so are ever reaped.
 LEASE_CREATOR = "airflow-provider-tao"
-#: Task-instance states after which a task's ephemeral instance has no use any more.
-FINISHED_TASK_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 
 #: What one scan of an instance read: its lease and this provider's running containers, ``"unread"`` (not in a
 #: state an exec may reach), or the error text when it did not answer.
@@ -89,18 +88,16 @@ def judge(
         return "skipped", "it is being deleted already"
     if scan == "unread":
         unread = f"it is {status}: its lease cannot be read without starting it"
-        if origin is None or origin.get("name") != name or task_state is None:
-            return "skipped", unread
-        state = task_state(origin)
-        if state in FINISHED_TASK_STATES:
-            return "delete", f"it is {status} and its task {_owner(origin)} is {state} (by this Airflow's record)"
-        return "skipped", f"{unread}; its task {_owner(origin)} is {state or 'not finished'}"
+        over, why = task_over_by_record(origin, name, task_state)
+        if over:
+            return "delete", f"it is {status} and {why}"
+        return "skipped", f"{unread}; {why}" if why else unread
     if isinstance(scan, str):
         return "skipped", f"its lease could not be read: {scan}"
     lease, running = scan
     if lease is None or not own_lease(lease, name):
         return "kept", "not created by this provider (no lease of its own)"
-    owner = _owner(lease)
+    owner = task_words(lease)
     expires = float(lease.get("expires_at") or 0)
     state = task_state(lease) if task_state is not None else None
     jobs = ", ".join(c.job_id for c in running)
@@ -122,14 +119,6 @@ def judge(
         return "delete", f"its task {owner} is {state}"
     known = f"is {state}" if state else "is not finished (or unknown to this Airflow)"
     return "kept", f"leased until {utc(expires)}; its task {owner} {known}"
-
-
-def _owner(origin: Mapping[str, Any]) -> str:
-    """A task instance in words, from a lease or a record: ``dag.task run R`` (and its map index, if mapped)."""
-    owner = f"{origin.get('dag_id')}.{origin.get('task_id')} run {origin.get('run_id')}"
-    if str(origin.get("map_index")) not in ("None", "", "-1"):
-        owner += f" map index {origin.get('map_index')}"
-    return owner
 
 
 def task_state_lookup(ti: Any) -> Callable[[Mapping[str, Any]], str | None]:

@@ -21,8 +21,9 @@ watched job, plus the new log bytes of the jobs that may be writing) and, only w
 one ``sacct``. The file layout and every script are in :mod:`~airflow_provider_tao.hooks.slurm.script`.
 
 The hook is made of parts, one module each: the connection's settings and SSH sessions
-(:mod:`~airflow_provider_tao.hooks.slurm.connection`) and the validation and sbatch plan of a job
-(:mod:`~airflow_provider_tao.hooks.slurm.plan`); this module joins them and adds submission, status, logs, cancel,
+(:mod:`~airflow_provider_tao.hooks.slurm.connection`), the validation and sbatch plan of a job
+(:mod:`~airflow_provider_tao.hooks.slurm.plan`) and the sweep of env files
+(:mod:`~airflow_provider_tao.hooks.slurm.reap`); this module joins them and adds submission, status, logs, cancel,
 resubmission and marks.
 """
 
@@ -44,7 +45,7 @@ from airflow_provider_tao.hooks.slurm import logs as slog
 from airflow_provider_tao.hooks.slurm import script as ss
 from airflow_provider_tao.hooks.slurm import status as sst
 from airflow_provider_tao.hooks.slurm.connection import ssh_problem
-from airflow_provider_tao.hooks.slurm.plan import SlurmPlanHook
+from airflow_provider_tao.hooks.slurm.reap import SlurmReapHook
 from airflow_provider_tao.hooks.slurm.ssh import Result, SlurmTransportError
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
@@ -53,7 +54,7 @@ ACCOUNTING_GRACE_SECONDS = 20.0
 RESUBMITTABLE = frozenset({ErrClass.ERR_INFRA, ErrClass.ERR_PREEMPTED})
 
 
-class SlurmHook(SlurmPlanHook):
+class SlurmHook(SlurmReapHook):
     """Submits, watches and cancels jobs on a SLURM cluster through its login node(s).
 
     :param conn_id: a ``tao_slurm`` connection, or None to use the environment variables only.
