@@ -88,20 +88,21 @@ step "docs (Sphinx, warnings are errors)"
 python -m sphinx -W --keep-going -q -b html docs build/docs
 
 step "pytest: two sessions at once (the end-to-end tests | the rest), then the tests that stop a shared daemon"
-# The end-to-end tests mostly wait on Airflow, the rest mostly compute: side by side they share the two cores. Each
+# The end-to-end tests mostly wait on Airflow, the rest mostly compute: side by side they share the two cores, the
+# rest at a lower priority (nice 10) so that Airflow's components answer as promptly as when they run alone. Each
 # session has its own pytest folder and its own fakes; the daemons both use (dockerd, sshd and slurmctld) are stopped
 # only by the `exclusive` tests, run alone once both sessions are done. Each session's output is kept in a log and
 # printed when it ends.
 session() {
-  local name=$1
-  shift
-  python -m pytest -p no:cacheprovider -ra --durations=15 --basetemp="/tmp/tao-pytest-$name" "$@" \
+  local name=$1 niceness=$2
+  shift 2
+  nice -n "$niceness" python -m pytest -p no:cacheprovider -ra --durations=15 --basetemp="/tmp/tao-pytest-$name" "$@" \
     > "/tmp/pytest-$name.log" 2>&1
 }
 set +e
-session e2e tests/e2e "$@" &
+session e2e 0 tests/e2e "$@" &
 e2e=$!
-session rest tests --ignore=tests/e2e -m "not exclusive" "$@" &
+session rest 10 tests --ignore=tests/e2e -m "not exclusive" "$@" &
 rest=$!
 wait "$rest"
 rc_rest=$?
