@@ -2,9 +2,9 @@
 # Run the whole test suite on a fresh Debian machine with Python 3.11 and pip (run as root).
 # Installs the Debian and Python packages the tests need, starts the backends they talk to (a private
 # Docker engine, the SLURM cluster; moto S3 and `airflow standalone` are started by the test fixtures
-# themselves), runs the linters and type checker, then pytest; meanwhile, in the background, the unit tests and the
-# quickstart on Python 3.12 (PYTHON312, else pyenv's, else python3.12 on PATH; none is an error). Extra arguments go
-# to each pytest session (they select within it: `-k`, `-x`, `--durations=N`, not paths).
+# themselves), then runs pytest over all but the unit tests; meanwhile, in the background at the lowest priority, the
+# linters, the type checker, the docs and the unit tests, and the unit tests and the quickstart on Python 3.12
+# (PYTHON312, else pyenv's, else python3.12 on PATH; none is an error). Extra arguments go to pytest (both sessions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -79,51 +79,36 @@ bash scripts/slurm-up.sh > /tmp/slurm-up.log 2>&1 || { tail -40 /tmp/slurm-up.lo
 wait "$docker_up" || { tail -40 /tmp/docker-up.log; exit 1; }
 tail -1 /tmp/docker-up.log
 
-step "ruff, mypy"
-ruff check .
-ruff format --check .
-mypy airflow_provider_tao
+step "ruff, mypy, the docs and the unit tests in the background (nice 19); the rest of the suite meanwhile"
+# The unit tests use no backend and no clock of the backends' (they run at nice 19 in the Python 3.12 run too): they
+# take the CPU the integration and end-to-end tests leave idle while those wait on jobs and Airflow.
+CHECKS_LOG=/tmp/checks-and-unit-tests.log
+(
+  set +e
+  nice -n 19 ruff check . && nice -n 19 ruff format --check . && nice -n 19 mypy airflow_provider_tao &&
+    echo "-- docs (Sphinx, warnings are errors)" && nice -n 19 python -m sphinx -W --keep-going -q -b html docs build/docs
+  rc_checks=$?
+  nice -n 19 python -m pytest -p no:cacheprovider -ra --durations=15 --basetemp=/tmp/tao-pytest-unit tests/unit "$@"
+  rc_unit=$?
+  echo "ruff, mypy and the docs: exit code $rc_checks; the unit tests: exit code $rc_unit"
+  [ "$rc_checks" -eq 0 ] && [ "$rc_unit" -eq 0 ]
+) > "$CHECKS_LOG" 2>&1 &
+checks=$!
 
-step "docs (Sphinx, warnings are errors)"
-python -m sphinx -W --keep-going -q -b html docs build/docs
-
-step "pytest: two sessions at once (the end-to-end tests | the rest), then the tests that stop a shared daemon"
-# The end-to-end tests mostly wait on Airflow, the rest mostly compute: side by side they share the two cores, the
-# rest at a lower priority (nice 10) so that Airflow's components answer as promptly as when they run alone. Each
-# session has its own pytest folder and its own fakes; the daemons both use (dockerd, sshd and slurmctld) are stopped
-# only by the `exclusive` tests, run alone once both sessions are done. Each session's output is kept in a log and
-# printed when it ends.
-session() {
-  local name=$1 niceness=$2
-  shift 2
-  nice -n "$niceness" python -m pytest -p no:cacheprovider -ra --durations=15 --basetemp="/tmp/tao-pytest-$name" "$@" \
-    > "/tmp/pytest-$name.log" 2>&1
-}
+step "pytest: everything but the unit tests"
 set +e
-session e2e 0 tests/e2e "$@" &
-e2e=$!
-session rest 10 tests --ignore=tests/e2e -m "not exclusive" "$@" &
-rest=$!
-wait "$rest"
-rc_rest=$?
-step "pytest, all but the end-to-end tests: exit code $rc_rest"
-cat /tmp/pytest-rest.log
-wait "$e2e"
-rc_e2e=$?
-step "pytest, the end-to-end tests: exit code $rc_e2e"
-cat /tmp/pytest-e2e.log
-step "pytest, the tests that stop a shared daemon (alone)"
-python -m pytest -p no:cacheprovider -ra --durations=15 tests -m exclusive "$@"
-rc_exclusive=$?
+python -m pytest -p no:cacheprovider -ra --durations=15 tests --ignore=tests/unit "$@"
+rc=$?
 set -e
-rc=0
-for code in "$rc_rest" "$rc_e2e" "$rc_exclusive"; do
-  # 5: no test selected, which arguments that pick tests (`-k`) make of some session; without arguments an error
-  if [ "$code" -ne 0 ] && { [ "$code" -ne 5 ] || [ $# -eq 0 ]; }; then
-    rc=$code
-  fi
-done
-step "pytest exit codes: the rest $rc_rest, end-to-end $rc_e2e, exclusive $rc_exclusive"
+step "pytest exit code $rc"
+
+step "ruff, mypy, the docs and the unit tests (run in the background meanwhile)"
+set +e
+wait "$checks"
+rc_checks=$?
+set -e
+cat "$CHECKS_LOG"
+[ "$rc" -eq 0 ] && rc=$rc_checks
 
 step "Python 3.12: the unit tests and the quickstart (run in the background meanwhile)"
 if [ -z "$py312" ]; then
@@ -135,6 +120,6 @@ wait "$py312"
 rc312=$?
 set -e
 cat "$PY312_LOG"
-step "pytest exit code $rc; Python 3.12 run exit code $rc312"
+step "exit code $rc (the suite, the checks and the unit tests); Python 3.12 run exit code $rc312"
 [ "$rc" -ne 0 ] && exit "$rc"
 exit "$rc312"
