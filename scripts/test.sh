@@ -2,9 +2,9 @@
 # Run the whole test suite on a fresh Debian machine with Python 3.11 and pip (run as root).
 # Installs the Debian and Python packages the tests need, starts the backends they talk to (a private
 # Docker engine, the SLURM cluster; moto S3 and `airflow standalone` are started by the test fixtures
-# themselves), then runs pytest over all but the unit tests; meanwhile, in the background at the lowest priority, the
-# linters, the type checker, the docs and the unit tests, and the unit tests and the quickstart on Python 3.12
-# (PYTHON312, else pyenv's, else python3.12 on PATH; none is an error). Extra arguments go to pytest (both sessions).
+# themselves), runs the linters and type checker, then pytest; meanwhile, in the background, the unit tests and the
+# quickstart on Python 3.12 (PYTHON312, else pyenv's, else python3.12 on PATH; none is an error). Extra arguments go
+# to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -79,36 +79,20 @@ bash scripts/slurm-up.sh > /tmp/slurm-up.log 2>&1 || { tail -40 /tmp/slurm-up.lo
 wait "$docker_up" || { tail -40 /tmp/docker-up.log; exit 1; }
 tail -1 /tmp/docker-up.log
 
-step "ruff, mypy, the docs and the unit tests in the background (nice 19); the rest of the suite meanwhile"
-# The unit tests use no backend and no clock of the backends' (they run at nice 19 in the Python 3.12 run too): they
-# take the CPU the integration and end-to-end tests leave idle while those wait on jobs and Airflow.
-CHECKS_LOG=/tmp/checks-and-unit-tests.log
-(
-  set +e
-  nice -n 19 ruff check . && nice -n 19 ruff format --check . && nice -n 19 mypy airflow_provider_tao &&
-    echo "-- docs (Sphinx, warnings are errors)" && nice -n 19 python -m sphinx -W --keep-going -q -b html docs build/docs
-  rc_checks=$?
-  nice -n 19 python -m pytest -p no:cacheprovider -ra --durations=15 --basetemp=/tmp/tao-pytest-unit tests/unit "$@"
-  rc_unit=$?
-  echo "ruff, mypy and the docs: exit code $rc_checks; the unit tests: exit code $rc_unit"
-  [ "$rc_checks" -eq 0 ] && [ "$rc_unit" -eq 0 ]
-) > "$CHECKS_LOG" 2>&1 &
-checks=$!
+step "ruff, mypy"
+ruff check .
+ruff format --check .
+mypy airflow_provider_tao
 
-step "pytest: everything but the unit tests"
+step "docs (Sphinx, warnings are errors)"
+python -m sphinx -W --keep-going -q -b html docs build/docs
+
+step "pytest"
 set +e
-python -m pytest -p no:cacheprovider -ra --durations=15 tests --ignore=tests/unit "$@"
+python -m pytest -p no:cacheprovider -ra --durations=15 "$@"
 rc=$?
 set -e
 step "pytest exit code $rc"
-
-step "ruff, mypy, the docs and the unit tests (run in the background meanwhile)"
-set +e
-wait "$checks"
-rc_checks=$?
-set -e
-cat "$CHECKS_LOG"
-[ "$rc" -eq 0 ] && rc=$rc_checks
 
 step "Python 3.12: the unit tests and the quickstart (run in the background meanwhile)"
 if [ -z "$py312" ]; then
@@ -120,6 +104,6 @@ wait "$py312"
 rc312=$?
 set -e
 cat "$PY312_LOG"
-step "exit code $rc (the suite, the checks and the unit tests); Python 3.12 run exit code $rc312"
+step "pytest exit code $rc; Python 3.12 run exit code $rc312"
 [ "$rc" -ne 0 ] && exit "$rc"
 exit "$rc312"
