@@ -104,9 +104,12 @@ class Backend:
         from airflow_provider_tao.hooks import get_platform_hook
 
         hook = get_platform_hook(self.platform, self.conn_id)
-        hook.reap_resources(
-            lambda origin: state if origin.get("run_id") == run_id else "running", dry_run=False, recorded=recorded
-        )
+        try:
+            hook.reap_resources(
+                lambda origin: state if origin.get("run_id") == run_id else "running", dry_run=False, recorded=recorded
+            )
+        finally:  # a sweep is a process of its own in the product: its SSH connection (SLURM) ends with it
+            getattr(hook, "close", lambda: None)()
 
     def records(self, name: str) -> list[str]:
         """What the backend keeps of the name's jobs outside the job's private secret channel (I7 reads them)."""

@@ -20,6 +20,7 @@ from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
 from airflow_provider_tao.hooks.lepton import LeptonHook
 from airflow_provider_tao.hooks.local import LocalHook
 from airflow_provider_tao.hooks.slurm import SlurmHook
+from airflow_provider_tao.hooks.slurm.ssh import SyncSession
 from tests.explorer.backends import SECRET, Backend, DockerBackend, KubernetesBackend, LocalBackend, SlurmBackend
 from tests.explorer.cloud_backends import BrevBackend, LeptonBackend
 from tests.explorer.recorder import CURRENT, instrument_hook
@@ -52,6 +53,16 @@ def _instrumented() -> Iterator[None]:
         patch.setattr(local, "LAUNCH_TIMEOUT_SECONDS", 3.0)
         # and a Kubernetes Job left suspended by a dead submission is swept 3 s after its creation, not 60
         patch.setattr(kubernetes_status, "SETUP_TIMEOUT_SECONDS", 3.0)
+        # a worker's SSH connection ends with its process in Airflow; here the schedule's end closes it (a thousand
+        # schedules' open connections would otherwise hold as many sshd processes on the cluster)
+        opened = SyncSession.__init__
+
+        def tracked(session: SyncSession, *args: Any, **kwargs: Any) -> None:
+            opened(session, *args, **kwargs)
+            if (recorder := CURRENT.get()) is not None:
+                recorder.closers.append(session.close)
+
+        patch.setattr(SyncSession, "__init__", tracked)
         yield
     structlog.configure(processors=processors)
 

@@ -93,6 +93,8 @@ class Recorder:
         self.outage_until = 0.0
         self.lock = threading.Lock()
         self.logs: list[str] = []  # the schedule's log lines, masked as Airflow masks them (I7)
+        # what the schedule's worker processes would let go of by exiting (SLURM's SSH connections), at its end
+        self.closers: list[Callable[[], None]] = []
 
     def passed(self, name: str) -> None:
         with self.lock:

@@ -23,6 +23,7 @@ Interruptions (``INTERRUPTIONS``), applied right after the boundary's step retur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import json
@@ -225,6 +226,9 @@ class TaskSim:
         finally:
             CURRENT.reset(token)
             self.release.set()
+            for close in self.rec.closers:
+                with contextlib.suppress(Exception):
+                    close()
         if self.outcome.job_name:
             self.outcome.live_at_end = self.backend.live_ids(self.outcome.job_name)
         self.outcome.fired = self.rec.fired
