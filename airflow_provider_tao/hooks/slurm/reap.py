@@ -40,11 +40,6 @@ class EnvFile:
     slurm_id: str
     name: str
 
-    @property
-    def path(self) -> str:
-        """Relative to the jobs folder (the layout of :class:`~airflow_provider_tao.hooks.slurm.script.JobLayout`)."""
-        return f"{self.job_id}/env/{self.job_id}.env"
-
 
 def env_files_command(jobs_root: str) -> str:
     """ONE remote run: every job folder's env file with its Slurm id and meta, THEN this user's jobs Slurm knows
@@ -91,12 +86,8 @@ def _name(meta: str) -> str:
     return str(data.get("name") or "") if isinstance(data, dict) else ""
 
 
-def delete_command(jobs_root: str) -> str:
-    """Delete the env files named on stdin (one path a line, relative to the jobs folder); prints each one gone."""
-    return (
-        f"cd {shlex.quote(jobs_root)} || exit 1; "
-        f'while IFS= read -r f; do rm -f -- "$f" && printf \'{_GONE}%s\\n\' "$f"; done; exit 0'
-    )
+#: Deletes the env files named on stdin (one path a line); prints each one gone.
+DELETE_COMMAND = f'while IFS= read -r f; do rm -f -- "$f" && printf \'{_GONE}%s\\n\' "$f"; done; exit 0'
 
 
 def still_runs(state: str) -> bool:
@@ -124,24 +115,25 @@ class SlurmReapHook(SlurmPlanHook):
             return [{"resource": jobs_root, "kind": "env files", "action": "skipped", "why": why}]
         doomed: dict[str, str] = {}
         for found in files:
+            path = self.layout(found.job_id, found.name).env_file
             ids = sorted(({found.slurm_id} | by_comment.get(found.job_id, set())) - {""})
             running = [f"{i} is {states[i]}" for i in ids if i in states and still_runs(states[i])]
             if running:
-                self.log.debug("Reaper: kept %s: its Slurm job %s", found.path, ", ".join(running))
+                self.log.debug("Reaper: kept %s: its Slurm job %s", path, ", ".join(running))
                 continue
             origins = [(recorded or {}).get(key) for key in (*ids, found.name)]
             origin = next((o for o in origins if o is not None and o.get("name") == found.name), None)
             over, why = task_over_by_record(origin, found.name, task_state)
             if not over:
-                self.log.debug("Reaper: kept %s: %s", found.path, why or "no task record of this Airflow names it")
+                self.log.debug("Reaper: kept %s: %s", path, why or "no task record of this Airflow names it")
                 continue
             ended = ", ".join(f"{i} {states.get(i, 'no longer listed')}" for i in ids) or "none was submitted"
-            doomed[found.path] = f"its Slurm job has ended ({ended}) and {why}"
+            doomed[path] = f"its Slurm job has ended ({ended}) and {why}"
         gone, failure = set(), ""
         if doomed and not dry_run:
             stdin = "".join(f"{path}\n" for path in doomed).encode()
             try:
-                done = self.run(delete_command(jobs_root), stdin=stdin, timeout=120)
+                done = self.run(DELETE_COMMAND, stdin=stdin, timeout=120)
             except SlurmTransportError as exc:  # the files wait for the next sweep; this one's job cancels go on
                 failure = f"; rm failed: {exc}"
             else:
@@ -151,6 +143,6 @@ class SlurmReapHook(SlurmPlanHook):
         for path, reason in doomed.items():
             action = "would delete" if dry_run else "deleted" if path in gone else "failed"
             why = reason + (failure if action == "failed" else "")
-            self.log.info("Reaper: %s the env file %s/%s: %s", action, jobs_root, path, why)
-            rows.append({"resource": f"{jobs_root}/{path}", "kind": "env file", "action": action, "why": why})
+            self.log.info("Reaper: %s the env file %s: %s", action, path, why)
+            rows.append({"resource": path, "kind": "env file", "action": action, "why": why})
         return rows
