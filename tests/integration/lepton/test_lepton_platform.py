@@ -241,8 +241,13 @@ def test_an_image_that_cannot_be_pulled_is_err_image_pull_and_the_job_is_deleted
     ws: Workspace, triggerer: Triggerer, hook_factory: Callable[[], LeptonHook]
 ) -> None:
     run = start(triggerer, ws.op("local/no-such-image:1", "echo never"))
-    status = hook_factory().get_job_status(JobHandle.from_json(run.handle))
-    assert status.state is JobState.PENDING and "Pulling image" in status.message, status
+    # Queueing until the controller places it, then "Pulling image" for the fake's pull_fail_seconds (1 s)
+    hook, handle, seen = hook_factory(), JobHandle.from_json(run.handle), []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (seen and "Queueing" not in seen[-1].message):
+        seen.append(hook.get_job_status(handle))
+        time.sleep(0.05)
+    assert any(s.state is JobState.PENDING and "Pulling image" in s.message for s in seen), seen[-1]
     with pytest.raises(AirflowFailException, match="ERR_IMAGE_PULL"):
         finish(run, timeout=60)
     ws.wait_gone(run.job_id)  # given up: stopped and deleted, its secrets with it
