@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,27 @@ EXPLORABLE = ("local", "docker", "kubernetes", "slurm", "lepton", "brev")
 #: The platforms explored in this run: ``TAO_EXPLORE_PLATFORMS`` (comma-separated), by default those that fit every
 #: CI run's time (see docs/reliability.md for what the others take here).
 PLATFORMS = tuple(os.environ.get("TAO_EXPLORE_PLATFORMS", "local,docker").split(","))
+#: The other platforms, whose whole products do not fit every CI run (docs/reliability.md): each run explores one
+#: slice of one of them. A schedule's slice is a hash of (job, boundary, interruption) modulo ``SLICES``, so the
+#: slices part the product whatever the clean run's poll count. The commit's number n (``git rev-list --count
+#: HEAD``) picks the platform (n modulo 4) and its slice (n // 4 modulo ``SLICES``): any 4 x ``SLICES`` commits in a
+#: row explore the four whole products. ``TAO_EXPLORE_SLICED=<platforms>`` (comma-separated; empty for none) and
+#: ``TAO_EXPLORE_SLICE=<n>`` choose instead (a failing slice's reproducer).
+ROTATED = ("kubernetes", "slurm", "lepton", "brev")
+SLICES = int(os.environ.get("TAO_EXPLORE_SLICES", "12"))
+
+
+def _commit_number() -> int:
+    found = subprocess.run(
+        ["git", "rev-list", "--count", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, check=False
+    )
+    return int(found.stdout) if found.returncode == 0 and found.stdout.strip().isdigit() else 0
+
+
+COMMIT = _commit_number()
+_sliced = os.environ.get("TAO_EXPLORE_SLICED", ROTATED[COMMIT % len(ROTATED)])
+SLICED = tuple(p for p in _sliced.split(",") if p and p not in PLATFORMS)
+SLICE = int(os.environ.get("TAO_EXPLORE_SLICE") or COMMIT // len(ROTATED) % SLICES)
 
 
 @pytest.fixture(scope="package", autouse=True)

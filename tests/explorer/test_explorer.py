@@ -14,12 +14,13 @@ import json
 import os
 import threading
 import time
+import zlib
 from typing import Any
 
 import pytest
 
 from tests.explorer.backends import JOBS
-from tests.explorer.conftest import PLATFORMS
+from tests.explorer.conftest import COMMIT, PLATFORMS, SLICE, SLICED, SLICES
 from tests.explorer.invariants import violations
 from tests.explorer.recorder import read_only
 from tests.explorer.simulate import INTERRUPTIONS, Schedule, TaskSim, explored
@@ -33,6 +34,8 @@ PARALLEL = int(os.environ.get("TAO_EXPLORE_PARALLEL", "8"))
 DURATIONS: dict[Schedule, float] = {}
 _CLEAN: dict[tuple[str, str], list[str]] = {}
 _REPORT_LOCK = threading.Lock()
+#: The key of a platform's slice in :func:`explored_runs` (in place of a job and an interruption).
+SLICE_JOB = "slice"
 
 
 def run_schedule(backend: Any, schedule: Schedule) -> list[str]:
@@ -85,12 +88,22 @@ def schedule_boundaries(backends: Any, platform: str, job: str, interruption: st
 
 
 def _selected(session: pytest.Session) -> list[tuple[str, str, str]]:
-    """(platform, job, interruption) of every ``test_explore`` this run selected (``-k`` included)."""
-    return [
-        (item.callspec.params["platform"], item.callspec.params["job"], item.callspec.params["interruption"])
-        for item in session.items
-        if getattr(item, "originalname", "") == "test_explore"
-    ]
+    """(platform, job, interruption) of every ``test_explore`` this run selected (``-k`` included), and every
+    (platform, job, interruption) of a selected ``test_explore_slice``'s platform (key ``(platform, SLICE_JOB,
+    SLICE_JOB)``)."""
+    selected = []
+    for item in session.items:
+        name, params = getattr(item, "originalname", ""), getattr(getattr(item, "callspec", None), "params", {})
+        if name == "test_explore":
+            selected.append((params["platform"], params["job"], params["interruption"]))
+        elif name == "test_explore_slice" and params.get("platform") in SLICED:
+            selected.extend((params["platform"], job, i) for job in JOBS for i in INTERRUPTIONS)
+    return selected
+
+
+def in_slice(schedule: Schedule) -> bool:
+    """Whether ``schedule`` is in this run's slice of its platform's product (:data:`SLICE` of :data:`SLICES`)."""
+    return zlib.crc32(f"{schedule.job}|{schedule.boundary}|{schedule.interruption}".encode()) % SLICES == SLICE
 
 
 def _interleaved(groups: list[list[Schedule]]) -> list[Schedule]:
@@ -119,11 +132,15 @@ def explored_runs(request: pytest.FixtureRequest, backends: Any) -> dict[tuple[s
         pairs = list(dict.fromkeys((p, j) for p, j, _ in selected))
         pairs += [(p, "ok") for p, j in pairs if j != "ok" and (p, "ok") not in pairs]
         list(pool.map(lambda pj: capped(clean_boundaries, pj[0], backends, *pj), pairs))
-        by_key = {}
+        by_key: dict[tuple[str, str, str], list[Schedule]] = {}
         for platform, job, interruption in selected:
             assert not only or only in _CLEAN[platform, job], f"no boundary {only!r}"
             chosen = [only] if only else schedule_boundaries(backends, platform, job, interruption)
-            by_key[platform, job, interruption] = [Schedule(platform, job, b, interruption) for b in chosen]
+            schedules = [Schedule(platform, job, b, interruption) for b in chosen]
+            if platform in SLICED:
+                by_key.setdefault((platform, SLICE_JOB, SLICE_JOB), []).extend(filter(in_slice, schedules))
+            else:
+                by_key[platform, job, interruption] = schedules
         per_platform: dict[str, list[Schedule]] = {}
         for key, schedules in by_key.items():
             per_platform.setdefault(key[0], []).extend(schedules)
@@ -150,10 +167,26 @@ def test_clean_run_boundaries(backends: Any, platform: str, job: str) -> None:
 @pytest.mark.parametrize("platform", PLATFORMS)
 def test_explore(explored_runs: Any, platform: str, job: str, interruption: str) -> None:
     """Every boundary of the clean run interrupted by ``interruption`` on ``platform``: no invariant breaks."""
-    results = explored_runs[platform, job, interruption]
+    _check(explored_runs[platform, job, interruption], f"{platform} x {job} x {interruption}")
+
+
+if SLICED:  # defined only when there are platforms to slice (an empty parametrization would be a skip)
+
+    @pytest.mark.parametrize("platform", SLICED)
+    def test_explore_slice(explored_runs: Any, platform: str) -> None:
+        """This run's slice of the whole product (every job x boundary x interruption) on ``platform``: no invariant
+        breaks (:data:`~tests.explorer.conftest.SLICED`)."""
+        results = explored_runs.get((platform, SLICE_JOB, SLICE_JOB), [])
+        print(f"\n{platform}: slice {SLICE} of {SLICES} (commit {COMMIT}; rerun: TAO_EXPLORE_SLICED={platform} "
+              f"TAO_EXPLORE_SLICE={SLICE})")  # fmt: skip
+        assert results, f"slice {SLICE} of {SLICES} holds none of {platform}'s schedules: fewer slices"
+        _check(results, f"{platform} slice {SLICE}")
+
+
+def _check(results: list[Any], what: str) -> None:
     schedules = [s for s, _ in results]
     slowest = sorted(schedules, key=lambda s: -DURATIONS.get(s, 0))[:3]
     print("slowest:", [(s.boundary, round(DURATIONS.get(s, 0), 1)) for s in slowest])
     failed = [f"{s.reproducer()}\n    " + "\n    ".join(found) for s, found in results if found]
-    print(f"\n{platform} x {job} x {interruption}: {len(schedules)} schedules, {len(failed)} with violations")
+    print(f"\n{what}: {len(schedules)} schedules, {len(failed)} with violations")
     assert not failed, "\n".join(failed)
