@@ -177,8 +177,8 @@ if SLICED:  # defined only when there are platforms to slice (an empty parametri
         """This run's slice of the whole product (every job x boundary x interruption) on ``platform``: no invariant
         breaks (:data:`~tests.explorer.conftest.SLICED`)."""
         results = explored_runs.get((platform, SLICE_JOB, SLICE_JOB), [])
-        print(f"\n{platform}: slice {SLICE} of {SLICES} (commit {COMMIT}; rerun: TAO_EXPLORE_SLICED={platform} "
-              f"TAO_EXPLORE_SLICE={SLICE})")  # fmt: skip
+        rerun = f"TAO_EXPLORE_SLICED={platform} TAO_EXPLORE_SLICE={SLICE}"
+        print(f"\n{platform}: slice {SLICE} of {SLICES} (commit {COMMIT}; rerun: {rerun})")
         assert results, f"slice {SLICE} of {SLICES} holds none of {platform}'s schedules: fewer slices"
         _check(results, f"{platform} slice {SLICE}")
 
