@@ -96,6 +96,9 @@ FIXES: dict[str, str] = {
     "reason the message gives.",
     "its old Job did not go away": "A finished Job of the same task instance is still being deleted (finalizers): "
     "wait, or delete it with kubectl; the task's retry submits again.",
+    "of its earlier Job still run past": "The earlier try's pod outlived its termination grace (a node that no "
+    "longer answers keeps it Terminating): nothing of the new Job ran. Force-delete the pod (the message names it); "
+    "the task's retry submits again.",
     # local
     "is not there (an unmounted or moved volume?)": "Mount the jobs folder again on the worker (or fix jobs_dir): the "
     "wait goes on while it is missing and picks the job up when it is back.",

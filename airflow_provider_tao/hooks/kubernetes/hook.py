@@ -312,6 +312,7 @@ class TAOKubernetesHook(KubernetesSpecHook, KubernetesMarksHook):
         from kubernetes.client.exceptions import ApiException
 
         for _ in range(3):
+            self._wait_for_leaving_pods(name)
             try:
                 return dict(self._call("batch", "create_namespaced_job", self.namespace, body))
             except ApiException as exc:
@@ -329,12 +330,41 @@ class TAOKubernetesHook(KubernetesSpecHook, KubernetesMarksHook):
         raise JobSubmitError(ErrClass.ERR_INFRA, f"Job {name} could not be created: its old Job did not go away")
 
     def _wait_gone(self, name: str, timeout: float = 60.0) -> None:
-        """Until the old Job and its pods are gone: a pod in its termination grace still runs the earlier try's
-        program (the Job object goes at once with Background deletion), and a new Job's pod beside it would be two
-        jobs of one task instance at once."""
+        """Until the old Job object is gone (Background deletion removes it at once; a finalizer may hold it)."""
         deadline = time.monotonic() + timeout
-        while (self._read_job(name) is not None or self._pods_of(name)) and time.monotonic() < deadline:
+        while self._read_job(name) is not None and time.monotonic() < deadline:
             time.sleep(0.5)
+
+    def _wait_for_leaving_pods(self, name: str) -> None:
+        """Until no pod of an earlier Job of the name still runs. A deleted Job goes at once and its pods only after
+        their termination grace (a trainer that checkpoints on SIGTERM) -- whoever deleted it: this try, an older
+        try's cleanup, a person's cancel -- and a new Job's pod beside one would be two jobs of one task instance at
+        once. One list call when nothing is left (the usual case)."""
+        deadline = time.monotonic() + self._int_setting("cancel_grace_seconds", 30) + 30
+        while leaving := self._leaving_pods(name):
+            if time.monotonic() > deadline:
+                raise JobSubmitError(
+                    ErrClass.ERR_INFRA,
+                    f"Job {name} was not submitted: pod(s) {', '.join(leaving)} of its earlier Job still run past "
+                    "their termination grace. A pod stuck Terminating on a node that no longer answers must be "
+                    "removed (kubectl delete pod --force --grace-period=0); the retry waits for them again",
+                )
+            time.sleep(0.5)
+
+    def _leaving_pods(self, name: str) -> list[str]:
+        """The name's pods that still run but belong to no current Job: being deleted, or owned by a Job that is
+        gone or going. A pod of the current Job is not leaving (that Job runs: the create finds it)."""
+        running = [p for p in self._pods_of(name) if (p.get("status") or {}).get("phase") in ("Pending", "Running")]
+        if not running:
+            return []
+        job = self._read_job(name)
+        current = None if job is None or job["metadata"].get("deletionTimestamp") else job["metadata"]["uid"]
+        return [
+            _name_of(pod)
+            for pod in running
+            if pod["metadata"].get("deletionTimestamp")
+            or current not in [ref.get("uid") for ref in pod["metadata"].get("ownerReferences") or []]
+        ]
 
     # ----------------------------------------------------------------- find, status
 

@@ -322,17 +322,23 @@ def test_issue_22_hole_3_an_old_trys_cancel_leaves_the_job_a_newer_try_claimed_m
     kubefake.wait_gone(run.job_id)
 
 
+@pytest.mark.parametrize("old_job", ["suspended", "deleted"])
 def test_a_new_trys_job_waits_for_the_canceled_jobs_pods_to_be_gone(
-    docker_engine: DockerEngine, kubefake: KubeFake, hook: TAOKubernetesHook
+    docker_engine: DockerEngine, kubefake: KubeFake, hook: TAOKubernetesHook, old_job: str
 ) -> None:
     """Found by the explorer (clear at ``trigger:aget_job_statuses#1``): an older try's cancel suspends Job A, the new
-    try deletes A and creates B -- while A's pod, in its termination grace (a trainer that takes its time over
-    SIGTERM), still runs. B's pod must not start beside it: two jobs of one task instance at once."""
+    try creates B -- while A's pod, in its termination grace (a trainer that takes its time over SIGTERM), still
+    runs. B's pod must not start beside it: two jobs of one task instance at once. ``suspended``: the create finds A
+    and deletes it; ``deleted``: A is gone already (the resumed try's cleanup after "canceled by an older try", with
+    Background deletion the Job object goes at once and its pods after their grace), so the create meets no
+    conflict -- the case the explorer's slice found again under load."""
     spec = JobSpec(name=f"regrace-{uuid.uuid4().hex[:8]}", job_id=uuid.uuid4().hex[:12], gpu_count=0,
                    command="trap 'sleep 3; exit 143' TERM; sleep 300 & wait", image=docker_engine.busybox)  # fmt: skip
     first = hook.create_job(spec)
     kubefake.wait_running(spec.name)
     assert hook.cancel_job(first, requested_by="an older try")  # suspended: its pod has 2 s of grace, wants 3
+    if old_job == "deleted":
+        kubefake.api("batch").delete_namespaced_job(spec.name, NAMESPACE, propagation_policy="Background")
     second = hook.create_job(spec, try_number=2)
     assert second.backend_job_id != first.backend_job_id
     left = [p.metadata.name for p in kubefake.pods_of(spec.name)
