@@ -242,16 +242,48 @@ class TAODockerHook(DockerSubmitHook):
         name = container_name(handle.job_id)
         status = self.get_job_status(handle)  # the ended container's verdict, inspected once and kept
         text, _ = self.get_job_logs(handle, tail=200)
+        events = [status.message] if status.message else []
+        late_oom = status.raw_state != "OOMKilled" and status.exit_code == 137 and self._oom_logged(name)
+        if late_oom:
+            events.append(f"the daemon logged an oom event for {name} (its OOM came after its exit)")
         return FailureFacts(
             exit_code=status.exit_code,
             raw_state=status.raw_state,
-            oom_killed=status.raw_state == "OOMKilled",
+            oom_killed=status.raw_state == "OOMKilled" or late_oom,
             canceled=status.state is JobState.CANCELED,
             log_tail=text.splitlines(),
-            events=[status.message] if status.message else [],
+            events=events,
             message=status.message,
             details={"container": name, "daemon": self.base_url},
         )
+
+    def _oom_logged(self, name: str) -> bool:
+        """Whether the daemon logged an ``oom`` event for the container while it ran. A container the kernel kills
+        right after its start can exit 137 with ``State.OOMKilled`` false: containerd may deliver the task's OOM
+        after its exit (containerd#8180, fixed in 2.2), and Docker 20.10 (Debian 12's ``docker.io``) takes the flag
+        from the exit alone -- but logs the late ``oom`` event all the same. The daemon keeps its last 256 events:
+        read at the analysis, seconds after the exit."""
+        from docker.errors import NotFound
+
+        try:
+            state = self.client.inspect_container(name)["State"]
+        except NotFound:
+            return False
+        started = ct.docker_time(str(state.get("StartedAt") or ""))
+        finished = ct.docker_time(str(state.get("FinishedAt") or ""))
+        if started is None or finished is None:
+            return False
+        # `until` a little past the exit (the daemon's clock): the late event lands milliseconds after it
+        events = self.client.events(
+            since=int(started),
+            until=int(finished) + 3,
+            filters={"type": "container", "container": name, "event": "oom"},
+            decode=True,
+        )
+        try:
+            return any(True for _ in events)
+        finally:
+            events.close()
 
     def cleanup_job(self, handle: JobHandle, *, adoptable: bool = False) -> None:
         """With ``auto_remove``, the ended container goes once its verdict has been read."""

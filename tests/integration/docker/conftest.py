@@ -61,6 +61,17 @@ class DockerEngine:
     def logs(self, job_id: str) -> str:
         return bytes(self.client.logs(f"tao-job-{job_id}")).decode()
 
+    def oom_logged(self, job_id: str) -> bool:
+        """Whether the daemon's event log holds an ``oom`` event of the job's container."""
+        state = self.state(job_id)
+        since = ct.docker_time(state["StartedAt"]) or 0.0
+        events = self.client.events(since=int(since) - 1, until=int(time.time()) + 1, decode=True,
+                                    filters={"container": f"tao-job-{job_id}", "event": "oom"})  # fmt: skip
+        try:
+            return any(True for _ in events)
+        finally:
+            events.close()
+
     def wait_exited(self, job_id: str, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while (state := self.state(job_id))["Status"] not in ("exited", "dead"):
