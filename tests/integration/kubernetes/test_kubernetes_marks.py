@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -34,14 +35,19 @@ def hook(kubefake: KubeFake) -> TAOKubernetesHook:
 
 
 def _parked_job(kubefake: KubeFake, name: str, job_id: str, annotations: dict[str, str] | None) -> JobHandle:
-    """A suspended Job (no pods) labelled as ``job_id``'s, created straight on the server."""
+    """A suspended Job (no pods) labelled as ``job_id``'s, created straight on the server -- once the job controller
+    has written its ``Suspended`` condition (a status write changes the resourceVersion the tests compare)."""
     metadata: dict[str, Any] = {"name": name, "labels": {ct.LABEL_JOB_ID: job_id, ct.LABEL_MANAGED: "true"}}
     if annotations is not None:
         metadata["annotations"] = annotations
     template = {"spec": {"restartPolicy": "Never", "containers": [{"name": "tao", "image": "busybox"}]}}
-    job = kubefake.api("batch").create_namespaced_job(
-        NAMESPACE, {"metadata": metadata, "spec": {"suspend": True, "template": template}}
-    )
+    batch = kubefake.api("batch")
+    body = {"metadata": metadata, "spec": {"suspend": True, "template": template}}
+    job = batch.create_namespaced_job(NAMESPACE, body)
+    deadline = time.monotonic() + 30
+    while not [c for c in batch.read_namespaced_job(name, NAMESPACE).status.conditions or [] if c.type == "Suspended"]:
+        assert time.monotonic() < deadline, f"the job controller never marked Job {name} Suspended"
+        time.sleep(0.1)
     return JobHandle(platform="kubernetes", conn_id=CONN_ID, job_id=job_id, name=name,
                      backend_job_id=job.metadata.uid, results_dir="/results", try_number=2)  # fmt: skip
 
