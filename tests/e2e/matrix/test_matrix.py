@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
@@ -56,12 +57,33 @@ def _one_job_one_success(matrix: Matrix, case: str, dag_id: str, run_id: str, tr
             assert f"{job_id}|" in next(iter(seen.jobs)), (platform, job_id, seen.jobs)
 
 
-# ---------------------------------------------------------------------------------------------- worker kills
+# ---------------------------------------------------------------------------------------------- three at once
 
 
-def test_worker_sigkill_between_submission_and_recording_still_one_job(matrix: Matrix) -> None:
+def test_worker_sigkill_clear_and_execution_timeout_each_leave_one_job(matrix: Matrix) -> None:
+    """Three cases that disturb nothing shared (no triggerer stopped, no backend cut), each on its own DAG run, at
+    the same time: the standalone's 14 worker slots and its triggerer hold their 18 tasks, and each case's jobs are
+    counted on the backends by their own task instances. Each case's failure is raised with its name."""
+    _at_once(
+        matrix,
+        _worker_sigkill_between_submission_and_recording_still_one_job,
+        _clear_while_deferred_leaves_one_finished_job_never_two_running,
+        _execution_timeout_while_deferred_cancels_the_job_as_err_timeout,
+    )
+
+
+def _at_once(matrix: Matrix, *cases: Callable[[Matrix], None]) -> None:
+    with ThreadPoolExecutor(len(cases)) as pool:
+        futures = {case.__name__.strip("_"): pool.submit(case, matrix) for case in cases}
+    failed = {name: exc for name, future in futures.items() if (exc := future.exception()) is not None}
+    if failed:
+        first = next(iter(failed.values()))
+        raise AssertionError("\n".join(f"{name}: {exc!r}" for name, exc in failed.items())) from first
+
+
+def _worker_sigkill_between_submission_and_recording_still_one_job(matrix: Matrix) -> None:
     dag_id = "mx_unrecorded"
-    run_id = matrix.trigger(dag_id, seconds=25)
+    run_id = matrix.trigger(dag_id, seconds=40)  # (not 25: the other cases' tasks may hold a slot a little longer)
     for platform in PLATFORMS:
         wait_until(
             lambda p=platform: list(matrix.marks.glob(f"held.*.{p}.{run_id}")),
@@ -81,7 +103,7 @@ def test_worker_sigkill_between_submission_and_recording_still_one_job(matrix: M
 # ---------------------------------------------------------------------------------------------- Airflow's own kills
 
 
-def test_clear_while_deferred_leaves_one_finished_job_never_two_running(matrix: Matrix) -> None:
+def _clear_while_deferred_leaves_one_finished_job_never_two_running(matrix: Matrix) -> None:
     dag_id = "mx_clear"
     run_id = _deferred_and_running(matrix, dag_id, 30)
     matrix.client.clear_task_instances(dag_id, run_id, list(PLATFORMS))
@@ -185,7 +207,7 @@ def _first_sweep_after(matrix: Matrix, moment: float) -> str:
     return str(started[0]["dag_run_id"])
 
 
-def test_execution_timeout_while_deferred_cancels_the_job_as_err_timeout(matrix: Matrix) -> None:
+def _execution_timeout_while_deferred_cancels_the_job_as_err_timeout(matrix: Matrix) -> None:
     dag_id = "mx_timeout"
     run_id = matrix.trigger(dag_id, seconds=900)
     matrix.wait_states(dag_id, run_id, ["deferred"], PLATFORMS)

@@ -3,8 +3,9 @@ by Airflow's own Jinja, execute -> defer -> the trigger on the shared triggerer 
 
 * Generated strings (quotes, ``;``, ``&&``, ``$()``, backticks, newlines, control characters, non-ASCII, Jinja in
   the DAG-run conf) in the command (argv or a bash string), the environment, the spec file and args -- many values in
-  ONE job per platform per example, the six platforms' jobs at the same time -- arrive in the job byte for byte:
-  the job prints a SHA-256 of the exact bytes it received (argv, environ, spec file) and the test compares.
+  ONE job per platform and shape, the 24 jobs (four shapes on six platforms) at the same time -- arrive in the job
+  byte for byte: the job prints a SHA-256 of the exact bytes it received (argv, environ, spec file) and the test
+  compares.
 * Every value tries to ``touch`` a sentinel; no sentinel ever appears on this host (the worker, the docker daemon's
   host), on the SLURM login node, or in the job.
 * What no process can carry (NUL, lone surrogates, 1 MiB strings in argv or environment) and what no platform can
@@ -87,7 +88,7 @@ print("HOSTILE", job, "secrets", hashlib.sha256(json.dumps(got, sort_keys=True).
 print("HOSTILE", job, "sentinel", os.path.exists(os.environ["HOSTILE_SENTINEL"]), flush=True)
 time.sleep(float(os.environ["HOSTILE_HOLD"]))
 """
-HOLD_SECONDS = 10
+HOLD_SECONDS = 25  # a few of the looker's rounds (a round with Brev jobs takes seconds, more while submitting)
 #: How long a job may wait for a busy shared backend (the SLURM cluster serves every session of this machine).
 RUNNING_TIMEOUT = 600
 
@@ -221,30 +222,69 @@ class Watcher:
         self._thread.join()
 
 
-def _look_while_running(
-    runs: dict[str, TaskRun], platforms: dict[str, Platform], engine: Any, since: float
-) -> dict[str, str]:
-    """Each job's records on its backend, and every container's inspect, taken as soon as that job runs (jobs wait
-    for a busy shared cluster for different times) and checked to be still running afterwards."""
-    records: dict[str, str] = {}
-    waiting = dict(runs)
-    deadline = time.monotonic() + RUNNING_TIMEOUT
-    while waiting:
-        for name, run in list(waiting.items()):
+class RunningLook:
+    """Each job's records on its backend, taken as soon as that job runs (jobs wait for a busy shared cluster for
+    different times), and every container's inspect once a round in which a container job began to run; each job
+    checked to be still running afterwards. The rounds run in a thread of their own from the first submission on:
+    a job is looked at within a round of its start while the next ones are submitted, so its hold stays short."""
+
+    def __init__(self, platforms: dict[str, Platform], engine: Any, since: float) -> None:
+        self.platforms, self.engine, self.since = platforms, engine, since
+        self.records: dict[str, str] = {}
+        self._waiting: dict[tuple[str, str], TaskRun] = {}
+        self._lock = threading.Lock()
+        self._submitted, self._stop = threading.Event(), threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def add(self, key: tuple[str, str], run: TaskRun) -> None:
+        with self._lock:
+            self._waiting[key] = run
+
+    def all_looked(self) -> dict[str, str]:
+        """Once every job was submitted: the records, when every job has been looked at."""
+        self._submitted.set()
+        self._thread.join()
+        if self._failure is not None:
+            raise self._failure
+        return self.records
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + RUNNING_TIMEOUT
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    waiting = dict(self._waiting)
+                if self._submitted.is_set() and not waiting:
+                    return
+                self._round(waiting)
+                assert time.monotonic() < deadline, f"not running after {RUNNING_TIMEOUT} s: {sorted(waiting)}"
+                self._stop.wait(0.3)
+        except BaseException as exc:  # raised in the test's thread by all_looked
+            self._failure = exc
+
+    def _round(self, waiting: dict[tuple[str, str], TaskRun]) -> None:
+        looked: list[tuple[tuple[str, str], Any, JobHandle]] = []
+        for key, run in waiting.items():
             hook = get_platform_hook(run.trigger.handle.platform, run.trigger.handle.conn_id)
             handle = JobHandle.from_json(run.handle)
             state = hook.get_job_status(handle).state
-            assert not state.is_terminal, f"{name} job {handle.job_id} ended before it was looked at: {state}"
+            assert not state.is_terminal, f"{key} job {handle.job_id} ended before it was looked at: {state}"
             if state is JobState.RUNNING:
-                records |= platforms[name].records(run.job_id, handle.name)
-                if platforms[name].image:  # a container: every container of the engine, now
-                    records |= _inspect_all(engine, since)
-                state = hook.get_job_status(handle).state
-                assert state is JobState.RUNNING, f"{name} job {handle.job_id} ended while it was looked at"
-                del waiting[name]
-        assert time.monotonic() < deadline, f"not running after {RUNNING_TIMEOUT} s: {sorted(waiting)}"
-        time.sleep(0.3)
-    return records
+                self.records |= self.platforms[key[0]].records(run.job_id, handle.name)
+                looked.append((key, hook, handle))
+        if any(self.platforms[key[0]].image for key, _, _ in looked):  # a container: every one of the engine, now
+            self.records |= _inspect_all(self.engine, self.since)
+        for key, hook, handle in looked:
+            state = hook.get_job_status(handle).state
+            assert state is JobState.RUNNING, f"{key} job {handle.job_id} ended while it was looked at"
+            with self._lock:
+                del self._waiting[key]
 
 
 @pytest.fixture(scope="module")
@@ -309,17 +349,15 @@ def _sentinel_anywhere(platforms: dict[str, Platform], slurm: Any) -> list[str]:
 SHAPES = ("argv", "string", "specs", "args")
 
 
-@pytest.mark.parametrize("shape", SHAPES)
 @settings(
     max_examples=1,
     deadline=None,
     derandomize=True,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no shrinking: every example costs six real jobs
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no shrinking: every example costs 24 real jobs
     suppress_health_check=list(HealthCheck),
 )
 @given(batch=batches())
 def test_hostile_values_arrive_verbatim_and_no_secret_leaks(  # noqa: PLR0917
-    shape: str,
     batch: dict[str, Any],
     platforms: dict[str, Platform],
     docker_engine: Any,
@@ -331,36 +369,42 @@ def test_hostile_values_arrive_verbatim_and_no_secret_leaks(  # noqa: PLR0917
     capfd: Any,
     started: float,
 ) -> None:
+    """Every shape a value can come in (argv, one bash string, a spec file, args) on every platform: 24 jobs at
+    once, watched together (each costs its platform's start and the job's hold, not the other jobs')."""
     capfd.readouterr()
     secrets = {S3_SECRET: "s3 secret key"} | {v: k for p in platforms.values() for k, v in p.secrets.items()}
     watcher = Watcher(list(secrets))
-    runs: dict[str, TaskRun] = {}
-    wanted: dict[str, dict[str, str]] = {}
+    runs: dict[tuple[str, str], TaskRun] = {}
+    wanted: dict[tuple[str, str], dict[str, str]] = {}
     records: dict[str, str] = {}
-    results: dict[str, Any] = {}
+    results: dict[tuple[str, str], Any] = {}
+    look = RunningLook(platforms, docker_engine, started)
     try:
-        for name in PLATFORMS:  # all six submitted before any is waited for: their jobs run at the same time
-            op, context, want = _task(platforms[name], shape, batch)
-            runs[name] = _submit(triggerer, op, context)
-            wanted[name] = _wanted(op, want)
-        records = _look_while_running(runs, platforms, docker_engine, started)
-        for name, run in runs.items():
-            results[name] = finish(run, timeout=RUNNING_TIMEOUT)
+        for shape in SHAPES:  # all submitted before any is waited for: their jobs run at the same time
+            for name in PLATFORMS:
+                op, context, want = _task(platforms[name], shape, batch)
+                runs[name, shape] = _submit(triggerer, op, context)
+                look.add((name, shape), runs[name, shape])
+                wanted[name, shape] = _wanted(op, want)
+        records = look.all_looked()
+        for key, run in runs.items():
+            results[key] = finish(run, timeout=RUNNING_TIMEOUT)
     finally:
+        look.stop()
         watcher.stop()
         for run in runs.values():
             run.future.cancel()
     logged = capfd.readouterr()
     log = logged.out + logged.err
 
-    for name, run in runs.items():
+    for key, run in runs.items():
         said = rf"HOSTILE {run.job_id} (argv \w+ env \w+ spec \w+|secrets \w+|sentinel \w+)"
         lines = set(re.findall(said, log))
-        want = wanted[name]
-        assert f"argv {want['argv']} env {want['env']} spec {want['spec']}" in lines, (name, lines)
-        assert f"secrets {want['secrets']}" in lines, (name, "the job did not get its secrets", lines)
-        assert "sentinel False" in lines, (name, lines)
-        assert results[name]["state"] == "Complete", (name, results[name])
+        want = wanted[key]
+        assert f"argv {want['argv']} env {want['env']} spec {want['spec']}" in lines, (key, lines)
+        assert f"secrets {want['secrets']}" in lines, (key, "the job did not get its secrets", lines)
+        assert "sentinel False" in lines, (key, lines)
+        assert results[key]["state"] == "Complete", (key, results[key])
     assert not _sentinel_anywhere(platforms, slurm_cluster)
     roots = [tmp_path_factory.getbasetemp(), slurm_cluster.results_root, kubefake.workdir]
     roots += list(lepton_server.volumes().values())  # (the docker platform's results root is a temporary folder)
@@ -369,11 +413,11 @@ def test_hostile_values_arrive_verbatim_and_no_secret_leaks(  # noqa: PLR0917
 
     places = dict(records)
     places["the task logs (operator and trigger)"] = log
-    for name, run in runs.items():
-        places[f"{name} serialized trigger"] = json.dumps(run.deferred.trigger.serialize())
-        places[f"{name} XCom"] = json.dumps([c.kwargs for c in run.context["ti"].xcom_push.call_args_list], default=str)
-        places[f"{name} result"] = json.dumps(results[name], default=str)
-        places[f"{name} task_state_store"] = json.dumps(run.store.data, default=str)
+    for key, run in runs.items():
+        places[f"{key} serialized trigger"] = json.dumps(run.deferred.trigger.serialize())
+        places[f"{key} XCom"] = json.dumps([c.kwargs for c in run.context["ti"].xcom_push.call_args_list], default=str)
+        places[f"{key} result"] = json.dumps(results[key], default=str)
+        places[f"{key} task_state_store"] = json.dumps(run.store.data, default=str)
     leaks = [
         f"{what} in {where}" for where, text in places.items() for secret, what in secrets.items() if secret in text
     ]
