@@ -337,9 +337,9 @@ class TAOKubernetesHook(KubernetesSpecHook, KubernetesMarksHook):
 
     def _wait_for_leaving_pods(self, name: str) -> None:
         """Until no pod of an earlier Job of the name still runs. A deleted Job goes at once and its pods only after
-        their termination grace (a trainer that checkpoints on SIGTERM) -- whoever deleted it: this try, an older
-        try's cleanup, a person's cancel -- and a new Job's pod beside one would be two jobs of one task instance at
-        once. One list call when nothing is left (the usual case)."""
+        their termination grace (a trainer that checkpoints on SIGTERM) -- whoever deleted it: this try, the cleanup
+        after a cancel (an older try's, a person's before a clear), the reaper -- and a new Job's pod beside one
+        would be two jobs of one task instance at once. One list call when nothing is left (the usual case)."""
         deadline = time.monotonic() + self._int_setting("cancel_grace_seconds", 30) + 30
         while leaving := self._leaving_pods(name):
             if time.monotonic() > deadline:
