@@ -131,9 +131,10 @@ class BrevBackend(Backend):
 
     A task's own instance is deleted with its job, and its containers and disk with it, so what the observer saw is
     kept: each container's last state (a container removed while it ran was stopped), its ``docker inspect``, the
-    instance's readable files, and a copy of each job's results folder made as it appeared (a thread watching the
-    world's disks every 0.1 s: a job's marker is written before it exits, and its instance is deleted only after a
-    poll saw it exit).
+    instance's readable files, a copy of each job's results folder made as it appeared, and the jobs whose cancel
+    mark appeared (a thread watching the world's disks every 0.1 s: a job's marker is written before it exits, and
+    its instance is deleted only after a poll saw it exit; a cancel's mark is written a stop and a ``brev ls`` before
+    the cancel deletes the instance).
 
     :param world: the world (:class:`tests.brevfake.control.BrevWorld`), ``brev`` first on ``PATH``.
     :param engine: the test engine (:class:`tests.integration.docker.conftest.DockerEngine`).
@@ -153,6 +154,7 @@ class BrevBackend(Backend):
         self.files: dict[str, dict[str, str]] = {}  # job name -> {instance file: text}
         self.lock = threading.Lock()
         self.checked: set[str] = set()  # job containers the node fault has looked at
+        self.cancel_marked: set[str] = set()  # job ids whose cancel mark was seen on their instance's disk
         self.faulted: set[str] = set()  # task instances (job names) whose machine failed once
         self.stop = threading.Event()
         self.watcher = threading.Thread(target=self._watch, name="explore-brev-results", daemon=True)
@@ -163,8 +165,12 @@ class BrevBackend(Backend):
         self.watcher.join(10)
 
     def _watch(self) -> None:
+        from airflow_provider_tao.hooks.base import MARK_CANCEL
+
         while not self.stop.wait(0.1):
             self._node_fault()
+            for mark in (self.world.dir / "instances").glob(f"*/home/.tao-brev/jobs/*/marks/{MARK_CANCEL}"):
+                self.cancel_marked.add(mark.parent.parent.name)
             for marker in (self.world.dir / "instances").glob("*/home/results/*/ran"):
                 copy = self.kept / marker.parent.name / "ran"
                 if not copy.exists():
@@ -261,6 +267,7 @@ class BrevBackend(Backend):
                     live=(live and ran) or status == "created",
                     exit_code=None if live or code is None else int(code),
                     results_dir=entry["labels"].get(ct.LABEL_RESULTS_DIR, ""),
+                    cancel_marked=entry["labels"].get(ct.LABEL_JOB_ID, "") in self.cancel_marked,
                 )
             )
         return sorted(found, key=lambda j: j.created)
