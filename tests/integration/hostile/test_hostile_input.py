@@ -101,7 +101,7 @@ def _digest(parts: list[str]) -> str:
 def batches(draw: Any) -> dict[str, Any]:
     """One job's worth of hostile values: argv, environment, spec, args, and the DAG-run conf / params."""
     return {
-        # as many values in one batch as two batches held: every batch costs six real jobs, the values are free
+        # as many values in one batch as two batches held: every batch costs 24 real jobs, the values are free
         "argv": draw(st.lists(VALUE, min_size=6, max_size=12)),
         "env": draw(st.lists(VALUE, min_size=6, max_size=12)),
         "spec": draw(st.lists(VALUE, min_size=4, max_size=10)),
