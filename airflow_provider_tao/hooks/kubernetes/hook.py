@@ -56,6 +56,7 @@ from airflow_provider_tao.hooks.kubernetes.status import (
     ANNOTATION_RESUMED,
     CONTAINER,
     Owned,
+    active_pods,
     all_events_needed,
     events_needed,
     is_canceled,
@@ -354,7 +355,7 @@ class TAOKubernetesHook(KubernetesSpecHook, KubernetesMarksHook):
     def _leaving_pods(self, name: str) -> list[str]:
         """The name's pods that still run but belong to no current Job: being deleted, or owned by a Job that is
         gone or going. A pod of the current Job is not leaving (that Job runs: the create finds it)."""
-        running = [p for p in self._pods_of(name) if (p.get("status") or {}).get("phase") in ("Pending", "Running")]
+        running = active_pods(self._pods_of(name))
         if not running:
             return []
         job = self._read_job(name)

@@ -132,7 +132,7 @@ def job_status(
         return JobStatus(JobState.RUNNING, f"{ready}/{active_count} pod(s) of Job {name} running", raw_state="Running")
     if not pods:
         return _podless_status(job, warnings.get(meta.get("uid", ""), []), now)
-    active = [p for p in pods if p["status"].get("phase") in ("Pending", "Running")]
+    active = active_pods(pods)
     running = [p for p in active if _running(p)]
     if running:
         return JobStatus(
@@ -292,6 +292,12 @@ def pod_name(pod: dict[str, Any] | None) -> str:
 def _container(pod: dict[str, Any]) -> dict[str, Any]:
     statuses = pod["status"].get("containerStatuses") or []
     return next((s for s in statuses if s.get("name") == CONTAINER), statuses[0] if statuses else {})
+
+
+def active_pods(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods that run or will (``Pending`` or ``Running``; a pod being deleted stays ``Running`` through its
+    termination grace)."""
+    return [p for p in pods if (p.get("status") or {}).get("phase") in ("Pending", "Running")]
 
 
 def _running(pod: dict[str, Any]) -> bool:
