@@ -61,6 +61,15 @@ def quantity_bytes(text: str) -> int:
     return int(float(match.group(1)) * units.get(match.group(2), 1))
 
 
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie -- killed, not yet reaped by its parent -- does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
 class DockerRuntime:
     """Pods as real containers: one container per pod, labelled with the pod's uid, on one user network whose DNS
     answers ``<hostname>.<subdomain>`` as a cluster's DNS answers a headless Service's pods."""
@@ -77,6 +86,16 @@ class DockerRuntime:
         if not [n for n in self.client.networks(names=[self.NETWORK]) if n["Name"] == self.NETWORK]:
             self.client.create_network(self.NETWORK, driver="bridge", labels={"kubefake": "1"})
         self._finished: dict[str, dict[str, Any]] = {}
+        self._remove_dead_servers()
+
+    def _remove_dead_servers(self) -> None:
+        """The pod containers of fakes that died without their cleanup (SIGKILL, a killed test session): a test
+        counts pods on the engine, so nothing of a dead server may stay to be counted or to hold memory."""
+        for listed in self.client.containers(all=True, filters={"label": "kubefake.server-pid"}):
+            pid = int(listed["Labels"]["kubefake.server-pid"])
+            if pid != os.getpid() and not _alive(pid):
+                with contextlib.suppress(Exception):
+                    self.client.remove_container(listed["Id"], force=True, v=True)
 
     def has_image(self, image: str) -> bool:
         import docker
@@ -123,6 +142,7 @@ class DockerRuntime:
                 "kubefake.pod-uid": pod["metadata"]["uid"],
                 "kubefake.pod": pod["metadata"]["name"],
                 "kubefake.server": self.server_label.split("=", 1)[1],
+                "kubefake.server-pid": str(os.getpid()),
                 # the Job (or other owner) the pod belongs to: tests count running pods per Job on the engine
                 "kubefake.owner-uid": next((r["uid"] for r in pod["metadata"].get("ownerReferences") or []), ""),
             },

@@ -529,3 +529,35 @@ def test_bad_input_is_refused_before_anything_is_created(kubefake: KubeFake, hoo
         with pytest.raises(AirflowFailException, match=f"nothing was submitted: {re.escape(parameter)}"):
             op.execute(make_context(Store(), 1, _run_id()))
     assert kubefake.objects().get("jobs", []) == before
+
+
+def test_a_starting_fake_removes_the_pod_containers_of_fakes_that_died_and_keeps_a_live_ones(
+    docker_engine: DockerEngine,
+) -> None:
+    """Test hygiene: a fake killed without its cleanup (SIGKILL, a killed session) leaves its pods' containers on
+    the shared engine, where later tests would count them; the next fake to start removes them."""
+    import contextlib
+    import subprocess
+    import sys
+
+    from tests.kubefake.cluster import DockerRuntime
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
+    live = subprocess.Popen(["sleep", "60"])
+    client = docker_engine.client
+    made = {
+        who: client.create_container(docker_engine.busybox, "true", labels={"kubefake.server-pid": str(pid)})["Id"]
+        for who, pid in (("dead", int(dead.stdout)), ("live", live.pid))
+    }
+    try:
+        DockerRuntime(docker_engine.host)
+        left = {c["Id"] for c in client.containers(all=True, filters={"label": "kubefake.server-pid"})}
+        assert made["dead"] not in left and made["live"] in left
+    finally:
+        live.kill()
+        live.wait()
+        for cid in made.values():
+            with contextlib.suppress(Exception):
+                client.remove_container(cid, force=True)
