@@ -299,6 +299,8 @@ class KubernetesBackend(Backend):
     def jobs(self, name: str) -> list[BackendJob]:
         """A Job is live while its pod runs, or while the server holds it neither finished nor suspended (its pod
         is pending: it will run)."""
+        from airflow_provider_tao.hooks.base import MARK_CANCEL
+        from airflow_provider_tao.hooks.kubernetes.marks import mark_annotation
         from airflow_provider_tao.hooks.shared import container as ct
 
         held = {j.metadata.uid: j for j in self.fake.jobs_named(name)}
@@ -318,6 +320,8 @@ class KubernetesBackend(Backend):
                     live=bool(state and state["live"]) or (waiting and state is None),
                     exit_code=None if state is None else state["exit"],
                     results_dir=labels.get(ct.LABEL_RESULTS_DIR, ""),
+                    # the Job's annotations as its last write left them (a deleted Job's too: the fake's history)
+                    cancel_marked=mark_annotation(MARK_CANCEL) in (entry.get("annotations") or {}),
                 )
             )
         return sorted(found, key=lambda j: j.created)

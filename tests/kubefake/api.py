@@ -3,7 +3,8 @@
 ``/fake/faults`` (POST ``{"status": 503, "seconds": 60}``) makes every API request fail with that ``Status`` for a
 while; ``/fake/evict`` (POST ``{"namespace", "pod", "message"}``) has the kubelet evict a pod for node pressure;
 ``/fake/objects`` (GET) lists the names of every object by resource (events apart); ``/fake/created`` (GET) lists
-every object ever created, deleted ones too (``resource``, ``namespace``, ``name``, ``uid``, ``labels``, ``created``);
+every object ever created, deleted ones too (``resource``, ``namespace``, ``name``, ``uid``, ``labels``, ``created``,
+and ``annotations`` as the object's last write left them);
 ``/fake/stats`` (GET, and POST to reset) counts the API requests by verb and resource and lists the log reads (their
 options and the bytes served).
 """

@@ -235,9 +235,11 @@ class Store:
         self.lock = threading.RLock()
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._rv = itertools.count(1000)
-        #: Every object ever created, in order: ``{resource, namespace, name, uid, labels, created}`` (a deleted object
-        #: stays here: the tests count what was ever submitted on the server itself).
+        #: Every object ever created, in order: ``{resource, namespace, name, uid, labels, annotations, created}``
+        #: (a deleted object stays here: the tests count what was ever submitted on the server itself; its
+        #: annotations as its last write left them, so an observer reads the marks a Job carried when it went).
         self.created: list[dict[str, Any]] = []
+        self._history: dict[str, dict[str, Any]] = {}  # uid -> its entry of ``created``
         #: Called after a create, with (resource, object) -- the controllers' informer, in short.
         self.on_change: Callable[[], None] = lambda: None
 
@@ -292,8 +294,11 @@ class Store:
             _DEFAULTS.get(resource, lambda o: None)(obj)
             self.objects[key] = self._stamp(obj)
             created = copy.deepcopy(obj)
-            self.created.append({"resource": resource, "namespace": namespace, "name": name, "uid": meta["uid"],
-                                 "labels": dict(meta.get("labels") or {}), "created": time.time()})  # fmt: skip
+            entry = {"resource": resource, "namespace": namespace, "name": name, "uid": meta["uid"],
+                     "labels": dict(meta.get("labels") or {}), "annotations": dict(meta.get("annotations") or {}),
+                     "created": time.time()}  # fmt: skip
+            self.created.append(entry)
+            self._history[meta["uid"]] = entry
         self.on_change()
         return created
 
@@ -370,6 +375,8 @@ class Store:
             _validate(resource, updated)
             admit(current, updated)
             self.objects[(resource, namespace, name)] = self._stamp(updated)
+            if (entry := self._history.get(updated["metadata"]["uid"])) is not None:
+                entry["annotations"] = dict(updated["metadata"].get("annotations") or {})
             result = copy.deepcopy(updated)
         self.on_change()
         return result
