@@ -572,7 +572,8 @@ class TAOPlatformHook(BaseHook):
         """Called by the trigger when the job ended in Error. A platform that can rerun the job in place (same
         ``job_id``, e.g. SLURM's requeue of the staged batch script) does so when the failure is retriable
         infrastructure and attempts are left, and returns a line for the task log; None means "it stays failed".
-        The attempt count must live on the platform, so a restarted triggerer never resubmits twice."""
+        The attempt count must live on the platform, so a restarted triggerer never resubmits twice -- and asking
+        again is harmless: the trigger does when this raises (the answer was lost: the rerun may have started)."""
         return None
 
     # ----------------------------------------------------------------- async twins (used by the trigger)

@@ -45,6 +45,9 @@ XCOM_LOG_CURSOR = "tao_log_cursor"
 CANCEL_RETRY_SECONDS = 300.0
 #: The first pause between two cancels; each next one doubles, up to ``MAX_BACKOFF_SECONDS``.
 CANCEL_RETRY_PAUSE = 1.0
+#: Times in a row a resubmission may go unanswered (the requeue may have happened: the next poll tells) before the
+#: failure is reported as it stands.
+RESUBMIT_ASKS = 3
 #: Cancels started by on_kill, kept referenced until they finish (the event loop holds tasks only weakly).
 _CANCELS: set[asyncio.Future[None]] = set()
 
@@ -145,7 +148,7 @@ class TAOJobTrigger(BaseTrigger):
         self._event_hold = poller.event_hold
         outage: OutageLog | None = None  # made at the first Unknown: most jobs never see an outage
         waiting = WaitLog(self.log, self.handle.job_id, poller.outage_report)
-        not_found = 0
+        not_found = unanswered = 0
         watch = Watch(self.handle, self.poll_interval, self.stream_logs)
         poller.add(watch)
         try:
@@ -186,9 +189,14 @@ class TAOJobTrigger(BaseTrigger):
                     if reason := status.capacity_wait_over(self.capacity_timeout, time.time()):
                         event = self._event(TriggerOutcome.CAPACITY, status, reason)
                         break
-                    if status.state is JobState.ERROR and (note := await self._resubmitted(hook, status)):
-                        self.log.warning("Job %s: %s", self.handle.job_id, note)
-                        continue
+                    if status.state is JobState.ERROR:
+                        note, answered = await self._resubmitted(hook, status)
+                        unanswered = 0 if answered else unanswered + 1
+                        if note:
+                            self.log.warning("Job %s: %s", self.handle.job_id, note)
+                            continue
+                        if unanswered and unanswered < RESUBMIT_ASKS:
+                            continue  # the rerun may have started: the next poll reads the job again
                     if status.state.is_terminal:
                         complete = await self._final_log(poller) if self.stream_logs else True
                         event = self._event(TriggerOutcome.BY_STATE[status.state], status, status.message, complete)
@@ -199,14 +207,18 @@ class TAOJobTrigger(BaseTrigger):
         finally:  # also when run() is closed or cancelled: the poller's watch ends with it
             await poller.remove(watch)
 
-    async def _resubmitted(self, hook: TAOPlatformHook, status: JobStatus) -> str | None:
+    async def _resubmitted(self, hook: TAOPlatformHook, status: JobStatus) -> tuple[str | None, bool]:
+        """The platform's note on a rerun of the failed job in place (None: it stays failed), and whether it
+        answered. A lost answer may hide a rerun that started: reporting the failure then would leave it unwatched,
+        so the trigger reads the job again and asks again if it is still failed (harmless: the platform keeps the
+        attempt count), ``RESUBMIT_ASKS`` times before the failure goes to the operator's analysis."""
         try:
-            return await hook.aresubmit_if_retriable(self.handle, status)
+            return await hook.aresubmit_if_retriable(self.handle, status), True
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # a failed resubmission leaves the failure to the operator's analysis
-            self.log.warning("Resubmitting job %s failed: %s", self.handle.job_id, exc)
-            return None
+        except Exception as exc:
+            self.log.warning("Resubmitting job %s got no answer: %s", self.handle.job_id, exc)
+            return None, False
 
     def _event(self, outcome: str, status: JobStatus, message: str, log_complete: bool = True) -> TriggerEvent:
         return TriggerEvent(

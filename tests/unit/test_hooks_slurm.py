@@ -605,8 +605,14 @@ def test_resubmit_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
     note = hook._resubmit_verdict(handle, analysis, "@@RS REQUEUED 1 3 NODE_FAIL\n")
     assert note is not None and "resubmission 1 of 3" in note and "ERR_INFRA" in note
     assert "no longer failed" in (hook._resubmit_verdict(handle, analysis, "@@RS NOT_FAILED PENDING") or "")
-    for verdict in ("@@RS EXHAUSTED 3 3", "@@RS DONE_BEFORE 1", "@@RS CANCELED", "@@RS GONE x", "garbage"):
+    for verdict in ("@@RS EXHAUSTED 3 3", "@@RS DONE_BEFORE 1", "@@RS CANCELED", "@@RS GONE x"):
         assert hook._resubmit_verdict(handle, analysis, verdict) is None
+    # no verdict: the requeue may have happened with its answer lost -- not "it stays failed" (the trigger asks again)
+    from airflow_provider_tao.hooks.slurm.ssh import SlurmTransportError
+
+    for lost in ("", "garbage"):
+        with pytest.raises(SlurmTransportError, match="no answer from the requeue of Slurm job 9"):
+            hook._resubmit_verdict(handle, analysis, lost)
 
 
 # ----------------------------------------------------------------------------- logs

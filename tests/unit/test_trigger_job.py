@@ -80,6 +80,38 @@ async def test_retriable_failure_is_resubmitted_by_the_trigger_and_watched_on(
     assert "infrastructure failure: resubmitted" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("requeued", [True, False], ids=["the-rerun-started", "it-stays-failed"])
+async def test_a_resubmission_whose_answer_is_lost_is_read_again_not_reported_as_the_failure(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, requeued: bool
+) -> None:
+    """The requeue ran but its answer was lost (an SSH session dropped under load, issue 22's explorer): reporting
+    the failure would leave the rerun unwatched -- a task marked failed, or out of retries, with its job running. The
+    trigger reads the job again and asks again while it is still failed, ``RESUBMIT_ASKS`` times."""
+    from airflow_provider_tao.triggers.job import RESUBMIT_ASKS
+
+    handle = _submit(fake_platform)
+    job = fake_platform.jobs[handle.job_id]
+    job["state"] = JobState.ERROR
+    asked = []
+
+    def lost(self: FakeHook, handle: JobHandle, status: JobStatus) -> str | None:
+        asked.append(status.state)
+        if requeued:
+            job["state"] = JobState.RUNNING  # it happened; only its answer is gone
+            asyncio.run_coroutine_threadsafe(_finish(), loop)
+        raise ConnectionError("command failed on the login node: Session request failed")
+
+    async def _finish() -> None:
+        await asyncio.sleep(0.1)
+        job["state"] = JobState.COMPLETE
+
+    loop = asyncio.get_running_loop()
+    monkeypatch.setattr(FakeHook, "resubmit_if_retriable", lost)
+    payload = await _first_event(_trigger(handle))
+    assert payload["status"] == ("complete" if requeued else "error")
+    assert len(asked) == (1 if requeued else RESUBMIT_ASKS)
+
+
 async def test_many_triggers_share_one_status_call_per_interval(fake_platform: type[FakeHook]) -> None:
     handles = [_submit(fake_platform) for _ in range(50)]
     tasks = [asyncio.ensure_future(_first_event(_trigger(h, poll_interval=0.05, stream_logs=False))) for h in handles]

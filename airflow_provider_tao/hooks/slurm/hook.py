@@ -471,7 +471,9 @@ class SlurmHook(SlurmReapHook):
         return int(self.setting("max_resubmits", 3))
 
     def _resubmit_verdict(self, handle: JobHandle, analysis: Any, text: str) -> str | None:
-        line = next((ln for ln in text.splitlines() if ln.startswith("@@RS ")), "@@RS FAILED no answer")
+        line = next((ln for ln in text.splitlines() if ln.startswith("@@RS ")), None)
+        if line is None:  # the command's verdict was lost with its output: the requeue may have happened
+            raise SlurmTransportError(f"no answer from the requeue of Slurm job {handle.backend_job_id}")
         verdict, *rest = line[5:].split(" ")
         why = f"{analysis.err_class.value}: {analysis.evidence[0] if analysis.evidence else analysis.suggestion}"
         if verdict == "REQUEUED":
