@@ -112,6 +112,9 @@ FIXES: dict[str, str] = {
     "poll.",
     "command on": "The SSH connection broke during a command; it is retried on the next poll.",
     "command failed on the login node": "The SSH connection broke during a command; it is retried on the next poll.",
+    "no answer from the requeue of Slurm job": "The requeue's output was lost (an SSH session dropped): the trigger "
+    "reads the job again at its next poll and asks again while it is still failed (at most 3 times; the requeue count "
+    "lives on the cluster, so it never requeues twice). Nothing to do unless the login node keeps refusing sessions.",
     "submitting job": "sbatch refused the job: read its message (partition, account, QOS, time limit) and fix the "
     "connection or backend_details.",
     "scancel": "scancel failed: the job may already have ended; check with squeue / sacct.",
