@@ -571,9 +571,8 @@ class TAOPlatformHook(BaseHook):
     def resubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
         """Called by the trigger when the job ended in Error. A platform that can rerun the job in place (same
         ``job_id``, e.g. SLURM's requeue of the staged batch script) does so when the failure is retriable
-        infrastructure and attempts are left, and returns a line for the task log; None means "it stays failed".
-        The attempt count must live on the platform, so a restarted triggerer never resubmits twice -- and asking
-        again is harmless: the trigger does when this raises (the answer was lost: the rerun may have started)."""
+        infrastructure and attempts are left, and returns a line for the task log; None: "it stays failed". The
+        attempt count lives on the platform: asking twice (a restarted triggerer; a raise, its answer lost) is safe."""
         return None
 
     # ----------------------------------------------------------------- async twins (used by the trigger)
