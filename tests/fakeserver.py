@@ -20,6 +20,15 @@ from typing import NoReturn
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
+def alive(pid: int) -> bool:
+    """True while ``pid`` is a live (non-zombie) process."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
 def hold_stop_signals() -> None:
     """Block SIGTERM / SIGINT (threads started later inherit the mask) and print the stacks on SIGUSR1."""
     faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from tests.fakeserver import alive
 from tests.kubefake.store import Store, age_of, iter_owned, now_rfc3339, parse_time, quota_refusal
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
@@ -61,15 +62,6 @@ def quantity_bytes(text: str) -> int:
     return int(float(match.group(1)) * units.get(match.group(2), 1))
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie -- killed, not yet reaped by its parent -- does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
 class DockerRuntime:
     """Pods as real containers: one container per pod, labelled with the pod's uid, on one user network whose DNS
     answers ``<hostname>.<subdomain>`` as a cluster's DNS answers a headless Service's pods."""
@@ -93,7 +85,7 @@ class DockerRuntime:
         counts pods on the engine, so nothing of a dead server may stay to be counted or to hold memory."""
         for listed in self.client.containers(all=True, filters={"label": "kubefake.server-pid"}):
             pid = int(listed["Labels"]["kubefake.server-pid"])
-            if pid != os.getpid() and not _alive(pid):
+            if pid != os.getpid() and not alive(pid):
                 with contextlib.suppress(Exception):
                     self.client.remove_container(listed["Id"], force=True, v=True)
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.fakeserver import alive
+
 #: Steps of the lifecycle by name: (the class that owns the step, its method). Platform steps take the hook class.
 STEPS = {
     "write-ahead": ("airflow_provider_tao.operators.failover.CapacityFailoverMixin", "_write_ahead"),
@@ -105,12 +107,3 @@ def _environ(pid: int) -> dict[str, str]:
     except OSError:
         return {}
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` is a live (non-zombie) process."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
