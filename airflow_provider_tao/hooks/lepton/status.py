@@ -114,18 +114,23 @@ def is_starting(job: dict[str, Any]) -> bool:
     return state in START_STATES or (state == "Running" and ready < max(active, wanted))
 
 
+#: Below each bound a stamp is read in that unit (leptonai 0.47.1 ``cli/log.py`` ``_preprocess_time``, which reads
+#: a job's ``creation_time`` / ``completion_time`` so): seconds, milliseconds, microseconds; nanoseconds above.
+_EPOCH_UNITS = ((1e11, 1.0), (1e14, 1e3), (1e17, 1e6))
+
+
 def epoch_seconds(stamp: Any) -> float | None:
     """An API time stamp as epoch seconds, whichever unit it is in: ``metadata.created_at`` is milliseconds (the
     CLI's ``format_timestamp_ms``), ``ReplicaTermination`` times are seconds (the CLI's ``datetime.fromtimestamp``),
-    and the unit of ``status.creation_time`` / ``completion_time`` is not documented. A stamp past 10^11 s (year
-    5138) is read as milliseconds; anything else that is not a positive number is unknown (None)."""
+    and ``status.creation_time`` / ``completion_time`` are read by the CLI as s, ms, µs or ns by magnitude (so
+    here); anything that is not a positive number is unknown (None)."""
     try:
         value = float(stamp)
     except (TypeError, ValueError):
         return None
     if value <= 0:
         return None
-    return value / 1000 if value > 1e11 else value
+    return value / next((scale for bound, scale in _EPOCH_UNITS if value < bound), 1e9)
 
 
 # ----------------------------------------------------------------------------- the status rule
@@ -270,9 +275,16 @@ def usage_of(job: dict[str, Any], replicas: list[dict[str, Any]], shape: dict[st
 
 
 def log_lines(data: dict[str, Any]) -> list[tuple[str, str]]:
-    """``(timestamp ns, text)`` of every entry of a Loki ``query_range`` answer (all streams)."""
+    """``(timestamp ns, text)`` of every entry of a Loki ``query_range`` answer (all streams). An entry is
+    ``[ts_ns, line]`` or ``[ts_ns, line, metadata]`` (leptonai 0.47.1 ``cli/log.py`` ``_parse_log_entries`` reads
+    both); the metadata is not part of the log."""
     result = (data.get("data") or {}).get("result") or []
-    return [(str(ts).zfill(19), str(text).rstrip("\n")) for stream in result for ts, text in stream.get("values") or []]
+    return [
+        (str(value[0]).zfill(19), str(value[1]).rstrip("\n"))
+        for stream in result
+        for value in stream.get("values") or []
+        if isinstance(value, list | tuple) and len(value) >= 2
+    ]
 
 
 def _event_evidence(event: dict[str, Any]) -> str:

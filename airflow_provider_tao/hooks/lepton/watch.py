@@ -148,10 +148,12 @@ class LeptonWatchHook(LeptonAPIHook):
     # ----------------------------------------------------------------- logs
 
     def _rank0_replica(self, handle: JobHandle) -> str | None:
-        """The replica whose log is the job's: index 0 (``<job id>-0-xxxxx``), else the first."""
+        """The replica whose log is the job's: index 0 (``<job id>-0-xxxxx``, the Kubernetes Indexed Job pod name;
+        that Lepton names replicas so is not documented), else the first the server lists, as ``lep job log``
+        picks it (leptonai 0.47.1 ``cli/job.py`` ``log``: ``replicas[0]``)."""
         if replica := self._log_replica.get(handle.job_id):
             return replica
-        ids = sorted(str(r.get("id") or (r.get("metadata") or {}).get("id")) for r in self.get_job_replicas(handle))
+        ids = [str(r.get("id") or (r.get("metadata") or {}).get("id")) for r in self.get_job_replicas(handle)]
         rank0 = re.compile(rf"^{re.escape(handle.backend_job_id)}-0-[a-z0-9]+$")
         replica = next((i for i in ids if rank0.match(i)), ids[0] if ids else None)
         if replica:
