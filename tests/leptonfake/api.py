@@ -24,6 +24,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from tests.leptonfake.controller import Controller
 from tests.leptonfake.store import ApiError, Injection, Job, Store, bad_request, not_found
 
+#: ``time_unit`` -> the factor from the milliseconds the store keeps (leptonai's CLI reads s, ms, µs and ns).
+_TIME_UNITS = {"s": 1e-3, "ms": 1.0, "us": 1e3, "ns": 1e6}
 _INJECTIONS = ("oom", "image_pull", "no_capacity", "evict", "preempt", "unhealthy_node", "exit", "unready")
 
 
@@ -151,18 +153,28 @@ class _Handler(BaseHTTPRequestHandler):
     # jobs
 
     def jobs_list(self, parts: list[str], query: dict[str, list[str]], raw: bytes) -> None:
-        self._send(200, {"jobs": [j.render() for j in self.server.store.list_jobs(query)]})
+        self._send(200, {"jobs": [self._render(j) for j in self.server.store.list_jobs(query)]})
 
     def jobs_create(self, parts: list[str], query: dict[str, list[str]], raw: bytes) -> None:
         job = self.server.store.create_job(self._json(raw), len(raw))
-        self._send(201, job.render())
+        self._send(201, self._render(job))
+
+    def _render(self, job: Job) -> dict[str, Any]:
+        """The job as sent, its ``creation_time`` / ``completion_time`` (kept in ms) in the world's ``time_unit``."""
+        record = job.render()
+        scale = _TIME_UNITS[str(self.server.world.settings["time_unit"])]
+        for status in (record["status"], *(record["status"].get("job_history") or [])):
+            for key in ("creation_time", "completion_time"):
+                if isinstance(status.get(key), int):
+                    status[key] = int(status[key] * scale)
+        return record
 
     def _job(self, job_id: str, query: dict[str, list[str]], default: str = "alive_and_archive") -> Job:
         mode = (query.get("job_query_mode") or [default])[-1]
         return self.server.store.find(job_id, mode)
 
     def job_get(self, parts: list[str], query: dict[str, list[str]], raw: bytes) -> None:
-        self._send(200, self._job(parts[1], query).render())
+        self._send(200, self._render(self._job(parts[1], query)))
 
     def job_patch(self, parts: list[str], query: dict[str, list[str]], raw: bytes) -> None:
         job = self._job(parts[1], query, "alive_only")
@@ -170,7 +182,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             raise bad_request("no valid field to update")
         self.server.store.patch_job(job, body)
-        self._send(200, job.render())
+        self._send(200, self._render(job))
 
     def job_delete(self, parts: list[str], query: dict[str, list[str]], raw: bytes) -> None:
         job = self._job(parts[1], query, "alive_only")
@@ -182,7 +194,7 @@ class _Handler(BaseHTTPRequestHandler):
                 job.record_event("Normal", "Deleting", f"Job {job.id} is being deleted")
                 job.set_state("Deleting")
         self.server.controller.wake()
-        self._send(200, job.render())
+        self._send(200, self._render(job))
 
     def job_events(self, parts: list[str], query: dict[str, list[str]], raw: bytes) -> None:
         events = list(self._job(parts[1], query).events)
@@ -247,9 +259,11 @@ class _Handler(BaseHTTPRequestHandler):
                 if (not start or ts >= start) and (not end or ts < end) and text in line
             ]
         rows.sort(key=lambda r: r[0], reverse=backward)
-        streams: dict[str, list[list[str]]] = {}
+        streams: dict[str, list[list[Any]]] = {}
+        # each value [ts_ns, line] | [ts_ns, line, metadata] (``log_values``; leptonai reads both)
+        metadata = {"triple": [{"stream": "stdout"}], "pair": []}[str(self.server.world.settings["log_values"])]
         for ts, rid, line in rows[:limit]:
-            streams.setdefault(rid, []).append([str(ts), line])
+            streams.setdefault(rid, []).append([str(ts), line, *metadata])
         result = [
             {"stream": {"job": job.id, "replica": rid, "workspace": self.server.world.workspace_id}, "values": values}
             for rid, values in streams.items()

@@ -198,7 +198,10 @@ class Controller:
 
     def _new_replica(self, job: Job, index: int, placement: Placement | None) -> Replica:
         suffix = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(5))
-        replica = Replica(f"{job.id}-{index}-{suffix}", index, job.attempt, placement)
+        indexed = self.world.settings["replica_ids"] == "indexed"
+        replica = Replica(
+            f"{job.id}-{index}-{suffix}" if indexed else f"{job.id}-{suffix}", index, job.attempt, placement
+        )
         job.replicas.append(replica)
         return replica
 

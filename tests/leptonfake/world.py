@@ -80,6 +80,12 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "ready_counts": "running",
     # GET /jobs/{id}/events: each event carries a "message" (LeptonEvent models none) | it does not
     "event_message": True,
+    # GET /logs values: [ts_ns, line] (pair) | [ts_ns, line, metadata] (triple): leptonai's reader takes both
+    "log_values": "pair",
+    # the unit of status.creation_time / completion_time: ms | s | us | ns (leptonai's CLI reads each)
+    "time_unit": "ms",
+    # replica ids: <job id>-<index>-<suffix> (indexed, the Kubernetes Indexed Job pod name) | <job id>-<suffix>
+    "replica_ids": "indexed",
     "workspace_state": "normal",  # GET /workspace's workspace_state: normal | paused | all-pods-terminated | terminated
     # limits derived from what a Kubernetes-based control plane stores (etcd objects, Secrets)
     "max_job_bytes": 1536 * 1024,
