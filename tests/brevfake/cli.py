@@ -1,6 +1,7 @@
 """Entry point of the fake ``brev``: finds the command as cobra does, runs it, prints a failure the way brev-cli's
 ``main`` does (the error's cause alone on stderr, yellow for validation errors and red otherwise when stdout is a
-terminal, nothing coloured otherwise) and exits 0 or 1 -- never anything else. Every call is appended to the
+terminal, nothing coloured otherwise) and exits 0 or 1 -- or 2 with a goroutine trace when the real CLI panics
+(``brev copy``'s ssh probe on output without a newline). Every call is appended to the
 world's invocation log (argv, pid, HOME, start and end time, exit code, the instances it targeted).
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 from .client import VERSION, Session
 from .commands import COMMANDS, Context, Io
 from .flags import GLOBAL_FLAGS, parse
-from .goerr import GoError
+from .goerr import GoError, GoPanic
 from .world import World, jwt_claims
 
 ROOT_USAGE = """brev client for managing instances
@@ -192,6 +193,9 @@ def main() -> int:
         code = 0
     except GoError as error:
         print_error(io, error)
+    except GoPanic as panic:  # the runtime's exit: trace on stderr, status 2
+        io.err(panic.trace())
+        code = 2
     except Exception as bug:  # a fault of the fake itself, never a behaviour of the real CLI
         io.err(f"brevfake: internal error: {bug!r}\n{traceback.format_exc()}")
     finally:

@@ -18,7 +18,7 @@ from typing import Any
 
 from .client import Session
 from .flags import Flag
-from .goerr import GoError, errorf, exit_status, multierror, validation
+from .goerr import GoError, GoPanic, errorf, exit_status, multierror, validation
 from .server import LostResponse
 from .world import World
 
@@ -692,9 +692,11 @@ def _collect(into: list[bytes]) -> Callable[[int, bytes], None]:
     return lambda _stream, chunk: into.append(chunk)
 
 
-def _ssh_probe(ctx: Context, alias: str) -> str | None:
+def _ssh_probe(ctx: Context, alias: str, checked: bool = True) -> str | None:
     """``WaitForSSHToBeAvailable``: ``ssh <alias> echo " "`` until it works; ``None`` when it does, else the
-    error (the second line of ssh's output, as the source picks it, decides whether it is worth waiting)."""
+    error (the second line of ssh's output, as the source picks it, decides whether it is worth waiting).
+    ``checked=False`` is ``copy.go`` ``waitForSSHToBeAvailable``: ``strings.Split(out, "\n")[1]`` without a length
+    check, so a failure whose output has no newline panics."""
     from . import instances  # lazily: API-only calls start faster without the engine client
 
     for attempt in range(41):
@@ -703,6 +705,11 @@ def _ssh_probe(ctx: Context, alias: str) -> str | None:
         if code == 0:
             return None
         lines = b"".join(output).decode(errors="replace").split("\n")
+        if len(lines) < 2 and not checked:
+            frames = [("pkg/cmd/copy.waitForSSHToBeAvailable", "pkg/cmd/copy/copy.go", 264),
+                      ("pkg/cmd/copy.setupSSHConnection", "pkg/cmd/copy/copy.go", 175),
+                      ("pkg/cmd/copy.runCopyCommand", "pkg/cmd/copy/copy.go", 97)]  # fmt: skip
+            raise GoPanic(f"runtime error: index out of range [1] with length {len(lines)}", frames)
         second = lines[1] if len(lines) > 1 else lines[0]
         satisfactory = any(
             s in second for s in ("Connection refused", "Operation timed out", "Warning:", "Connection timed out")
@@ -814,7 +821,7 @@ def copy(ctx: Context, v: dict[str, Any], args: list[str]) -> None:
         raise GoError("Workspace is not running")
     alias = f"{workspace['name']}-host" if v["host"] else workspace["name"]
     session.refresh_ssh_config()
-    probe = _ssh_probe(ctx, alias)
+    probe = _ssh_probe(ctx, alias, checked=False)
     if probe is not None:
         raise GoError(probe)
     started = time.monotonic()

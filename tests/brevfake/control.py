@@ -246,7 +246,8 @@ class BrevWorld:
 
     def not_ready(self, name: str, tries: int, kind: str = "refused") -> None:
         """The instance refuses its next ``tries`` ssh connections although RUNNING (sshd still coming up):
-        ``kind`` ``refused`` (Connection refused) or ``unresolvable`` (hostname not resolvable)."""
+        ``kind`` ``refused`` (Connection refused), ``unresolvable`` (hostname not resolvable) or ``silent`` (exit
+        255 with no output at all)."""
         with self.world.mutate() as state:
             instance = _find(state, name)
             instance["not_ready"] = {"tries": tries, "kind": kind}
@@ -257,6 +258,16 @@ class BrevWorld:
         and before its output arrived (``Connection to <ip> closed by remote host.``)."""
         with self.world.mutate() as state:
             state["faults"]["flaky_ssh"].append({"count": count, "instance": name, "when": when})
+
+    def go_offline(self, offline: bool = True) -> None:
+        """No internet for the CLI: ``brev refresh`` (and ``copy`` / a failed ``exec``, which refresh) cannot
+        download cloudflared into a home that has none."""
+        with self.world.mutate() as state:
+            state["faults"]["offline"] = offline
+
+    def cloudflared_downloads(self) -> list[dict[str, Any]]:
+        """Every cloudflared download a ``brev`` of this world made (the home it went to, the CLI's pid)."""
+        return list(self.state().get("cloudflared_downloads", []))
 
     def fail_deploys(self, count: int = 1, message: str = "provider error: instance failed to start") -> None:
         """The next ``count`` instances created go DEPLOYING -> FAILURE (with this status message) instead of

@@ -57,3 +57,23 @@ def multierror(errors: list[GoError]) -> GoError:
 def exit_status(code: int) -> GoError:
     """An ``*exec.ExitError`` of a child process."""
     return GoError(f"exit status {code}")
+
+
+class GoPanic(Exception):
+    """A Go runtime panic: the CLI prints ``panic: <message>`` and the goroutine's trace on stderr and exits 2
+    (Go's runtime, not ``DisplayAndHandleError``).
+
+    :param message: the panic's value, e.g. ``runtime error: index out of range [1] with length 1``.
+    :param frames: ``(function, source, line)`` from the innermost call out, as in ``traced``.
+    """
+
+    def __init__(self, message: str, frames: list[tuple[str, str, int]]) -> None:
+        super().__init__(message)
+        self.message = message
+        self.frames = frames
+
+    def trace(self) -> str:
+        lines = [f"panic: {self.message}\n", "\ngoroutine 1 [running]:\n"]
+        for function, source, line in self.frames:
+            lines += [f"{MODULE}/{function}(...)\n", f"\t{SOURCE_ROOT}/{source}:{line} +0x1d4\n"]
+        return "".join(lines)

@@ -224,6 +224,8 @@ def ssh_connect(world: World, alias: str, connect_timeout: float) -> tuple[dict[
             return None, refused, False
         if fault == "unresolvable":
             return None, f"ssh: Could not resolve hostname {alias}: Name or service not known\r\n", False
+        if fault == "silent":  # exit 255 and not a line of output (brev copy's probe panics on it)
+            return None, "", False
         if fault == "flaky":
             reset = (
                 f"kex_exchange_identification: read: Connection reset by peer\r\nConnection reset by {ip} port 22\r\n"

@@ -81,6 +81,19 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+#: What golang-jwt v5.3.0 registers a signing method for (``ParseUnverified`` refuses any other ``alg``).
+_JWT_ALGS = {f"{k}{n}" for k in ("HS", "RS", "PS", "ES") for n in (256, 384, 512)} | {"EdDSA", "none"}
+
+
+def jwt_alg_known(token: str) -> bool:
+    """``ParseUnverified``'s signing-method lookup: the header's ``alg`` is a string it has a method for."""
+    try:
+        header = json.loads(_unb64(token.split(".", maxsplit=1)[0]))
+    except ValueError:
+        return False
+    return isinstance(header, dict) and header.get("alg") in _JWT_ALGS
+
+
 def jwt_claims(token: str) -> dict[str, Any] | None:
     """The claims of a JWT parsed WITHOUT verifying it (what the CLI does), ``None`` if it is not one."""
     parts = token.split(".")

@@ -8,6 +8,7 @@ program), exactly as the fake ``brev`` resolves an alias (``tests/brevfake/insta
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from pathlib import Path
@@ -211,3 +212,45 @@ def test_a_cancel_the_instance_refuses_keeps_the_tasks_instance(monkeypatch: pyt
     hook = _hook(monkeypatch, session)
     assert hook._cancel(JobHandle("brev", "brev_t", "j1", "dag-train-0123456789", "dag-train-0123456789")) is False
     assert not [call for call in session.calls if call[0] == "delete"]
+
+
+# --------------------------------------------------------------------------- issue 32: listing, JWT alg
+
+
+def test_a_type_listing_brev_could_not_read_is_an_outage_not_no_capacity() -> None:
+    """``newCreateContext`` only warns when ``alltypesavailable`` fails; ``createWorkspace`` then refuses every
+    type with "(instance-type listing was unavailable); please retry" (brev-cli v0.6.327 gpucreate.go)."""
+    said = (
+        "Warning: could not fetch instance types with workspace groups: 502 Bad Gateway\n"
+        "Trying g5.xlarge for 1 instance(s)...\n[Worker 1] Trying g5.xlarge for instance 'x'...\n"
+        '[Worker 1] g5.xlarge Failed: could not resolve workspace group for "g5.xlarge" (instance-type listing '
+        "was unavailable); please retry\n\nWarning: Only created 0/1 instances\n"
+    )
+    failure = create_failure(_result(stderr=said, code=1), ["g5.xlarge"])
+    assert failure.err_class is ErrClass.ERR_INFRA and failure.err_class.retriable, failure
+    assert "no capacity" not in str(failure) and "instance types" in str(failure)
+
+
+def _token(header: dict[str, Any]) -> str:
+    def part(value: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+    return f"{part(header)}.{part({'exp': 4102444800, 'sub': 'u'})}.c2ln"
+
+
+@pytest.mark.parametrize("header", [{"typ": "JWT"}, {"alg": "XS999"}, {"alg": 5}])
+def test_a_jwt_whose_alg_brev_refuses_is_an_auth_error_before_any_call(tmp_path: Path, header: dict[str, Any]) -> None:
+    """golang-jwt v5.3.0 ``ParseUnverified`` (brev's ``isAccessTokenValid``) refuses a header without ``alg`` or
+    with one it has no signing method for: brev would keep the token as a malformed refresh token and log out."""
+    session = _session(tmp_path, token=_token(header))
+    with pytest.raises(BrevError) as told:
+        session.login()
+    assert told.value.err_class is ErrClass.ERR_AUTH and "alg" in str(told.value), told.value
+    assert not session.home.exists()  # nothing written, brev never ran
+
+
+@pytest.mark.parametrize("alg", ["RS256", "ES256", "EdDSA", "none"])
+def test_a_jwt_with_an_alg_brev_knows_is_its_access_token(alg: str) -> None:
+    token = _token({"alg": alg, "typ": "JWT"})
+    assert brev_auth.token_problem(token) is None
+    assert credentials_for(token) == {"access_token": token, "refresh_token": "auto-login"}

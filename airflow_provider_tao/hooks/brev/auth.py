@@ -11,6 +11,10 @@ Read from brevdev/brev-cli v0.6.327:
   the refresh token the CLI exchanges on its next call; ``LoginWithAPIKey``: an API key (``bak-...``) is stored as
   ``api_key`` with its org's id as ``api_key_org_id`` (``entity.AuthTokens``), and every call then uses it as it
   is, in that org (``GetAPIKeyOrgID``: without the org id every command fails).
+- ``pkg/auth/auth.go`` ``isAccessTokenValid`` parses with golang-jwt v5.3.0 ``Parser.ParseUnverified``, which refuses
+  a header without ``alg`` ("signing method (alg) is unspecified") or with one no signing method is registered for
+  ("... is unavailable"): such a JWT becomes a refresh token that is not ``<session>:<device>`` and brev logs out on
+  its first call. :func:`token_problem` says so before any call.
 """
 
 from __future__ import annotations
@@ -19,11 +23,19 @@ import base64
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 #: Where brev looks for a Kubernetes service-account token first (``getServiceTokenFilePath``).
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 #: What every Brev API key starts with (``auth.BrevAPIKeyPrefix``).
 API_KEY_PREFIX = "bak-"
+
+
+#: The ``alg`` values golang-jwt v5.3.0 registers (hmac.go, rsa.go, rsa_pss.go, ecdsa.go, ed25519.go, none.go).
+JWT_ALGORITHMS = frozenset(
+    {"HS256", "HS384", "HS512", "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512"}
+    | {"EdDSA", "none"}
+)
 
 
 def is_api_key(token: str) -> bool:
@@ -64,18 +76,43 @@ def credentials_for(token: str, org_id: str | None = None, now: float | None = N
     return {"access_token": "auto-login", "refresh_token": token}
 
 
-def _valid_jwt(token: str, now: float) -> bool:
-    """What the CLI's unverified JWT parse accepts: three segments whose first two are JSON objects, and claims
-    that are not expired or not yet valid (an ``iat`` in the future is tolerated, as the CLI does)."""
+def _jwt_parts(token: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The header and claims of a JWT, unverified: three segments whose first two are JSON objects, else None."""
     parts = token.split(".")
     if len(parts) != 3:
-        return False
+        return None
     try:
         header, claims = (json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))) for part in parts[:2])
     except (ValueError, UnicodeDecodeError):
+        return None
+    return (header, claims) if isinstance(header, dict) and isinstance(claims, dict) else None
+
+
+def token_problem(token: str) -> str | None:
+    """Why brev would refuse the connection's token as it is (a JWT whose ``alg`` ``ParseUnverified`` rejects), or
+    None. Any other token is brev's to judge."""
+    parsed = _jwt_parts(token.strip())
+    if parsed is None:
+        return None
+    alg = parsed[0].get("alg")
+    if isinstance(alg, str) and alg in JWT_ALGORITHMS:
+        return None
+    said = "has no alg" if alg is None else f"has alg {alg!r}, which is not a JWT signing method"
+    return (
+        f"the tao_brev connection's token is a JWT whose header {said}: brev cannot parse it "
+        "(golang-jwt ParseUnverified) and logs out on the first call. Put the token `brev login` prints, or an "
+        "API key (bak-...), in the connection's password"
+    )
+
+
+def _valid_jwt(token: str, now: float) -> bool:
+    """What the CLI's unverified JWT parse accepts: three segments whose first two are JSON objects, a known
+    ``alg``, and claims that are not expired or not yet valid (an ``iat`` in the future is tolerated, as the CLI
+    does)."""
+    parsed = _jwt_parts(token)
+    if parsed is None or token_problem(token) is not None:
         return False
-    if not isinstance(header, dict) or not isinstance(claims, dict):
-        return False
+    claims = parsed[1]
     try:
         if "exp" in claims and float(claims["exp"]) <= now:
             return False

@@ -27,6 +27,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
@@ -51,6 +52,9 @@ LS_TIMEOUT = 60.0
 CREATE_TIMEOUT = 300.0
 DELETE_TIMEOUT = 120.0
 SET_TIMEOUT = 60.0
+#: How many times a ``brev copy`` that panicked is run (its probe crashes on an ssh blip), and the pause unit (s).
+COPY_PANIC_TRIES = 4
+COPY_PANIC_PAUSE = 2.0
 
 _LOGGED_OUT = "You are currently logged out"
 _AUTH_TEXT = re.compile(
@@ -65,6 +69,9 @@ _NO_CAPACITY = re.compile(r'instance type "([^"]+)" is currently unavailable \(n
 _WORKER_FAILED = re.compile(r"\[Worker \d+\] (\S+) Failed: (.*)")
 #: ``brev set``'s words for an org name it does not know (or knows twice).
 _NO_ORG = re.compile(r"no orgs? (?:exist|found) with name|more than one org exist")
+#: brev could not list the org's instance types (``newCreateContext`` only warns), so no type had a workspace group
+#: (``createWorkspace``): the Brev API failed, nothing is known about capacity -- an outage, retried.
+_LISTING_UNAVAILABLE = re.compile(r"instance-type listing was unavailable")
 _CAPACITY_TEXT = re.compile(r"capacity|insufficient|unavailable|out of stock|quota", re.IGNORECASE)
 
 
@@ -93,6 +100,15 @@ def connection_problem(exc: BrevError) -> ConnectionProblem:
     return ConnectionProblem("unreachable", f"{exc}; check the network and that the Brev API answers")
 
 
+def go_panic(result: CliResult) -> str | None:
+    """The panic line of a CLI that crashed (Go's runtime exits 2 with ``panic: ...`` and a goroutine trace; brev
+    itself exits 0 or 1), or None. brev-cli v0.6.327 ``copy.go`` ``waitForSSHToBeAvailable`` panics on an ssh
+    failure whose output has no newline: an outage to wait out, nothing about the instance or the job."""
+    if result.returncode != 2:
+        return None
+    return next((line.strip() for line in result.stderr.splitlines() if line.startswith("panic: ")), None)
+
+
 def is_logged_out(result: CliResult) -> bool:
     """The CLI's answer when its session is not valid: the login prompt (on stdout) and ``EOF``, or a 401-like
     refusal. A Go network error ends with ``EOF`` too (``Get "https://...": EOF``): only a last line that is
@@ -108,8 +124,15 @@ def is_logged_out(result: CliResult) -> bool:
 def create_failure(result: CliResult, types: Sequence[str]) -> BrevError:
     """Why ``brev create`` made no instance, as a failure class: at least one type of the chain unknown or invalid
     -> ``ERR_CONFIG`` (a typo never fixes itself, no failover for it); no capacity -> ``ERR_CAPACITY``; else
-    ``ERR_INFRA``."""
+    ``ERR_INFRA`` (first of all when brev could not list the types: the API failed, not the chain)."""
     said = f"{result.stderr}\n{result.text}"
+    if _LISTING_UNAVAILABLE.search(said):
+        return BrevError(
+            ErrClass.ERR_INFRA,
+            "brev could not list the org's instance types (GET api/instances/alltypesavailable failed), so it could "
+            f"not create any; a Brev API outage, retried: {result.describe()}",
+            result,
+        )
     unknown = list(dict.fromkeys(_UNKNOWN_TYPE.findall(said)))
     full = list(dict.fromkeys(_NO_CAPACITY.findall(said)))
     full += [
@@ -155,6 +178,8 @@ class BrevSession:
     :param identity: what tells connections apart (the connection id); the token is part of the key too, so a
         changed token gets a fresh session.
     :param home_root: where the private homes live (default: ``<tmp>/tao-brev-<uid>``).
+    :param cloudflared: a ``cloudflared`` executable for brev to use (an air-gapped worker's); None = the one the
+        first ``brev refresh`` of the connection downloads, kept beside the homes for every later process.
     """
 
     _states: dict[str, _SessionState] = {}
@@ -169,6 +194,7 @@ class BrevSession:
         identity: str,
         org_id: str | None = None,
         home_root: Path | None = None,
+        cloudflared: str | None = None,
         log: Any = None,
     ) -> None:
         self.executable = executable
@@ -179,6 +205,10 @@ class BrevSession:
         key = sha256(f"{identity}\n{executable}\n{org}\n{org_id}\n{token}".encode()).hexdigest()[:16]
         root = home_root or Path(tempfile.gettempdir()) / f"tao-brev-{os.getuid()}"
         self.home = root / f"{key}-{os.getpid()}"
+        # brev's refresh (also run by copy and a failed exec) downloads cloudflared into ~/.brev when it is not
+        # there: one copy per connection (not per process home), or the configured one.
+        self.cloudflared = Path(cloudflared) if cloudflared else root / f"{key}-cloudflared"
+        self._cloudflared_given = bool(cloudflared)
         with self._states_lock:
             self._state = self._states.setdefault(str(self.home), _SessionState())
 
@@ -224,6 +254,8 @@ class BrevSession:
     def _login_locked(self) -> None:
         if problem := brev_auth.service_account_problem():
             raise BrevError(ErrClass.ERR_CONFIG, problem)
+        if problem := brev_auth.token_problem(self._token):
+            raise BrevError(ErrClass.ERR_AUTH, problem)
         try:
             credentials = brev_auth.credentials_for(self._token, self.org_id)
         except ValueError as exc:
@@ -237,6 +269,7 @@ class BrevSession:
             _sweep_dead_homes(self.home.parent)
             atexit.register(shutil.rmtree, self.home, True)
         private_folder(self.home / ".brev")
+        self._link_cloudflared()
         brev_ssh.install(self.home, cli_environment().get("PATH", ""))
         write_private_file(self.home / ".brev" / "credentials.json", json.dumps(credentials, indent=2).encode())
         # An API key works in its own org (brev ignores the active org then): nothing to select.
@@ -256,14 +289,43 @@ class BrevSession:
 
     # ----------------------------------------------------------------- calls
 
+    def _link_cloudflared(self) -> None:
+        """``~/.brev/cloudflared`` -> the connection's cloudflared, when there is one: brev's
+        ``DownloadCloudflaredBinaryIfItDNE`` then finds it (a symlink to a file exists for it) and downloads
+        nothing."""
+        if self._cloudflared_given and not self.cloudflared.is_file():
+            raise BrevError(
+                ErrClass.ERR_CONFIG,
+                f"cloudflared_path {str(self.cloudflared)!r} on the tao_brev connection is not a file: install "
+                "cloudflared there (brev uses it to reach proxied instances) or remove the setting",
+            )
+        link = self.home / ".brev" / "cloudflared"
+        if self.cloudflared.is_file() and not link.exists():
+            link.unlink(missing_ok=True)  # a dangling link
+            link.symlink_to(self.cloudflared)
+
+    def _keep_cloudflared(self) -> None:
+        """After a call: a cloudflared brev downloaded into this process's home becomes the connection's."""
+        downloaded = self.home / ".brev" / "cloudflared"
+        if self._cloudflared_given or downloaded.is_symlink() or not downloaded.is_file() or self.cloudflared.exists():
+            return
+        partial = self.cloudflared.with_name(f".{self.cloudflared.name}.{os.getpid()}")
+        shutil.copy2(downloaded, partial)
+        os.replace(partial, self.cloudflared)  # atomic: another process sees all of it or nothing
+
     def _run(self, args: Sequence[str], timeout: float) -> CliResult:
         try:
-            return run_cli([self.executable, *args], env=self.environment(), timeout=timeout, cwd=self.home)
+            result = run_cli([self.executable, *args], env=self.environment(), timeout=timeout, cwd=self.home)
         except CliNotFoundError as exc:
             raise BrevError(
                 ErrClass.ERR_CONFIG,
                 f"{exc}. Install the brev CLI on the Airflow hosts or set brev_path on the tao_brev connection",
             ) from exc
+        try:
+            self._keep_cloudflared()
+        except OSError as exc:  # best effort: the next process downloads it again
+            self.log.warning("Keeping brev's cloudflared for the connection failed: %s", exc)
+        return result
 
     def call(self, args: Sequence[str], timeout: float) -> CliResult:
         """Run ``brev <args>`` logged in; a refused session is re-logged once and the call repeated once. Returns
@@ -285,7 +347,9 @@ class BrevSession:
         network) naming ``what`` was attempted."""
         result = self.call(args, timeout)
         if not result.ok:
-            raise BrevError(ErrClass.ERR_INFRA, f"{what} failed: {result.describe()}", result)
+            raise BrevError(
+                ErrClass.ERR_INFRA, f"{what} failed: {result.describe()}{_cloudflared_hint(result)}", result
+            )
         return result
 
     # ----------------------------------------------------------------- commands
@@ -336,8 +400,24 @@ class BrevSession:
 
     def copy(self, local: Path, instance: str, remote: str, timeout: float) -> None:
         """``brev copy <local> <instance>:<remote>`` (scp over the CLI's ssh alias; a relative remote path is
-        relative to the instance user's home)."""
-        self.check(["copy", str(local), f"{instance}:{remote}"], timeout, f"copying {local.name} to {instance}")
+        relative to the instance user's home). A CLI that panicked (:func:`go_panic`: an ssh blip in its probe)
+        said nothing about the instance: the copy is tried again after a pause, :data:`COPY_PANIC_TRIES` times."""
+        args, what = ["copy", str(local), f"{instance}:{remote}"], f"copying {local.name} to {instance}"
+        for attempt in range(1, COPY_PANIC_TRIES + 1):
+            result = self.call(args, timeout)
+            if result.ok:
+                return
+            panic = go_panic(result)
+            if panic is None:
+                raise BrevError(
+                    ErrClass.ERR_INFRA, f"{what} failed: {result.describe()}{_cloudflared_hint(result)}", result
+                )
+            if attempt == COPY_PANIC_TRIES:
+                raise BrevError(
+                    ErrClass.ERR_INFRA, f"{what}: brev crashed {attempt} times ({panic}); a Brev or ssh outage", result
+                )
+            self.log.warning("%s: brev crashed (%s), an ssh blip in its probe; trying again", what, panic)
+            time.sleep(COPY_PANIC_PAUSE * attempt)
 
 
 def _auth_error(result: CliResult) -> BrevError:
@@ -346,6 +426,16 @@ def _auth_error(result: CliResult) -> BrevError:
         f"Brev refused the token (logged out after a fresh login): {result.describe()}. Put a valid Brev API token "
         "in the password of the tao_brev connection (or BREV_API_TOKEN)",
         result,
+    )
+
+
+def _cloudflared_hint(result: CliResult) -> str:
+    """What to do when brev could not download cloudflared (``refresh`` needs it; a worker without internet)."""
+    if "cloudflared" not in result.stderr:
+        return ""
+    return (
+        ". brev could not download cloudflared (github.com): on a worker without internet install it and set "
+        "cloudflared_path on the tao_brev connection (docs/howto/brev.md, air-gapped workers)"
     )
 
 

@@ -64,16 +64,21 @@ class BrevInstancesHook(BrevSessionHook):
             raise BrevError(
                 ErrClass.ERR_CONFIG,
                 f"backend_details['instance_id']: there is no instance {wanted!r} "
-                f"(brev ls shows: {', '.join(sorted(instances)) or 'none'}); create it or fix the name",
+                f"(brev ls shows: {', '.join(sorted(instances)) or 'none'}); create it or fix the name. brev ls "
+                "lists only the instances of the connection's user (and those shared with it): a teammate's "
+                "instance is not there unless the connection holds an API key (bak-...) of the org",
             )
         name = str(entry["name"])
         status = str(entry.get("status"))
         if status == "RUNNING":
             return name, entry
-        if status in ("STOPPED", "STOPPING"):
+        if status == "STOPPING":  # `brev start` refuses all but STOPPED (startStopppedWorkspace)
+            self.log.info("Instance %s is STOPPING: waiting for STOPPED to start it", name)
+            status = self._wait_stopped(name)
+        if status == "STOPPED":
             self.log.info("Instance %s is %s: starting it", name, status)
             self.session.check(["start", name, "--detached"], CALL_TIMEOUT, f"starting instance {name}")
-        elif status not in ("STARTING", "DEPLOYING"):
+        elif status not in ("STARTING", "DEPLOYING", "RUNNING"):  # RUNNING: started by someone while it stopped
             raise BrevError(ErrClass.ERR_INFRA, f"instance {name} is {status}: it cannot run a job (brev ls)")
         return name, self._wait_ready(name, None)
 
@@ -109,6 +114,17 @@ class BrevInstancesHook(BrevSessionHook):
 
     def _lease(self, spec: JobSpec, details: Mapping[str, Any], try_number: int) -> dict[str, Any]:
         return leases.new_lease(spec, self._lease_hours(details), self.conn_id, try_number)
+
+    def _wait_stopped(self, name: str) -> str:
+        """``brev ls --json`` until a STOPPING instance has left STOPPING (``boot_timeout_seconds``); its status."""
+        deadline = time.monotonic() + self._number("boot_timeout_seconds", DEFAULT_BOOT_TIMEOUT)
+        delay = 1.0
+        while (status := str((self.session.instances().get(name) or {}).get("status"))) == "STOPPING":
+            if time.monotonic() > deadline:
+                raise BrevError(ErrClass.ERR_INFRA, f"instance {name} is still STOPPING (boot_timeout_seconds)")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 10.0)
+        return status
 
     def _wait_gone(self, name: str) -> None:
         deadline = time.monotonic() + DEFAULT_BOOT_TIMEOUT

@@ -76,6 +76,7 @@ class BrevSessionHook(TAOPlatformHook):
             org=self.org,
             org_id=str(self.setting("org_id") or "") or None,
             identity=self.conn_id or "",
+            cloudflared=str(self.setting("cloudflared_path") or "") or None,
             log=self.log,
         )
 
