@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from tests.fakeserver import exit_process, hold_stop_signals, wait_for_stop_signal
 from tests.kubefake.api import FakeApiServer
+from tests.kubefake.authz import Authorizer
 from tests.kubefake.cluster import Cluster, DockerRuntime, SimRuntime, workdir_for
 from tests.kubefake.store import Store
 
@@ -37,6 +38,13 @@ def main(argv: list[str] | None = None) -> NoReturn:
         action="store_true",
         help="admission refuses new blocking owner references (the user may not update <owner>/finalizers)",
     )
+    parser.add_argument(
+        "--deny",
+        action="append",
+        default=[],
+        metavar="VERB:RESOURCE",
+        help="a verb the user may not use on a resource, e.g. delete:secrets (repeatable; tests/kubefake/authz.py)",
+    )
     args = parser.parse_args(argv)
 
     workdir = workdir_for()
@@ -47,6 +55,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     server = FakeApiServer(("127.0.0.1", args.port), store, cluster)
     server.token = args.token
     server.owner_references_enforcement = args.owner_references_permission_enforcement
+    server.authorizer = Authorizer(rule.replace(":", " ", 1) for rule in args.deny)
     hold_stop_signals()
     cluster.start()
     threading.Thread(target=server.serve_forever, name="kubefake-http", daemon=True).start()

@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.kubefake.authz import Authorizer
 from tests.kubefake.cluster import Cluster
 from tests.kubefake.store import RESOURCES, ApiError, Store, not_found, quota_refusal
 
@@ -51,6 +52,8 @@ class FakeApiServer(ThreadingHTTPServer):
         #: OwnerReferencesPermissionEnforcement on, for a user without ``update`` on any ``<owner>/finalizers`` (the
         #: usual job-submitting role): a new blocking owner reference is refused (403), as on OpenShift.
         self.owner_references_enforcement = False
+        #: What the user may do (every verb on every resource, less a deny list: tests/kubefake/authz.py).
+        self.authorizer = Authorizer()
         #: The options and size of every log read (``/fake/stats``).
         self.log_reads: list[dict[str, Any]] = []
 
@@ -128,6 +131,9 @@ class _Handler(BaseHTTPRequestHandler):
     # ------------------------------------------------------------------ the Kubernetes API
 
     def _api(self, method: str, parts: list[str], query: dict[str, str]) -> None:
+        if parts == ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"] and method == "POST":
+            self._send(201, self.server.authorizer.review(self._json_body()))
+            return
         if parts == ["version"]:
             self._send(200, VERSION)
             return
@@ -159,6 +165,7 @@ class _Handler(BaseHTTPRequestHandler):
         ns = (namespace or "") if namespaced else ""
         with self.server.stats_lock:
             self.server.requests[f"{method} {resource}{'/' + sub if sub else ''}{'' if name else ' (list)'}"] += 1
+        self.server.authorizer.check(method, resource, sub, name, ns)
         store = self.server.store
         if method == "GET" and not name:
             self._send(
@@ -199,11 +206,23 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _admit_owner_references(self, resource: str, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
         """The OwnerReferencesPermissionEnforcement admission plugin (k8s.io/kubernetes
-        plugin/pkg/admission/gc/gc_admission.go, ``newBlockingOwnerDeletionRefs``): setting ``blockOwnerDeletion``
-        on a reference (new, or not blocking before) needs ``update`` on the owner's ``finalizers``; refused here."""
+        plugin/pkg/admission/gc/gc_admission.go ``gcPermissionsEnforcement.Admit``): first, changing the owner
+        references of an object (``isChangingOwnerReference``) needs ``delete`` on that object; then setting
+        ``blockOwnerDeletion`` on a reference (new, or not blocking before: ``newBlockingOwnerDeletionRefs``) needs
+        ``update`` on the owner's ``finalizers``, which the user here never has."""
         if not self.server.owner_references_enforcement:
             return
-        before = {r.get("uid"): r for r in ((old or {}).get("metadata") or {}).get("ownerReferences") or []}
+        refs_before = ((old or {}).get("metadata") or {}).get("ownerReferences") or []
+        refs_after = (new.get("metadata") or {}).get("ownerReferences") or []
+        if refs_after != refs_before and not self.server.authorizer.allows("delete", resource):
+            name = (new.get("metadata") or {}).get("name", "")
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'{resource} "{name}" is forbidden: cannot set an ownerRef on a resource you can\'t delete: , <nil>',
+                {"name": name, "kind": resource},
+            )
+        before = {r.get("uid"): r for r in refs_before}
         for ref in (new.get("metadata") or {}).get("ownerReferences") or []:
             if (
                 ref.get("blockOwnerDeletion") is True
@@ -276,6 +295,9 @@ class _Handler(BaseHTTPRequestHandler):
             with server.store.lock:
                 history = [dict(entry) for entry in server.store.created]
             self._send(200, history)
+        elif parts == ["deny"] and method == "POST":
+            server.authorizer.denied = {str(rule).strip() for rule in self._json_body().get("rules") or []}
+            self._send(200, {"denied": sorted(server.authorizer.denied)})
         elif parts == ["stats"]:
             with server.stats_lock:
                 counts, logs = dict(server.requests), list(server.log_reads)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from airflow_provider_tao.hooks.base import ConnectionProblem
+from airflow_provider_tao.hooks.kubernetes.permissions import owner_reference_hint
 from airflow_provider_tao.jobs import ErrClass
 
 
@@ -24,11 +25,15 @@ def kubernetes_problem(exc: Exception, namespace: str) -> ConnectionProblem:
 
 
 def explain(exc: Exception) -> str:
+    """The server's message (and, for an owner-reference refusal, the permission it asks for)."""
     body = getattr(exc, "body", None)
     try:
-        return str(json.loads(body)["message"]) if body else str(exc)
-    except (ValueError, KeyError, TypeError):
+        status = json.loads(body) if body else {}
+        message = str(status["message"]) if status else str(exc)
+        kind = str((status.get("details") or {}).get("kind") or "") if status else ""
+    except (ValueError, KeyError, TypeError, AttributeError):
         return str(exc)
+    return message + owner_reference_hint(message, kind)
 
 
 def refusal_class(exc: Exception) -> ErrClass:

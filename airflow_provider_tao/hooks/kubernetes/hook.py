@@ -46,6 +46,7 @@ from airflow_provider_tao.hooks.base import ConnectionProblem, JobSubmitError, J
 from airflow_provider_tao.hooks.kubernetes.errors import explain, kubernetes_problem, refusal_class
 from airflow_provider_tao.hooks.kubernetes.logs import TAIL_READ_BYTES, PodLogRead, log_refusal_expected
 from airflow_provider_tao.hooks.kubernetes.marks import KubernetesMarksHook
+from airflow_provider_tao.hooks.kubernetes.permissions import MISSING_FIX, access_review, missing_permissions
 from airflow_provider_tao.hooks.kubernetes.spec import (
     ANNOTATION_RESULTS_DIR,
     PART_SIZE,
@@ -160,6 +161,8 @@ class TAOKubernetesHook(KubernetesSpecHook, KubernetesMarksHook):
             self._call("batch", "list_namespaced_job", namespace, limit=1)
         except ApiException as exc:
             raise kubernetes_problem(exc, namespace) from exc
+        if missing := missing_permissions(access_review(self.api_client), namespace):
+            raise ConnectionProblem("permission", f"the credentials may not {', '.join(missing)} {MISSING_FIX}")
         return f"Kubernetes {version}: Jobs in namespace {namespace} can be listed"
 
     def job_url(self, handle: JobHandle) -> str:
