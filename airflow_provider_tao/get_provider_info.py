@@ -346,6 +346,10 @@ def _brev_form() -> dict[str, Any]:
             "brev_path": _field(
                 "brev CLI", "Path of the brev executable on the Airflow hosts (default: brev on PATH)."
             ),
+            "cloudflared_path": _field(
+                "cloudflared",
+                "A cloudflared executable for brev (workers without internet; default: the one brev downloads once).",
+            ),
             "org": _field("Org", "The Brev org to work in (default: the account's)."),
             "org_id": _field(
                 "Org id (API key)", "With a Brev API key (bak-...) as the token: the id of its org (brev ls orgs)."

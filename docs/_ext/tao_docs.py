@@ -145,7 +145,14 @@ FIXES: dict[str, str] = {
     "set org_id on the tao_brev connection": "A Brev API key (bak-...) works in one org: put its id in the "
     "tao_brev connection's org_id extra (`brev ls orgs --json` lists them).",
     "there is no instance": "Create the instance (`brev create`) or fix backend_details['instance_id']: `brev ls` "
-    "lists your instances.",
+    "lists your instances (a teammate's only when the connection holds an API key of the org).",
+    "is still STOPPING (boot_timeout_seconds)": "The reused instance did not finish stopping: check it in the Brev "
+    "console (brev ls), then retry; a longer boot_timeout_seconds waits longer.",
+    "could not list the org's instance types": "Nothing to fix: a Brev API outage; the task is retried (ERR_INFRA).",
+    "on the tao_brev connection is not a file": "Install cloudflared (the cloudflared-linux-amd64 release brev "
+    "names) at that path on every Airflow host, or remove cloudflared_path to let brev download it.",
+    "a Brev or ssh outage": "Nothing to fix in the job: brev's ssh probe crashed on every try (an ssh failure "
+    "without output); the task is retried. If it persists, check that the instance answers `brev exec`.",
     "it cannot run a job (brev ls)": "The reused instance is FAILURE or being deleted: name another instance_id, or "
     "drop it for an instance of the task's own.",
     "s after its delete": "Brev did not finish deleting the failed instance of an earlier try: the task's retry tries "
