@@ -388,6 +388,7 @@ def _brev_form() -> dict[str, Any]:
         relabeling={"password": "Brev API token or key"},
         examples={
             "brev_path": "/usr/local/bin/brev",
+            "cloudflared_path": "/usr/local/bin/cloudflared",
             "org": "ml-research",
             "org_id": "ejmrvoj8m",
             "instance_type": "g5.xlarge,g6.xlarge",

@@ -88,7 +88,8 @@ class BrevHook(BrevInstancesHook, BrevLaunchHook, BrevReapHook):
 
     Connection type ``tao_brev``: ``password`` = the Brev token or API key (``bak-...``; ``BREV_API_TOKEN``). Extras:
     ``brev_path`` (default ``brev`` on ``PATH``), ``cloudflared_path`` (a cloudflared for brev on a worker without
-    internet; default: the one brev downloads, once per connection), ``org`` (default: the account's), ``org_id`` (an API key's org),
+    internet; default: the one brev downloads, once per connection), ``org`` (default: the account's), ``org_id``
+    (an API key's org),
     ``instance_type`` (the default fallback chain of the instances this provider creates, e.g.
     ``g5.xlarge,g6.xlarge``; unset = the CLI's own choice),
     ``lease_hours`` (default 8: an instance this provider created is reaped after that long), ``ngc_api_key``
