@@ -514,7 +514,8 @@ def test_delete_stop_start(world: BrevWorld, home: Path) -> None:
     unknown = ok(brev(world, home, "start", "no-such-box"))
     assert unknown.stdout == "tried to start with local path but path not found\nno-such-box\n"
 
-    assert ok(brev(world, home, "delete", world.instance("h100")["id"])).stdout == world.instance("h100")["id"] + "\n"
+    h100_id = world.instance("h100")["id"]  # read before the delete: the instance may be gone right after it
+    assert ok(brev(world, home, "delete", h100_id)).stdout == h100_id + "\n"
     assert ok(brev(world, home, "delete", "box")).stdout == "box\n"
     assert world.instance("box")["status"] == "DELETING"
     assert world.containers() == []  # the VMs are torn down at once
