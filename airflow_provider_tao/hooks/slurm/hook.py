@@ -40,6 +40,7 @@ from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks.base import ConnectionProblem, JobValidationError
 from airflow_provider_tao.hooks.shared.env import multi_node_env, render_env_file
+from airflow_provider_tao.hooks.shared.results import RESULT_FILE_LIMIT, remote_read_command, remote_read_result
 from airflow_provider_tao.hooks.slurm import commands as scmd
 from airflow_provider_tao.hooks.slurm import logs as slog
 from airflow_provider_tao.hooks.slurm import script as ss
@@ -112,13 +113,13 @@ class SlurmHook(SlurmReapHook):
             "Log file": layout.out_file,
         }
 
-    def read_result_file(self, handle: JobHandle, name: str, limit: int = 1 << 20) -> bytes | None:
-        """A file of the results folder, read on the cluster (``head -c``)."""
+    def read_result_file(self, handle: JobHandle, name: str, limit: int = RESULT_FILE_LIMIT) -> bytes | None:
+        """A file of the results folder, read on the cluster with the checks of
+        :func:`~airflow_provider_tao.hooks.shared.results.read_local_result` (no link, a regular file, bounded)."""
         if not handle.results_dir.startswith("/"):
             return None
-        path = f"{handle.results_dir.rstrip('/')}/{name}"
-        result = self.run(f"head -c {int(limit)} {shlex.quote(path)}", timeout=60)
-        return result.out if result.rc == 0 else None
+        result = self.run(remote_read_command(handle.results_dir, name, limit), timeout=60)
+        return remote_read_result(result.rc, result.out, f"{handle.results_dir.rstrip('/')}/{name}", limit)
 
     def list_active_jobs(self) -> list[JobHandle]:
         """This user's queued or running Slurm jobs that carry this provider's comment (one ``squeue``)."""
