@@ -136,6 +136,8 @@ def _check_input_uri(uri: Any, where: str) -> None:
         bucket, _key = uri[5:].partition("/")[::2]
         if not _S3_BUCKET.fullmatch(bucket):
             raise ValueError(f"{where}: {uri!r} is not a valid s3://bucket/key URI")
+        if ".." in _key.split("/"):  # a cache mount would map it outside its root (runner.job.paths.cache_path)
+            raise ValueError(f"{where}: {uri!r} has a '..' segment; name the S3 object without '..'")
     elif uri.startswith("file://"):
         if not os.path.isabs(uri[len("file://") :]):
             raise ValueError(f"{where}: {uri!r}: file:// URIs must be absolute (file:///data/x)")
