@@ -177,7 +177,7 @@ def test_the_cache_mapping_never_leaves_the_cache_root(uri: str) -> None:
 def test_an_s3_uri_with_a_dotdot_segment_is_refused_before_submission() -> None:
     from airflow_provider_tao.runner.validation import _check_input_uri
 
-    with pytest.raises(ValueError, match=r"inputs\.x: 's3://bkt/a/\.\./b' has a '\.\.' segment"):
+    with pytest.raises(ValueError, match=r"inputs\.x: 's3://bkt/a/\.\./b' is not a valid .* \(without '\.\.' key"):
         _check_input_uri("s3://bkt/a/../b", "inputs.x")
     _check_input_uri("s3://bkt/a/..b", "inputs.x")
 
