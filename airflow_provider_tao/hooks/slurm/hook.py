@@ -178,16 +178,22 @@ class SlurmHook(SlurmReapHook):
         return JobHandle(**{**handle.to_json(), "backend_job_id": slurm_id})
 
     def find_job(self, name: str) -> JobHandle | None:
+        """The newest job of ``name``, adopted only when the cluster's files about it agree with what was submitted
+        and with Slurm's records (:func:`~airflow_provider_tao.hooks.slurm.commands.adoptable`)."""
         layout = self.layout("_", name)
-        found = scmd.parse_find_job(self.run(scmd.find_job_command(layout), timeout=60).text)
-        if found is None:
+        found = scmd.parse_found_job(self.run(scmd.find_job_command(layout), timeout=60).text)
+        if found is None or not found[1]:
             return None
-        job_id, meta, slurm_id, same_named = found
-        if not slurm_id:  # the submitter died before recording the id: find it by the job's comment
-            slurm_id = next((sid for sid, c in same_named.items() if c == f"tao:{job_id}"), "")
-        if not meta:
+        verdict = scmd.adoptable(name, self.conn_id or "", found)
+        if isinstance(verdict, str):
+            self.log.warning("Not adopting the job recorded for %s: %s", name, verdict)
             return None
-        return JobHandle(**{**JobHandle.from_json(meta).to_json(), "backend_job_id": slurm_id})
+        meta, slurm_id = verdict
+        try:
+            return JobHandle(**{**JobHandle.from_json(meta).to_json(), "backend_job_id": slurm_id})
+        except (KeyError, TypeError, ValueError) as exc:
+            self.log.warning("Not adopting the job recorded for %s: its handle does not read (%s)", name, exc)
+            return None
 
     # ----------------------------------------------------------------- status (worker side)
 

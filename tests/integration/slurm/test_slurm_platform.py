@@ -398,6 +398,36 @@ def test_a_retry_reattaches_instead_of_submitting_again(slurm_cluster: Any, trig
     second.future.cancel()
 
 
+def test_reattach_adopts_no_job_the_clusters_files_were_rewritten_to_name(slurm_cluster: Any, hook: SlurmHook) -> None:
+    """Issue 38.8: any job of the account can rewrite ``jobs/_names/<name>`` and ``meta/...``; a reattaching task
+    adopts only a job whose recorded handle and Slurm id agree with what was submitted and with Slurm's records."""
+    job_id = uuid.uuid4().hex[:12]
+    spec = JobSpec(name=f"adopt-{job_id}", job_id=job_id, image=_py(slurm_cluster), gpu_count=0, command="sleep 120")
+    handle = hook.create_job(spec)
+    victim = slurm_cluster.sbatch("-J", f"victim-{job_id}", "-o", "/dev/null", "--wrap", "sleep 120")
+    layout = hook.layout(job_id, spec.name)
+    sid_file = f"{layout.job_dir}/meta/slurm_job_id"
+    try:
+        assert hook.find_job(spec.name) == handle  # the job as submitted is adopted
+        slurm_cluster.ssh(f"echo {victim} > {sid_file}")  # another Slurm job of the account
+        assert hook.find_job(spec.name) is None
+        slurm_cluster.ssh(f"echo {handle.backend_job_id} > {sid_file}")
+        forged = uuid.uuid4().hex[:12]  # a job folder made to look like the job's, pointing at the victim
+        meta = json.dumps({**handle.to_json(), "job_id": forged, "results_dir": f"/tmp/{forged}"})
+        forged_dir = f"{layout.jobs_root}/{forged}/meta"
+        slurm_cluster.ssh(
+            f"mkdir -p {forged_dir} && echo {victim} > {forged_dir}/slurm_job_id && "
+            f"cat > {forged_dir}/{forged}.json && echo {forged} > {layout.names_index}",
+            input=meta,
+        )
+        assert hook.find_job(spec.name) is None
+        slurm_cluster.ssh(f"printf '../{job_id}' > {layout.names_index}")
+        assert hook.find_job(spec.name) is None
+    finally:
+        hook.cancel_job(handle)
+        slurm_cluster.ssh(f"scancel {victim}", check=False)
+
+
 def test_one_submission_is_one_ssh_connection(slurm_cluster: Any, triggerer: Any) -> None:
     before_logins, before = accepted_logins(slurm_cluster), dict(slurm_ssh.STATS)
     started = time.monotonic()
