@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_tao import settings
+from airflow_provider_tao import secret_refs, settings
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.shared.results import read_s3_result
@@ -29,12 +29,14 @@ if TYPE_CHECKING:
 class JobOutcomeMixin(CapacityFailoverMixin, S3StagingMixin):
     """Records a job and ends the task with its outcome.
 
-    Reads the operator's ``cancel_on_kill``, ``metrics_file`` and ``outlets``, its ``interval`` and ``_deadline``.
+    Reads the operator's ``cancel_on_kill``, ``metrics_file``, ``outlets`` and ``_secret_refs``, its ``interval`` and
+    ``_deadline``.
     """
 
     cancel_on_kill: bool
     metrics_file: str | None
     outlets: list[Any]
+    _secret_refs: dict[str, tuple[str, str]]  # the task's secret_env references (secret_refs.parse_secret_env)
 
     if TYPE_CHECKING:
 
@@ -54,7 +56,7 @@ class JobOutcomeMixin(CapacityFailoverMixin, S3StagingMixin):
             "num_nodes": self.num_nodes,
             "cancel_on_kill": self.cancel_on_kill,
             "deadline": self._deadline(context),
-            "secret_conn_ids": [self.storage_conn_id] if self.storage_conn_id else [],
+            "secret_conn_ids": [c for c in (self.storage_conn_id, *secret_refs.references(self._secret_refs)) if c],
         }
         previous = self._stored(context)
         return previous.successor(handle, **fields) if previous else JobRecord(handle=handle.to_json(), **fields)
