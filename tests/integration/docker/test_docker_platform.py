@@ -131,6 +131,28 @@ def test_results_files_the_container_made_links_fifos_or_huge_are_not_read_on_th
     assert hook.read_result_file(handle, "ok.json") == b'{"ok": 1}\n'
 
 
+def test_a_dag_authors_secret_env_reaches_the_container_only_and_the_trigger_masks_it(
+    docker_engine: DockerEngine, triggerer: Triggerer, results_root: Path, capfd: Any, monkeypatch: Any
+) -> None:
+    """Issue 38.6 on Docker: ``secret_env`` travels in the launcher's secrets file, never in ``docker inspect`` or
+    the trigger's kwargs, and the job's own line with it is masked in the (triggerer's) task log."""
+    secret = f"author-secret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("AIRFLOW_CONN_MY_HF", json.dumps({"conn_type": "generic", "password": secret}))
+    op = _op(
+        docker_engine.busybox,
+        'echo "token=$HF_TOKEN" && printf %s "$HF_TOKEN" > "$TAO_RESULTS_ROOT/$TAO_JOB_ID/got"',
+        secret_env={"HF_TOKEN": "conn:my_hf.password"},
+    )
+    run = start(triggerer, op)
+    assert secret not in json.dumps(run.deferred.trigger.serialize())
+    result = finish(run)
+    assert result["state"] == "Complete"
+    assert (results_root / run.job_id / "got").read_text() == secret  # the job got it
+    assert secret not in json.dumps(docker_engine.client.inspect_container(f"tao-job-{run.job_id}"))
+    logged = capfd.readouterr()
+    assert "[job] token=***" in logged.out + logged.err and secret not in logged.out + logged.err
+
+
 def test_non_zero_exit_is_a_program_error_not_retried_one_container(
     docker_engine: DockerEngine, triggerer: Triggerer
 ) -> None:
