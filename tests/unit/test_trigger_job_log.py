@@ -291,3 +291,29 @@ async def test_a_job_printing_a_malformed_heartbeat_still_completes_its_task_and
     assert payload["status"] == "complete"
     assert payload["log_cursor"] not in ("", "0")  # past the lines: a retry does not read them again
     assert 'TAO_PROGRESS {"bytes": 1e999}' in _job_lines(capsys.readouterr().out)
+
+
+class _EndsWithMalformedHeartbeats(FakeHook):
+    """A job that has ended by its first poll, its log two heartbeats no runner prints."""
+
+    def create_job(self, spec: JobSpec, try_number: int = 1) -> JobHandle:
+        handle = super().create_job(spec, try_number)
+        self.logs[handle.job_id] = "TAO_PROGRESS " + "[" * 100_000 + '\nTAO_PROGRESS {"bytes": [1]}\n'
+        self.jobs[handle.job_id]["state"] = JobState.COMPLETE
+        return handle
+
+
+def test_a_worker_waiting_on_a_job_with_a_malformed_heartbeat_still_returns_its_result(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The worker's own wait (``deferrable=False``) copies the log through the same writer (issue 38.4)."""
+    from airflow_provider_tao import hooks
+    from airflow_provider_tao.operators.submit import TAOSubmitOperator
+    from tests.unit.fakes import Store, make_context
+
+    monkeypatch.setitem(hooks.PLATFORMS, "fake", ("tao_fake", f"{__name__}._EndsWithMalformedHeartbeats"))
+    op = TAOSubmitOperator(
+        task_id="t", conn_id="fake_conn", image="i:1", command="x", deferrable=False, poll_interval=0.02
+    )
+    assert op.execute(make_context(Store()))["state"] == "Complete"
+    assert any(line.startswith('TAO_PROGRESS {"bytes": [1]}') for line in _job_lines(capsys.readouterr().out))

@@ -20,6 +20,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowTaskTimeout, TaskDeferred
 
 from airflow_provider_tao.hooks.base import JobValidationError
+from airflow_provider_tao.hooks.shared.results import UnsafeResultFile
 from airflow_provider_tao.hooks.slurm import SlurmHook
 from airflow_provider_tao.hooks.slurm import ssh as slurm_ssh
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
@@ -426,6 +427,34 @@ def test_reattach_adopts_no_job_the_clusters_files_were_rewritten_to_name(slurm_
     finally:
         hook.cancel_job(handle)
         slurm_cluster.ssh(f"scancel {victim}", check=False)
+
+
+def test_results_files_are_read_on_the_cluster_without_links_fifos_or_huge_files(
+    slurm_cluster: Any, hook: SlurmHook
+) -> None:
+    """Issue 38.5 on the cluster (``sh`` on the login node): a job's link to a file of the account, a FIFO, a huge
+    file and a linked folder are refused; a regular file is read."""
+    job_id = uuid.uuid4().hex[:12]
+    folder = f"{slurm_cluster.results_root}/{job_id}"
+    slurm_cluster.ssh(
+        f"mkdir -p {folder} && cd {folder} && echo 'secret-of-the-account' > ../{job_id}.secret && "
+        f"ln -s ../{job_id}.secret metrics.json && mkfifo fifo.json && ln -s .. up && "
+        "head -c 1100000 /dev/zero > big.json && echo '{\"map\": 1}' > ok.json"
+    )
+    handle = JobHandle(platform="slurm", conn_id=hook.conn_id, job_id=job_id, name="n", results_dir=folder)
+    try:
+        for name, reason in [
+            ("metrics.json", "symbolic link"),
+            ("up/ok.json", "symbolic link"),
+            ("fifo.json", "not a regular file"),
+            ("big.json", "more than"),
+        ]:
+            with pytest.raises(UnsafeResultFile, match=reason):
+                hook.read_result_file(handle, name)
+        assert hook.read_result_file(handle, "ok.json") == b'{"map": 1}\n'
+        assert hook.read_result_file(handle, "missing.json") is None
+    finally:
+        slurm_cluster.ssh(f"rm -rf {folder} {folder}.secret", check=False)
 
 
 def test_one_submission_is_one_ssh_connection(slurm_cluster: Any, triggerer: Any) -> None:
