@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,19 @@ def job_dir(tmp_path: Path) -> Path:
     folder = tmp_path / "results" / "abc123"
     folder.mkdir(parents=True)
     return folder
+
+
+#: Why each kind of planted file is refused (``assert_refused``).
+REFUSALS = {"link": "symbolic link", "linked_folder": "symbolic link", "fifo": "not a regular file", "big": "more than"}
+
+
+def assert_refused(read: Callable[[str], Any], link: str, linked_folder: str) -> None:
+    """``read(name)`` refuses, each for its reason, the link ``link``, the file behind the linked folder
+    ``linked_folder``, the FIFO ``fifo.json`` and the huge ``big.json`` (as every test of a reader plants them)."""
+    names = {"link": link, "linked_folder": linked_folder, "fifo": "fifo.json", "big": "big.json"}
+    for kind, name in names.items():
+        with pytest.raises(UnsafeResultFile, match=REFUSALS[kind]):
+            read(name)
 
 
 def _read_in_thread(results_dir: Path, name: str) -> Any:
@@ -141,14 +155,7 @@ def test_the_remote_read_applies_the_same_checks(job_dir: Path, tmp_path: Path) 
     os.mkfifo(job_dir / "fifo.json")
     with open(job_dir / "big.json", "wb") as file:
         file.truncate(2048)
-    for name, reason in [
-        ("link.json", "symbolic link"),
-        ("sub/config.json", "symbolic link"),
-        ("fifo.json", "not a regular file"),
-        ("big.json", "more than"),
-    ]:
-        with pytest.raises(UnsafeResultFile, match=reason):
-            _remote(job_dir, name, limit=1024)
+    assert_refused(lambda name: _remote(job_dir, name, limit=1024), link="link.json", linked_folder="sub/config.json")
 
 
 # --------------------------------------------------------------------------- S3: the size first, then a bounded read

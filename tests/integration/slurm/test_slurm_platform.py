@@ -13,6 +13,7 @@ import shlex
 import time
 import uuid
 from datetime import timedelta
+from functools import partial
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -20,12 +21,12 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowTaskTimeout, TaskDeferred
 
 from airflow_provider_tao.hooks.base import JobValidationError
-from airflow_provider_tao.hooks.shared.results import UnsafeResultFile
 from airflow_provider_tao.hooks.slurm import SlurmHook
 from airflow_provider_tao.hooks.slurm import ssh as slurm_ssh
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
 from tests.integration.slurm.conftest import accepted_logins
 from tests.integration.taskrun import event_of, finish, kill, make_operator, start
+from tests.unit.test_results_reading import assert_refused
 
 pytestmark = pytest.mark.integration
 
@@ -443,14 +444,7 @@ def test_results_files_are_read_on_the_cluster_without_links_fifos_or_huge_files
     )
     handle = JobHandle(platform="slurm", conn_id=hook.conn_id, job_id=job_id, name="n", results_dir=folder)
     try:
-        for name, reason in [
-            ("metrics.json", "symbolic link"),
-            ("up/ok.json", "symbolic link"),
-            ("fifo.json", "not a regular file"),
-            ("big.json", "more than"),
-        ]:
-            with pytest.raises(UnsafeResultFile, match=reason):
-                hook.read_result_file(handle, name)
+        assert_refused(partial(hook.read_result_file, handle), link="metrics.json", linked_folder="up/ok.json")
         assert hook.read_result_file(handle, "ok.json") == b'{"map": 1}\n'
         assert hook.read_result_file(handle, "missing.json") is None
     finally:
