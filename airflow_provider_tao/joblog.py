@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from airflow_provider_tao.hooks.shared.secrets import redact
 
@@ -27,15 +28,18 @@ def latest_state(line: str) -> str:
 
 def render_progress(line: str) -> str:
     """A runner ``TAO_PROGRESS {json}`` heartbeat in words (``progress: run, step 120, epoch 2/10``); any other
-    line unchanged."""
+    line, and a heartbeat whose fields are not what the runner prints, unchanged: a job's output is data, and one
+    line must never stop its log from being shown (or its task from ending)."""
     if not line.startswith(PROGRESS_PREFIX):
         return line
     try:
         data = json.loads(line[len(PROGRESS_PREFIX) :])
-    except ValueError:
+        return _progress_words(data) if isinstance(data, dict) else line
+    except (ValueError, TypeError, OverflowError, RecursionError):  # "x", 1e999, [1], 10**5000, [[[...
         return line
-    if not isinstance(data, dict):
-        return line
+
+
+def _progress_words(data: dict[str, Any]) -> str:
     words = [str(data.get("phase", "?"))]
     if status := data.get("status"):
         words.append(str(status))

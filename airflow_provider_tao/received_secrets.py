@@ -5,6 +5,8 @@ The worker registers every secret it hands a job with its own masker, but a defe
 the triggerer, which never saw them; and trigger kwargs (stored in the metadata database) must never carry secrets.
 So the triggerer derives them again, from the same sources and by the same rules the worker used:
 
+* every field a task's ``secret_env`` names (``conn:<id>.<field>`` entries of ``secret_conn_ids``,
+  :mod:`airflow_provider_tao.secret_refs`);
 * every connection of ``secret_conn_ids``: its password, its extras Airflow calls sensitive, the key and kubeconfig
   extras (and the credentials inside a kubeconfig);
 * a platform connection's settings that fall back to the environment (``NGC_KEY``, ``HF_TOKEN``,
@@ -26,6 +28,8 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
+
+from airflow_provider_tao.secret_refs import is_ref, ref_conn_id, referenced_value
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +58,7 @@ async def _asecrets_received(conn_ids: Sequence[str]) -> list[str]:
     values: list[str] = []
     for conn_id in conn_ids:
         try:
-            conn = await aget_connection(conn_id)
+            conn = await aget_connection(ref_conn_id(conn_id))
             extras = await conn.aextra_dejson()
             values += await asyncio.to_thread(_secrets_of, conn_id, conn, extras if isinstance(extras, dict) else {})
         except Exception as exc:  # masking is best effort per connection; the others still count
@@ -70,7 +74,7 @@ def secrets_received(conn_ids: Sequence[str]) -> list[str]:
     values: list[str] = []
     for conn_id in conn_ids:
         try:
-            conn = get_connection(conn_id)
+            conn = get_connection(ref_conn_id(conn_id))
             extras = conn.extra_dejson
             values += _secrets_of(conn_id, conn, extras if isinstance(extras, dict) else {})
         except Exception as exc:  # masking is best effort per connection; the others still count
@@ -89,6 +93,8 @@ def _secrets_of(conn_id: str, conn: Any, extras: dict[str, Any]) -> list[str]:
     from airflow_provider_tao.hooks import get_platform_hook, platform_for_conn_type
     from airflow_provider_tao.hooks.shared.secrets import connection_secrets
 
+    if is_ref(conn_id):  # a field the task's secret_env names (conn:<id>.<field>): that value only
+        return referenced_value(conn_id, conn, extras)
     values = connection_secrets(conn, extras) + kubeconfig_secrets(extras.get("kube_config"))
     platform = platform_for_conn_type(conn.conn_type or "")
     if platform is not None:

@@ -237,8 +237,9 @@ def sweep_from_a_task(
     The sweeper reads the metadata database (task records, task instance states, the ``tao_*`` connections), which
     Airflow 3 keeps away from task code: it replaces the database URL in a task's environment. So the sweep runs as
     the CLI in a child process given the database's URL from an Airflow connection made for it -- the way Airflow's
-    upgrade guide tells maintenance tasks to reach the database. Where workers cannot reach the database, run
-    ``airflow tao reap`` from cron on a scheduler host instead.
+    upgrade guide tells maintenance tasks to reach the database. But in Airflow 3 every task may read every
+    connection, so that connection hands the database to every DAG author: where DAG authors are not all trusted
+    with it, run ``airflow tao reap --every 5`` as a service beside the scheduler instead (``docs/security.md``).
 
     :param dry_run: decide and report, cancel nothing.
     :param min_age_minutes: keep jobs younger than this.
@@ -282,9 +283,11 @@ def metadata_db_url(conn_id: str) -> str:
     except AirflowNotFoundException:
         raise RuntimeError(
             f"The orphan sweeper reads Airflow's metadata database through the connection {conn_id!r}, which does not "
-            f"exist. Create it with the database's URL (the value of [database] sql_alchemy_conn) in its extra, e.g. "
+            "exist. Better: run `airflow tao reap --every 5` as a service beside the scheduler (it has the database; "
+            "no task code gets it) and leave this DAG off. Else create the connection with the database's URL (the "
+            f"value of [database] sql_alchemy_conn) in its extra, e.g. "
             f'AIRFLOW_CONN_{conn_id.upper()}=\'{{"conn_type": "generic", "extra": {{"sql_alchemy_conn": '
-            f'"postgresql://..."}}}}\', or run `airflow tao reap` from cron on a scheduler host instead.'
+            f'"postgresql://..."}}}}\' -- knowing that every task of the deployment can then read it.'
         ) from None
     url = str(conn.extra_dejson.get("sql_alchemy_conn") or conn.get_uri())
     if url.startswith("postgres://"):  # Airflow's URI scheme for Postgres connections; SQLAlchemy's is postgresql

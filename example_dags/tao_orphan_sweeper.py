@@ -11,9 +11,12 @@ job (and per Brev instance, whose leases it reaps too): what was done and why; t
 
 It is ``airflow tao reap`` run by the worker. Airflow 3 keeps task code away from the metadata database, so the sweep
 is given the database's URL through a connection made for it, ``tao_metadata_db`` (extra ``sql_alchemy_conn``: the
-value of ``[database] sql_alchemy_conn``), and the worker must be able to reach the database. Where workers cannot,
-run ``airflow tao reap`` from cron on a scheduler host instead. Trigger it with ``{"dry_run": true}`` to see what it
-would cancel.
+value of ``[database] sql_alchemy_conn``), and the worker must be able to reach the database. Any task can read any
+connection in Airflow 3, so that connection gives the database to every DAG author: use this DAG only where they are
+all trusted with it. Everywhere else run the same sweep OUTSIDE task code instead -- ``airflow tao reap --every 5`` as
+a service beside the scheduler (a docker-compose service, a Kubernetes sidecar, a systemd unit), which needs no
+connection and no worker access to the database -- and leave this DAG off (see ``docs/security.md``). Trigger it with
+``{"dry_run": true}`` to see what it would cancel.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import re
 import sys
 import time
 from argparse import Namespace
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from airflow.cli.simple_table import AirflowConsole
@@ -181,7 +182,30 @@ def _cancel_note(ended: bool, ti_state: str | None) -> str:
 @providers_configuration_loaded
 def reap(args: Namespace) -> None:
     """``airflow tao reap``: the orphan sweeper (:mod:`airflow_provider_tao.sweeper`) on every connection jobs were
-    started on and every ``tao_*`` connection of the metadata database."""
+    started on and every ``tao_*`` connection of the metadata database; with ``--every``, again and again (a
+    service beside the scheduler: the sweep reads the database outside task code)."""
+    every = getattr(args, "every", None)
+    if every is None:
+        _print(_sweep(args), args.output)
+        return
+    if every <= 0:
+        _fail(f"--every {every}: give the minutes between sweeps, more than 0")
+    run_every(every * 60, lambda: _print(_sweep(args), args.output))
+
+
+def run_every(seconds: float, sweep: Callable[[], None], sleep: Callable[[float], None] = time.sleep) -> None:
+    """``sweep`` now and every ``seconds`` after, for ever: a sweep that fails is logged and the next one runs (an
+    unreachable database or platform now is no reason to stop sweeping)."""
+    while True:
+        try:
+            sweep()
+        except Exception:
+            log.exception("The sweep failed; the next one runs in %.0f s", seconds)
+        sys.stdout.flush()
+        sleep(seconds)
+
+
+def _sweep(args: Namespace) -> list[dict[str, Any]]:
     from airflow.models.connection import Connection
     from sqlalchemy import select
 
@@ -214,7 +238,7 @@ def reap(args: Namespace) -> None:
         except Exception as exc:  # one unreachable platform must not stop the others' sweeping
             rows.append({"platform": platform, "conn_id": conn_id, "job_id": None, "action": "error", "why": str(exc)})
             log.warning("%s", describe(rows[-1]))
-    _print(rows, args.output)
+    return rows
 
 
 def _recheck(job: IndexedJob) -> str | None:

@@ -23,6 +23,14 @@ ARG_MIN_AGE = Arg(
     help="Leave jobs younger than this alone (default 0: a job is recorded before its task can end, so even a young "
     "orphan is judged right; a job no task recorded is never canceled)",
 )
+ARG_EVERY = Arg(
+    ("--every",),
+    type=float,
+    default=None,
+    metavar="MINUTES",
+    help="Sweep again every MINUTES, for ever (run it as a service beside the scheduler, e.g. a docker-compose service "
+    "or a Kubernetes sidecar: the sweep needs the metadata database, which task code must not have)",
+)
 
 TAO_COMMANDS = (
     ActionCommand(
@@ -49,7 +57,7 @@ TAO_COMMANDS = (
         "the machines a platform rents for them (Brev instances) whose lease expired or whose task ended, on every "
         "connection in use; every decision is listed with its reason",
         func=lazy_load_command(f"{_COMMANDS}.reap"),
-        args=(ARG_DRY_RUN, ARG_MIN_AGE, ARG_OUTPUT, ARG_VERBOSE),
+        args=(ARG_DRY_RUN, ARG_MIN_AGE, ARG_EVERY, ARG_OUTPUT, ARG_VERBOSE),
     ),
 )
 

@@ -33,6 +33,7 @@ from airflow_provider_tao.failures import FailureFacts, classify
 
 # JobSubmitError is not used here: the contract's errors keep their documented path, hooks.base.<Error>
 from airflow_provider_tao.hooks.errors import ConnectionProblem, JobSubmitError, JobValidationError  # noqa: F401
+from airflow_provider_tao.hooks.shared.results import RESULT_FILE_LIMIT, read_local_result
 from airflow_provider_tao.hooks.shared.secrets import connection_secrets, redact
 from airflow_provider_tao.hooks.validation import check_spec_text
 from airflow_provider_tao.jobs import FailureAnalysis, JobHandle, JobSpec, JobState, JobStatus
@@ -405,14 +406,13 @@ class TAOPlatformHook(BaseHook):
     def check_path(self, uri: str) -> bool:
         raise NotImplementedError
 
-    def read_result_file(self, handle: JobHandle, name: str, limit: int = 1 << 20) -> bytes | None:
-        """The first ``limit`` bytes of ``<results_dir>/<name>`` (the metrics file), or None if there is none.
-        Default: a results folder this host can read; platforms whose results live elsewhere override it."""
+    def read_result_file(self, handle: JobHandle, name: str, limit: int = RESULT_FILE_LIMIT) -> bytes | None:
+        """``<results_dir>/<name>`` or None; a link, FIFO or file over ``limit`` raises ``UnsafeResultFile`` (default:
+        a results folder on this host, see :mod:`~airflow_provider_tao.hooks.shared.results`)."""
         if not handle.results_dir.startswith("/"):
             return None
         try:
-            with open(os.path.join(handle.results_dir, name), "rb") as file:
-                return file.read(limit)
+            return read_local_result(handle.results_dir, name, limit)
         except OSError:
             return None
 

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_provider_tao import settings
+from airflow_provider_tao import secret_refs, settings
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks import get_platform_hook
+from airflow_provider_tao.hooks.shared.results import read_s3_result
 from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobHandle, JobState, JobStatus
 from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESULTS_DIR
 from airflow_provider_tao.operators.failover import CapacityFailoverMixin
@@ -28,12 +29,14 @@ if TYPE_CHECKING:
 class JobOutcomeMixin(CapacityFailoverMixin, S3StagingMixin):
     """Records a job and ends the task with its outcome.
 
-    Reads the operator's ``cancel_on_kill``, ``metrics_file`` and ``outlets``, its ``interval`` and ``_deadline``.
+    Reads the operator's ``cancel_on_kill``, ``metrics_file``, ``outlets`` and ``_secret_refs``, its ``interval`` and
+    ``_deadline``.
     """
 
     cancel_on_kill: bool
     metrics_file: str | None
     outlets: list[Any]
+    _secret_refs: dict[str, tuple[str, str]]  # the task's secret_env references (secret_refs.parse_secret_env)
 
     if TYPE_CHECKING:
 
@@ -53,7 +56,7 @@ class JobOutcomeMixin(CapacityFailoverMixin, S3StagingMixin):
             "num_nodes": self.num_nodes,
             "cancel_on_kill": self.cancel_on_kill,
             "deadline": self._deadline(context),
-            "secret_conn_ids": [self.storage_conn_id] if self.storage_conn_id else [],
+            "secret_conn_ids": [c for c in (self.storage_conn_id, *secret_refs.references(self._secret_refs)) if c],
         }
         previous = self._stored(context)
         return previous.successor(handle, **fields) if previous else JobRecord(handle=handle.to_json(), **fields)
@@ -154,7 +157,8 @@ class JobOutcomeMixin(CapacityFailoverMixin, S3StagingMixin):
         return result
 
     def _read_metrics(self, hook: TAOPlatformHook, handle: JobHandle) -> Any:
-        """The job's metrics file (JSON), or None when it has none (or it cannot be read: never a failure)."""
+        """The job's metrics file (JSON), or None when it has none (or it cannot be read: never a failure). The job
+        wrote it: read only as a regular file of bounded size (:mod:`~airflow_provider_tao.hooks.shared.results`)."""
         if not self.metrics_file or not handle.results_dir:
             return None
         import json
@@ -162,7 +166,8 @@ class JobOutcomeMixin(CapacityFailoverMixin, S3StagingMixin):
         try:
             if handle.results_dir.startswith("s3://") and self.storage_conn_id:
                 bucket, _, key = handle.results_dir.removeprefix("s3://").partition("/")
-                data = self._s3_hook().read_key(f"{key.rstrip('/')}/{self.metrics_file}", bucket)
+                client = self._s3_hook().get_conn()  # a size check first: the job wrote it, any size is possible
+                data = read_s3_result(client, bucket, f"{key.rstrip('/')}/{self.metrics_file}")
             else:
                 data = hook.read_result_file(handle, self.metrics_file)
             return None if data is None else json.loads(data)

@@ -39,6 +39,8 @@ from airflow_provider_tao.jobs import JobHandle, JobSpec
 from airflow_provider_tao.links import TAOJobLink, TAOResultsLink
 from airflow_provider_tao.operators.failover import seconds_of
 from airflow_provider_tao.operators.lifecycle import JobLifecycleMixin
+from airflow_provider_tao.secret_refs import parse_secret_env, references
+from airflow_provider_tao.secret_refs import resolve as resolve_secret_refs
 from airflow_provider_tao.waiting import WaitLog
 
 if TYPE_CHECKING:
@@ -72,7 +74,12 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
         Optional on ``local`` (the job runs on the worker host).
     :param gpu_count: GPUs per node: 0 = none, N = N GPUs, -1 = all visible GPUs.
     :param num_nodes: nodes for a multi-node job (platforms that support it).
-    :param env: environment variables of the job (values must be strings).
+    :param env: environment variables of the job (values must be strings). Plain: they show in the job's spec.
+    :param secret_env: secret environment variables of the job, each a reference to a connection field:
+        ``{"HF_TOKEN": "conn:my_hf.password"}`` (``password``, ``login``, ``host``, ``schema``, ``port`` or an extra's
+        name). The value travels over the platform's secret channel only and is masked wherever the job's lines
+        are shown; a reference that does not resolve fails the task before anything is submitted. Not templated:
+        a rendered value could not be masked outside this task (see ``docs/security.md``).
     :param backend_details: platform-specific settings (partition, instance type, ``mem_limit``, ...); with
         ``fallback_conn_ids``, either the same settings for every connection or a mapping keyed by connection id.
     :param specs: config mode: the nested spec written at ``{config_path}`` (dicts, not flat dotted keys).
@@ -134,6 +141,7 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
         gpu_count: int = 1,
         num_nodes: int = 1,
         env: dict[str, str] | None = None,
+        secret_env: dict[str, str] | None = None,
         backend_details: dict[str, Any] | None = None,
         specs: dict[str, Any] | None = None,
         args: dict[str, Any] | None = None,
@@ -161,6 +169,7 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
         self.gpu_count = gpu_count
         self.num_nodes = num_nodes
         self.env = env or {}
+        self.secret_env = secret_env or {}
         self.backend_details = backend_details or {}
         self.specs = specs
         self.args = args
@@ -207,6 +216,7 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
         if self.poll_interval is not None and self.poll_interval <= 0:
             raise JobValidationError("poll_interval", f"{self.poll_interval} is not allowed", "Use seconds > 0")
         self._check_env_and_image()
+        self._secret_refs = parse_secret_env(self.secret_env)
         if self.metrics_file is not None and (self.metrics_file.startswith("/") or ".." in self.metrics_file):
             raise JobValidationError(
                 "metrics_file", f"{self.metrics_file!r} is not inside the results folder", "Give a relative path"
@@ -313,6 +323,8 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
         if not isinstance(self.env, dict):
             raise JobValidationError("env", f"{self.env!r} is not a mapping", "Pass a dict of strings")
         image = self._resolved_image()
+        if clash := sorted(set(self.env) & set(self._secret_refs)):
+            raise JobValidationError("secret_env", f"{clash} are in env too", "Name each variable in one of them")
         spec = JobSpec(
             name=name,
             job_id=secrets.token_hex(6),
@@ -321,6 +333,7 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
             gpu_count=self.gpu_count,
             num_nodes=self.num_nodes,
             env=dict(self.env),
+            secret_env=resolve_secret_refs(self._secret_refs),
             backend_details=self._details_for(hook.conn_id),
             results_uri=self.results_uri,
             deadline=self._deadline(context),
@@ -349,6 +362,11 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         return self._run(context, reattach=True)
+
+    def _secret_conn_ids(self, handle: JobHandle) -> list[str]:
+        """The lifecycle's, and the ``conn:<id>.<field>`` references of ``secret_env``: the triggerer and a
+        resumed worker read those values again to mask them (the values never travel)."""
+        return [*super()._secret_conn_ids(handle), *references(self._secret_refs)]
 
 
 def _origin(context: Context) -> dict[str, str]:

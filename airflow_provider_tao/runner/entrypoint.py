@@ -158,7 +158,7 @@ def parse_progress(line: str) -> dict[str, Any] | None:
         return None
     try:
         payload = json.loads(line[start + len(PROGRESS_PREFIX) :])
-    except ValueError:
+    except (ValueError, RecursionError):  # the job's own text: anything can be there
         return None
     return payload if isinstance(payload, dict) and "phase" in payload else None
 

@@ -134,8 +134,8 @@ def _check_input_uri(uri: Any, where: str) -> None:
         raise ValueError(f"{where}: expected a URI or absolute path string, got {uri!r}")
     if uri.startswith("s3://"):
         bucket, _key = uri[5:].partition("/")[::2]
-        if not _S3_BUCKET.fullmatch(bucket):
-            raise ValueError(f"{where}: {uri!r} is not a valid s3://bucket/key URI")
+        if not _S3_BUCKET.fullmatch(bucket) or ".." in _key.split("/"):  # '..': mapped to a path, it climbs
+            raise ValueError(f"{where}: {uri!r} is not a valid s3://bucket/key URI (without '..' key segments)")
     elif uri.startswith("file://"):
         if not os.path.isabs(uri[len("file://") :]):
             raise ValueError(f"{where}: {uri!r}: file:// URIs must be absolute (file:///data/x)")

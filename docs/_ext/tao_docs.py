@@ -118,6 +118,9 @@ FIXES: dict[str, str] = {
     "submitting job": "sbatch refused the job: read its message (partition, account, QOS, time limit) and fix the "
     "connection or backend_details.",
     "scancel": "scancel failed: the job may already have ended; check with squeue / sacct.",
+    "sacct could not say what Slurm job": "Reattaching, Slurm's accounting did not answer (slurmdbd down?): this try "
+    "ends without adopting or submitting anything; its retry asks again. Check slurmdbd.",
+    "give the minutes between sweeps": "Give `--every` minutes above 0 (e.g. `airflow tao reap --every 5`).",
     "writing mark {…} of job": "The shared filesystem of the login node refused a write: check its space and "
     "permissions.",
     "unsupported host key type": "Give an ssh-ed25519, ecdsa-sha2-* or ssh-rsa host key (ssh-keyscan -t ed25519).",

@@ -357,6 +357,37 @@ def test_secret_values_are_not_written_to_the_job_folder(hook):
     assert oct(job_dir.stat().st_mode & 0o777) == oct(0o700)
 
 
+def test_a_dag_authors_secret_env_reaches_the_local_job_only(local_env, monkeypatch):
+    """Issue 38.6 on ``local``: ``secret_env`` (a connection field reference) reaches the job's environment through
+    its secret channel, is in no file of the job folder, and ``airflow tao logs`` masks it."""
+    from airflow_provider_tao.joblog import readable_log
+    from airflow_provider_tao.operators.submit import TAOSubmitOperator
+    from airflow_provider_tao.received_secrets import job_secrets
+    from airflow_provider_tao.records import STATE_KEY, JobRecord
+    from tests.unit.fakes import Store, make_context
+
+    secret = "author-secret-" + uuid.uuid4().hex
+    monkeypatch.setenv("AIRFLOW_CONN_MY_HF", json.dumps({"conn_type": "generic", "password": secret}))
+    op = TAOSubmitOperator(
+        task_id="train", conn_id=CONN_ID, gpu_count=0, deferrable=False, poll_interval=0.05,
+        command='echo "token=$HF_TOKEN" && printf %s "$HF_TOKEN" > "$TAO_RESULTS_ROOT/$TAO_JOB_ID/got"',
+        secret_env={"HF_TOKEN": "conn:my_hf.password"},
+    )  # fmt: skip
+    store = Store()
+    result = op.execute(make_context(store))
+    assert result["state"] == "Complete"
+    assert (Path(result["results_dir"]) / "got").read_text() == secret  # the job got it
+    for path in (local_env["jobs_dir"] / result["job_id"]).rglob("*"):
+        if path.is_file() and path.name != "job.log":  # (the job printed it itself: its own log)
+            assert secret not in path.read_text(errors="replace"), path
+    record = JobRecord.from_json(store.get(STATE_KEY))
+    assert record is not None and secret not in json.dumps(store.get(STATE_KEY))
+    hook = LocalHook(conn_id=CONN_ID)
+    text, _ = hook.get_job_logs(record.job)
+    assert f"token={secret}" in text
+    assert "token=***" in readable_log(text, job_secrets(record.secret_conn_ids, CONN_ID))
+
+
 def test_staged_files_are_private_and_cannot_escape(hook):
     handle = hook.create_job(make_spec("true", files={"a/b.txt": b"x"}))
     staged = hook.jobs_dir / handle.job_id / "files" / "a" / "b.txt"

@@ -710,6 +710,48 @@ def test_parse_find_job() -> None:
     assert scmd.parse_find_job("") is None
 
 
+def _found(meta: dict[str, Any], sid: str = "55", queue: str = "55|tao:abc123", acct: str = "") -> str:
+    return f"@@JOB abc123\n{json.dumps(meta)}\n@@ID {sid}\n{queue}\n" + (f"@@ACCT\n{acct}\n" if acct else "")
+
+
+_META = {"job_id": "abc123", "name": "n-1", "platform": "slurm", "conn_id": "c", "results_dir": "/r/abc123"}
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (_found({**_META, "name": "other"}), "does not match the submitted job (name)"),
+        (_found({**_META, "conn_id": "d", "job_id": "x"}), "(conn_id, job_id)"),
+        (_found({**_META, "results_dir": "/home/u/.ssh"}), "results folder of job abc123 is not the job's own"),
+        (_found(_META, queue="55|tao:fffff"), "Slurm job 55 recorded for job abc123 carries another job's comment"),
+        (_found(_META, sid="77", acct="77|victim"), "Slurm job 77 recorded for job abc123 is not a job named n-1"),
+        (_found(_META, sid="77"), "is not a job named n-1"),
+        ("@@JOB -\n", "does not hold a job id"),
+    ],
+)
+def test_reattach_refuses_what_the_clusters_files_were_rewritten_to(text: str, why: str) -> None:
+    """Issue 38.8: the index and the handle are files any job of the account may rewrite."""
+    found = scmd.parse_found_job(text)
+    assert found is not None
+    verdict = scmd.adoptable("n-1", "c", found)
+    assert isinstance(verdict, str) and why in verdict
+
+
+def test_reattach_adopts_the_job_as_submitted_and_a_failed_accounting_read_decides_nothing() -> None:
+    for text, sid in [
+        (_found(_META), "55"),
+        (_found(_META, sid="", queue="54|tao:old\n55|tao:abc123"), "55"),  # the id not recorded yet
+        (_found(_META, sid="77", queue="", acct="77|n-1"), "77"),  # gone from the queue: accounting says it
+    ]:
+        found = scmd.parse_found_job(text)
+        assert found is not None and scmd.adoptable("n-1", "c", found) == (_META, sid)
+    from airflow_provider_tao.hooks.slurm.ssh import SlurmTransportError
+
+    found = scmd.parse_found_job(_found(_META, sid="77", queue="", acct="@@FAILED|"))
+    with pytest.raises(SlurmTransportError, match="sacct could not say"):
+        scmd.adoptable("n-1", "c", found)  # type: ignore[arg-type]
+
+
 def test_parsing_the_slurm_example_dag_opens_no_ssh_library(tmp_path: Path) -> None:
     dag_file = Path(__file__).resolve().parents[2] / "example_dags" / "tao_slurm_train.py"
     code = (

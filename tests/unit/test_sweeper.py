@@ -296,3 +296,38 @@ def test_the_write_aheads_are_read_from_the_task_state_store() -> None:
 
     assert load_write_aheads(Session()) == [({"dag_id": "d", "run_id": "r", "task_id": "t", "map_index": 3}, chain)]
     assert "task_state_store.key = 'tao_chain'" in str(asked[0])
+
+
+def test_the_sweep_runs_outside_task_code_as_a_service_and_a_failed_round_does_not_stop_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 38.7: ``airflow tao reap --every MINUTES`` beside the scheduler: no ``tao_metadata_db`` connection that
+    every task could read."""
+    from argparse import Namespace
+
+    from airflow_provider_tao.cli import commands
+    from airflow_provider_tao.cli.definition import TAO_COMMANDS
+
+    reap = next(c for c in TAO_COMMANDS if c.name == "reap")
+    assert "--every" in [flag for arg in reap.args for flag in arg.flags]
+    rounds: list[int] = []
+    naps: list[float] = []
+
+    def sweep() -> None:
+        rounds.append(len(rounds))
+        if len(rounds) == 2:
+            raise ConnectionError("the database restarts")
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 3:
+            raise KeyboardInterrupt  # the service is stopped
+
+    with pytest.raises(KeyboardInterrupt):
+        commands.run_every(300, sweep, sleep=nap)
+    assert rounds == [0, 1, 2] and naps == [300, 300, 300]  # the failed second round did not end the service
+
+    seen: list[float] = []
+    monkeypatch.setattr(commands, "run_every", lambda seconds, sweep: seen.append(seconds))
+    commands.reap.__wrapped__.__wrapped__(Namespace(every=5.0, output="json", dry_run=True, min_age_minutes=0.0))
+    assert seen == [300.0]

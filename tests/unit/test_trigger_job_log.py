@@ -245,3 +245,75 @@ async def test_triggers_started_together_share_one_lookup_of_the_secrets_their_j
     assert found == [["s3cr3t"]] * 50 and calls == [("job_secrets",)]
     await received_secrets.asecrets_received(["job_secrets"])
     assert len(calls) == 2
+
+
+#: Machine lines a job may print that are not what the runner prints (issue 38.4): wrong types, numbers no float
+#: holds, numbers no int holds, nesting deeper than any parser's stack.
+MALFORMED_MACHINE_LINES = [
+    'TAO_PROGRESS {"phase": "run", "bytes": "x"}',
+    'TAO_PROGRESS {"phase": "run", "bytes": 1e999}',
+    'TAO_PROGRESS {"phase": "run", "bytes": [1]}',
+    'TAO_PROGRESS {"phase": "run", "bytes": {"a": 1}}',
+    'TAO_PROGRESS {"bytes": ' + "9" * 400 + "}",
+    'TAO_PROGRESS {"bytes": ' + "9" * 5000 + "}",
+    "TAO_PROGRESS " + "[" * 100_000,
+    'TAO_PROGRESS {"phase": ' + "[" * 5000 + "]" * 5000 + "}",
+    "TAO_PROGRESS [1]",
+    "TAO_PROGRESS null",
+    'TAO_FAILURE {"err_class": [1]}',
+    'TAO_FAILURE {"err_class": {"a": 1}}',
+    "TAO_FAILURE " + "[" * 100_000,
+]
+
+
+@pytest.mark.parametrize("line", MALFORMED_MACHINE_LINES, ids=range(len(MALFORMED_MACHINE_LINES)))
+def test_a_malformed_machine_line_is_shown_as_text_never_raised(line: str) -> None:
+    from airflow_provider_tao.failures import runner_verdict
+    from airflow_provider_tao.runner.entrypoint import parse_progress
+
+    text = f"before\n{line}\nafter\n"
+    shown = JobLogWriter().feed(text)
+    assert shown[0] == "before" and shown[-1] == "after" and len(shown) == 3
+    assert shown[1] == line or shown[1].startswith("progress: ")  # as text, or in words where the words hold
+    assert readable_log(text).splitlines()[:3] == shown
+    parse_progress(line)  # the runner's own reading of a heartbeat, as the tests and tools use it
+    assert runner_verdict([line]) is None
+
+
+async def test_a_job_printing_a_malformed_heartbeat_still_completes_its_task_and_moves_the_log_cursor(
+    fake_platform: type[FakeHook], capsys: pytest.CaptureFixture[str]
+) -> None:
+    handle = _submit()
+    fake_platform.logs[handle.job_id] = 'TAO_PROGRESS {"phase": "run", "bytes": "x"}\nTAO_PROGRESS {"bytes": 1e999}\n'
+    fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
+    trigger = TAOJobTrigger(handle=handle.to_json(), poll_interval=0.05)
+    payload = (await asyncio.wait_for(trigger.run().__anext__(), 10)).payload
+    assert payload["status"] == "complete"
+    assert payload["log_cursor"] not in ("", "0")  # past the lines: a retry does not read them again
+    assert 'TAO_PROGRESS {"bytes": 1e999}' in _job_lines(capsys.readouterr().out)
+
+
+class _EndsWithMalformedHeartbeats(FakeHook):
+    """A job that has ended by its first poll, its log two heartbeats no runner prints."""
+
+    def create_job(self, spec: JobSpec, try_number: int = 1) -> JobHandle:
+        handle = super().create_job(spec, try_number)
+        self.logs[handle.job_id] = "TAO_PROGRESS " + "[" * 100_000 + '\nTAO_PROGRESS {"bytes": [1]}\n'
+        self.jobs[handle.job_id]["state"] = JobState.COMPLETE
+        return handle
+
+
+def test_a_worker_waiting_on_a_job_with_a_malformed_heartbeat_still_returns_its_result(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The worker's own wait (``deferrable=False``) copies the log through the same writer (issue 38.4)."""
+    from airflow_provider_tao import hooks
+    from airflow_provider_tao.operators.submit import TAOSubmitOperator
+    from tests.unit.fakes import Store, make_context
+
+    monkeypatch.setitem(hooks.PLATFORMS, "fake", ("tao_fake", f"{__name__}._EndsWithMalformedHeartbeats"))
+    op = TAOSubmitOperator(
+        task_id="t", conn_id="fake_conn", image="i:1", command="x", deferrable=False, poll_interval=0.02
+    )
+    assert op.execute(make_context(Store()))["state"] == "Complete"
+    assert any(line.startswith('TAO_PROGRESS {"bytes": [1]}') for line in _job_lines(capsys.readouterr().out))

@@ -9,6 +9,7 @@ import shlex
 from typing import Any
 
 from airflow_provider_tao.hooks.slurm.script import RUN_MARK, JobLayout, parse_slurm_minutes
+from airflow_provider_tao.hooks.slurm.ssh import SlurmTransportError
 from airflow_provider_tao.hooks.slurm.status import sacct_command, squeue_command
 
 
@@ -74,33 +75,85 @@ def resubmit_command(layout: JobLayout, slurm_id: str, max_resubmits: int) -> st
 
 
 def find_job_command(layout: JobLayout) -> str:
+    """The newest job of a deterministic name: its index entry, its handle, its recorded Slurm id, the Slurm jobs
+    of that name (``id|comment``) and what Slurm's accounting says the recorded id is (``@@ACCT id|name``) -- the
+    files are the account's to rewrite, Slurm's records are checked against them (:func:`adoptable`)."""
     q = shlex.quote
     return (
-        f'f={q(layout.names_index)}; [ -f "$f" ] || exit 0; jid=$(head -c 64 "$f"); '
-        f'J={q(layout.jobs_root)}/"$jid"; printf "@@JOB %s\\n" "$jid"; '
-        'cat "$J/meta/$jid.json" 2>/dev/null; printf "\\n@@ID %s\\n" "$(cat "$J/meta/slurm_job_id" 2>/dev/null)"; '
-        f"squeue -h -t all -n {q(layout.name)} -o '%i|%k' 2>/dev/null; exit 0"
+        f'f={q(layout.names_index)}; [ -f "$f" ] && [ ! -L "$f" ] || exit 0; jid=$(head -c 64 "$f"); '
+        'case "$jid" in *[!0-9a-f]*|"") printf "@@JOB %s\n" "-"; exit 0;; esac; '
+        f'J={q(layout.jobs_root)}/"$jid"; printf "@@JOB %s\n" "$jid"; '
+        'head -c 65536 "$J/meta/$jid.json" 2>/dev/null; sid=$(head -c 32 "$J/meta/slurm_job_id" 2>/dev/null); '
+        'printf "\n@@ID %s\n" "$sid"; '
+        f"squeue -h -t all -n {q(layout.name)} -o '%i|%k' 2>/dev/null; "
+        'case "$sid" in *[!0-9]*|"") ;; *) printf "@@ACCT\n"; '
+        'sacct -n -X -P -j "$sid" -o JobIDRaw,JobName%300 2>/dev/null || echo "@@FAILED|";; esac; exit 0'
     )
 
 
 def parse_find_job(text: str) -> tuple[str, dict[str, Any], str, dict[str, str]] | None:
     """(job_id, meta, recorded slurm id, {slurm id: comment} of same-named jobs) or None."""
+    found = parse_found_job(text)
+    return None if found is None else found[:4]
+
+
+def parse_found_job(text: str) -> tuple[str, dict[str, Any], str, dict[str, str], dict[str, str]] | None:
+    """:func:`parse_find_job` plus ``{slurm id: job name}`` from Slurm's accounting of the recorded id."""
     if not text.startswith("@@JOB "):
         return None
     head, _, rest = text.partition("\n")
     job_id = head.split(" ", 1)[1].strip()
     meta_text, _, tail = rest.partition("\n@@ID ")
     id_line, _, queue = tail.partition("\n")
+    queue, _, accounted = queue.partition("@@ACCT\n")
     try:
         meta = json.loads(meta_text) if meta_text.strip() else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         meta = {}
-    comments = {}
-    for line in queue.splitlines():
-        slurm_id, _, comment = line.partition("|")
-        if slurm_id.strip():
-            comments[slurm_id.strip()] = comment.strip()
-    return job_id, meta, id_line.strip(), comments
+    return job_id, meta if isinstance(meta, dict) else {}, id_line.strip(), _pairs(queue), _pairs(accounted)
+
+
+def _pairs(text: str) -> dict[str, str]:
+    pairs = {}
+    for line in text.splitlines():
+        key, _, value = line.partition("|")
+        if key.strip():
+            pairs[key.strip()] = value.strip()
+    return pairs
+
+
+def adoptable(
+    name: str, conn_id: str, found: tuple[str, dict[str, Any], str, dict[str, str], dict[str, str]]
+) -> tuple[dict[str, Any], str] | str:
+    """(handle fields, Slurm id) of the job :func:`find_job_command` found, when what the cluster's files say agrees
+    with what the task submitted and with Slurm's own records; else why not (a sentence).
+
+    The index, the handle and the recorded Slurm id are files any job of the connection's account may rewrite:
+    the handle must name this job id, name, platform and connection, its results folder must be the job's own;
+    the Slurm job must carry this name (and, while Slurm still queues it, the comment ``tao:<job_id>`` the submit
+    gave it). One account per trust domain stays the boundary: a job of the same account can still submit a
+    Slurm job of that name and comment.
+    """
+    job_id, meta, slurm_id, same_named, accounted = found
+    if not re.fullmatch(r"[0-9a-f]{1,64}", job_id):
+        return f"the name index of {name} does not hold a job id"
+    mine = {"job_id": job_id, "name": name, "platform": "slurm", "conn_id": conn_id}
+    differing = sorted(k for k, v in mine.items() if meta.get(k) != v)
+    if differing:
+        return f"the recorded handle of job {job_id} does not match the submitted job ({', '.join(differing)})"
+    results_dir = meta.get("results_dir")
+    if not isinstance(results_dir, str) or not results_dir.rstrip("/").endswith(f"/{job_id}"):
+        return f"the recorded results folder of job {job_id} is not the job's own"
+    if not slurm_id:  # the submitter died before recording the id: the Slurm job of this name and comment
+        slurm_id = next((sid for sid, c in same_named.items() if c == f"tao:{job_id}"), "")
+    elif slurm_id in same_named:
+        if same_named[slurm_id] != f"tao:{job_id}":
+            return f"Slurm job {slurm_id} recorded for job {job_id} carries another job's comment"
+    elif "@@FAILED" in accounted:  # a failed read decides nothing: the caller asks again later
+        raise SlurmTransportError(f"sacct could not say what Slurm job {slurm_id} (recorded for {job_id}) is")
+    elif accounted.get(slurm_id) != name:
+        return f"Slurm job {slurm_id} recorded for job {job_id} is not a job named {name}"
+    return meta, slurm_id
 
 
 def active_jobs_command(results_root: str) -> str:

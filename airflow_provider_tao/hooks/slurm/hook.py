@@ -40,6 +40,7 @@ from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts, classify
 from airflow_provider_tao.hooks.base import ConnectionProblem, JobValidationError
 from airflow_provider_tao.hooks.shared.env import multi_node_env, render_env_file
+from airflow_provider_tao.hooks.shared.results import RESULT_FILE_LIMIT, remote_read_command, remote_read_result
 from airflow_provider_tao.hooks.slurm import commands as scmd
 from airflow_provider_tao.hooks.slurm import logs as slog
 from airflow_provider_tao.hooks.slurm import script as ss
@@ -112,13 +113,13 @@ class SlurmHook(SlurmReapHook):
             "Log file": layout.out_file,
         }
 
-    def read_result_file(self, handle: JobHandle, name: str, limit: int = 1 << 20) -> bytes | None:
-        """A file of the results folder, read on the cluster (``head -c``)."""
+    def read_result_file(self, handle: JobHandle, name: str, limit: int = RESULT_FILE_LIMIT) -> bytes | None:
+        """A file of the results folder, read on the cluster with the checks of
+        :func:`~airflow_provider_tao.hooks.shared.results.read_local_result` (no link, a regular file, bounded)."""
         if not handle.results_dir.startswith("/"):
             return None
-        path = f"{handle.results_dir.rstrip('/')}/{name}"
-        result = self.run(f"head -c {int(limit)} {shlex.quote(path)}", timeout=60)
-        return result.out if result.rc == 0 else None
+        result = self.run(remote_read_command(handle.results_dir, name, limit), timeout=60)
+        return remote_read_result(result.rc, result.out, f"{handle.results_dir.rstrip('/')}/{name}", limit)
 
     def list_active_jobs(self) -> list[JobHandle]:
         """This user's queued or running Slurm jobs that carry this provider's comment (one ``squeue``)."""
@@ -177,16 +178,22 @@ class SlurmHook(SlurmReapHook):
         return JobHandle(**{**handle.to_json(), "backend_job_id": slurm_id})
 
     def find_job(self, name: str) -> JobHandle | None:
+        """The newest job of ``name``, adopted only when the cluster's files about it agree with what was submitted
+        and with Slurm's records (:func:`~airflow_provider_tao.hooks.slurm.commands.adoptable`)."""
         layout = self.layout("_", name)
-        found = scmd.parse_find_job(self.run(scmd.find_job_command(layout), timeout=60).text)
-        if found is None:
+        found = scmd.parse_found_job(self.run(scmd.find_job_command(layout), timeout=60).text)
+        if found is None or not found[1]:
             return None
-        job_id, meta, slurm_id, same_named = found
-        if not slurm_id:  # the submitter died before recording the id: find it by the job's comment
-            slurm_id = next((sid for sid, c in same_named.items() if c == f"tao:{job_id}"), "")
-        if not meta:
+        verdict = scmd.adoptable(name, self.conn_id or "", found)
+        if isinstance(verdict, str):
+            self.log.warning("Not adopting the job recorded for %s: %s", name, verdict)
             return None
-        return JobHandle(**{**JobHandle.from_json(meta).to_json(), "backend_job_id": slurm_id})
+        meta, slurm_id = verdict
+        try:
+            return JobHandle(**{**JobHandle.from_json(meta).to_json(), "backend_job_id": slurm_id})
+        except (KeyError, TypeError, ValueError) as exc:
+            self.log.warning("Not adopting the job recorded for %s: its handle does not read (%s)", name, exc)
+            return None
 
     # ----------------------------------------------------------------- status (worker side)
 

@@ -12,7 +12,7 @@ from . import transfers
 from .errors import ConfigError
 from .fsops import CACHE_META_DIR, copy_path, link_or_copy, safe_relpath
 from .hubs import MODEL_SCHEMES, fetch_model
-from .paths import MISSING, get_path, is_remote, mount_mapping, output_dir_name, parse_s3, set_path
+from .paths import MISSING, cache_path, get_path, is_remote, mount_mapping, output_dir_name, parse_s3, set_path
 from .progress import Progress, Ticker
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -201,8 +201,7 @@ class InputStaging:
         return functools.partial(item.setter, value)
 
     def _meta(self, bucket: str, key: str) -> str:
-        root = self.job.mount_path or ""
-        return os.path.join(root, CACHE_META_DIR, bucket, *[p for p in key.split("/") if p]) + ".json"
+        return cache_path(os.path.join(self.job.mount_path or "", CACHE_META_DIR), bucket, key, ".json")
 
     def _stage_model(self, item: InputItem) -> None:
         dest = item.target or os.path.join(self.job.work, "inputs", item.sub or "ptm")

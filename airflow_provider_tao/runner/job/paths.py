@@ -6,6 +6,8 @@ import os
 import re
 from typing import Any
 
+from .errors import ConfigError
+
 #: What :func:`get_path` returns when there is nothing at the path.
 MISSING = object()
 
@@ -92,10 +94,29 @@ def parse_s3(uri: str) -> tuple[str, str]:
 
 
 def mount_mapping(mount_path: str, uri: str) -> str:
-    """The seeds' Lustre mapping ``s3://bucket/path`` -> ``<mount>/bucket/path``.
+    """The seeds' Lustre mapping ``s3://bucket/path`` -> ``<mount>/bucket/path``, never outside ``<mount>``.
 
     :param mount_path: the shared cache root.
     :param uri: an ``s3://`` URI.
+    :raises ConfigError: the bucket or a segment of the key is ``..`` (S3 takes such keys literally; on a file system
+        they would climb out of the cache root).
     """
     bucket, key = parse_s3(uri)
-    return os.path.join(mount_path, bucket, *[p for p in key.split("/") if p])
+    return cache_path(mount_path, bucket, key)
+
+
+def cache_path(root: str, bucket: str, key: str, suffix: str = "") -> str:
+    """``<root>/<bucket>/<key segments><suffix>``, refusing a bucket or key segment that climbs out of ``root``.
+
+    :param root: a cache root.
+    :param bucket: the object's bucket.
+    :param key: the object's key (empty segments dropped).
+    :param suffix: appended to the last segment (``.json`` for the cache's metadata).
+    """
+    parts = [bucket, *(p for p in key.split("/") if p and p != ".")]
+    if any(p in ("..", ".") or "\0" in p for p in parts):
+        raise ConfigError(
+            f"refusing s3://{bucket}/{key}: a '..' segment would place it outside the cache root {root!r}; "
+            "name the object without '..'"
+        )
+    return os.path.join(root, *parts) + suffix

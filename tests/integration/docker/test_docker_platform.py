@@ -19,6 +19,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from airflow_provider_tao.hooks.docker import TAODockerHook
 from airflow_provider_tao.hooks.shared import container as ct
+from airflow_provider_tao.hooks.shared.results import UnsafeResultFile
 from airflow_provider_tao.jobs import JobHandle, JobState
 from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
 from tests.integration.docker.conftest import CONN_ID, DockerEngine, docker_connection
@@ -103,6 +104,53 @@ def test_success_on_the_worker_and_a_string_command_without_bash(
     result = _sync(op)
     assert result["state"] == "Complete"
     assert (results_root / result["job_id"] / "shell.txt").read_text().strip() == "/bin/sh"
+
+
+def test_results_files_the_container_made_links_fifos_or_huge_are_not_read_on_the_worker(
+    docker_engine: DockerEngine, hook: TAODockerHook, tmp_path: Path
+) -> None:
+    """Issue 38.5: the results root is bind-mounted read-write, so the job can plant a link to a file of the worker's
+    user there (its content would land in XCom and the Asset event), a FIFO (the worker would block) or a huge
+    file."""
+    secret = tmp_path / "config.json"
+    secret.write_text('{"auths": "registry-credential-38-5"}')
+    script = (
+        f'cd "$TAO_RESULTS_ROOT/$TAO_JOB_ID" && ln -s {secret} metrics.json && mkfifo fifo.json '
+        "&& dd if=/dev/zero of=big.json bs=1024 count=1100 2>/dev/null && echo '{\"ok\": 1}' > ok.json"
+    )
+    result = _sync(_op(docker_engine.busybox, script))
+    assert result["state"] == "Complete" and result["metrics"] is None
+    assert "registry-credential-38-5" not in json.dumps(result)
+    handle = JobHandle(
+        platform="docker", conn_id=CONN_ID, job_id=result["job_id"], name=result["name"],
+        results_dir=result["results_dir"],
+    )  # fmt: skip
+    for name, reason in [("metrics.json", "symbolic link"), ("fifo.json", "not a regular"), ("big.json", "more than")]:
+        with pytest.raises(UnsafeResultFile, match=reason):
+            hook.read_result_file(handle, name)
+    assert hook.read_result_file(handle, "ok.json") == b'{"ok": 1}\n'
+
+
+def test_a_dag_authors_secret_env_reaches_the_container_only_and_the_trigger_masks_it(
+    docker_engine: DockerEngine, triggerer: Triggerer, results_root: Path, capfd: Any, monkeypatch: Any
+) -> None:
+    """Issue 38.6 on Docker: ``secret_env`` travels in the launcher's secrets file, never in ``docker inspect`` or
+    the trigger's kwargs, and the job's own line with it is masked in the (triggerer's) task log."""
+    secret = f"author-secret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("AIRFLOW_CONN_MY_HF", json.dumps({"conn_type": "generic", "password": secret}))
+    op = _op(
+        docker_engine.busybox,
+        'echo "token=$HF_TOKEN" && printf %s "$HF_TOKEN" > "$TAO_RESULTS_ROOT/$TAO_JOB_ID/got"',
+        secret_env={"HF_TOKEN": "conn:my_hf.password"},
+    )
+    run = start(triggerer, op)
+    assert secret not in json.dumps(run.deferred.trigger.serialize())
+    result = finish(run)
+    assert result["state"] == "Complete"
+    assert (results_root / run.job_id / "got").read_text() == secret  # the job got it
+    assert secret not in json.dumps(docker_engine.client.inspect_container(f"tao-job-{run.job_id}"))
+    logged = capfd.readouterr()
+    assert "[job] token=***" in logged.out + logged.err and secret not in logged.out + logged.err
 
 
 def test_non_zero_exit_is_a_program_error_not_retried_one_container(

@@ -50,6 +50,9 @@ HF_TOKEN = f"hostile-hf-token-{TAG}"
 K8S_TOKEN = f"hostile-k8s-token-{TAG}"
 SSH_PASSPHRASE = f"hostile-ssh-passphrase-{TAG}"
 STORAGE_CONN = "s3_hostile"
+#: A DAG author's own secret (``secret_env``), in the password of :data:`AUTHOR_CONN`: every job receives it.
+AUTHOR_SECRET = f"hostile-author-secret-{TAG}"
+AUTHOR_CONN = "hostile_author"
 
 
 @dataclass
@@ -82,9 +85,11 @@ class Platform:
 
 @pytest.fixture(scope="session")
 def storage_conn() -> str:
-    """An ``aws`` connection whose secret key is :data:`S3_SECRET` (no job of the suite talks to S3)."""
+    """An ``aws`` connection whose secret key is :data:`S3_SECRET` (no job of the suite talks to S3), and the DAG
+    author's connection :data:`AUTHOR_CONN`."""
     conn = {"conn_type": "aws", "login": "AKIDHOSTILE", "password": S3_SECRET, "extra": {"region_name": "us-east-1"}}
     os.environ[f"AIRFLOW_CONN_{STORAGE_CONN.upper()}"] = json.dumps(conn)
+    os.environ[f"AIRFLOW_CONN_{AUTHOR_CONN.upper()}"] = json.dumps({"conn_type": "generic", "password": AUTHOR_SECRET})
     return STORAGE_CONN
 
 

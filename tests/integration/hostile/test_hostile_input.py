@@ -11,11 +11,12 @@ by Airflow's own Jinja, execute -> defer -> the trigger on the shared triggerer 
 * What no process can carry (NUL, lone surrogates, 1 MiB strings in argv or environment) and what no platform can
   name (shell characters in job names and images) is refused before submission with an error naming the field,
   and the backend never sees a job of that task.
-* While the jobs run, the S3 secret key, the NGC key, the platform tokens and the SSH key passphrase are nowhere but
-  in the job's own environment: not in any process's command line, not in the environment of a process that is not
-  the job, not in the task log, the serialized trigger, the XCom values, the result, any container's inspect (job
-  containers, Brev instances, Kubernetes pods, Lepton replicas), the sbatch script, the Kubernetes objects but
-  Secrets, the Lepton job specs, the Brev CLI's command lines, or a world-readable file.
+* While the jobs run, the S3 secret key, the NGC key, the platform tokens, the SSH key passphrase and the DAG author's
+  own secret (``secret_env``, a connection field reference) are nowhere but in the job's own environment: not in
+  any process's command line, not in the environment of a process that is not the job, not in the task log, the
+  serialized trigger, the XCom values, the result, any container's inspect (job containers, Brev instances,
+  Kubernetes pods, Lepton replicas), the sbatch script, the Kubernetes objects but Secrets, the Lepton job specs,
+  the Brev CLI's command lines, or a world-readable file.
 """
 
 from __future__ import annotations
@@ -39,7 +40,15 @@ from hypothesis import strategies as st
 
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.jobs import JobHandle, JobState
-from tests.integration.hostile.conftest import PLATFORMS, S3_SECRET, STORAGE_CONN, Platform, on_login_node
+from tests.integration.hostile.conftest import (
+    AUTHOR_CONN,
+    AUTHOR_SECRET,
+    PLATFORMS,
+    S3_SECRET,
+    STORAGE_CONN,
+    Platform,
+    on_login_node,
+)
 from tests.integration.taskrun import TaskRun, Triggerer, finish, make_operator, start
 from tests.unit.fakes import Store, make_context
 
@@ -124,8 +133,9 @@ def _task(platform: Platform, shape: str, batch: dict[str, Any]) -> tuple[Any, d
     env = {f"HV_{i}": v for i, v in enumerate([*batch["env"], batch["big"]])}
     env |= {f"HV_P{i}": "{{ params.%s }}" % k for i, k in enumerate(params)}  # noqa: UP031
     secrets = {"AWS_SECRET_ACCESS_KEY": S3_SECRET} if shape in ("specs", "args") else {}
+    secrets["AUTHOR_TOKEN"] = AUTHOR_SECRET  # secret_env (issue 38.6): every platform's secret channel
     env |= {"HOSTILE_SENTINEL": SENTINEL, "HOSTILE_HOLD": str(HOLD_SECONDS), "WANT_SECRETS": " ".join(secrets)}
-    kwargs = platform.operator_kwargs()
+    kwargs = platform.operator_kwargs() | {"secret_env": {"AUTHOR_TOKEN": f"conn:{AUTHOR_CONN}.password"}}
     if shape == "argv":
         kwargs["command"] = ["python3", "-c", JOB, *argv]
     elif shape == "string":  # one bash -c: the values quoted as a DAG author would
@@ -372,7 +382,8 @@ def test_hostile_values_arrive_verbatim_and_no_secret_leaks(  # noqa: PLR0917
     """Every shape a value can come in (argv, one bash string, a spec file, args) on every platform: 24 jobs at
     once, watched together (each costs its platform's start and the job's hold, not the other jobs')."""
     capfd.readouterr()
-    secrets = {S3_SECRET: "s3 secret key"} | {v: k for p in platforms.values() for k, v in p.secrets.items()}
+    secrets = {S3_SECRET: "s3 secret key", AUTHOR_SECRET: "secret_env value"}
+    secrets |= {v: k for p in platforms.values() for k, v in p.secrets.items()}
     watcher = Watcher(list(secrets))
     runs: dict[tuple[str, str], TaskRun] = {}
     wanted: dict[tuple[str, str], dict[str, str]] = {}

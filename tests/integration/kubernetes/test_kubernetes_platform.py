@@ -439,6 +439,7 @@ def test_one_job_list_per_interval_whatever_the_number_of_jobs_and_pods_only_whe
 # --------------------------------------------------------------------------- large specs, secrets
 
 SECRET = f"k8s-secret-{uuid.uuid4().hex[:8]}"
+AUTHOR_SECRET = f"k8s-author-secret-{uuid.uuid4().hex[:8]}"  # a DAG author's own (secret_env, issue 38.6)
 
 
 @pytest.fixture
@@ -446,6 +447,7 @@ def storage(monkeypatch: pytest.MonkeyPatch) -> str:
     """An ``aws`` connection whose secret key is :data:`SECRET`: the job receives it as secret environment."""
     conn = {"conn_type": "aws", "login": "AKIDKUBEFAKE", "password": SECRET, "extra": {"region_name": "us-east-1"}}
     monkeypatch.setenv("AIRFLOW_CONN_S3_K8S", json.dumps(conn))
+    monkeypatch.setenv("AIRFLOW_CONN_K8S_AUTHOR", json.dumps({"conn_type": "generic", "password": AUTHOR_SECRET}))
     return "s3_k8s"
 
 
@@ -456,6 +458,7 @@ blob = spec["train"]["blob"]
 key = os.environ["AWS_SECRET_ACCESS_KEY"]
 print("spec", len(blob), hashlib.sha256(blob.encode()).hexdigest() == os.environ["WANT_SPEC"])
 print("secret", hashlib.sha256(key.encode()).hexdigest() == os.environ["WANT_KEY"])
+print("author", hashlib.sha256(os.environ["AUTHOR"].encode()).hexdigest() == os.environ["WANT_AUTHOR"])
 os.makedirs(spec["train"]["results_dir"], exist_ok=True)
 open(os.path.join(spec["train"]["results_dir"], "ok"), "w").write("ok")
 """
@@ -475,7 +478,9 @@ def test_a_4_mib_spec_reaches_the_job_and_no_secret_value_is_in_any_object_or_lo
         env={
             "WANT_SPEC": hashlib.sha256(blob.encode()).hexdigest(),
             "WANT_KEY": hashlib.sha256(SECRET.encode()).hexdigest(),
+            "WANT_AUTHOR": hashlib.sha256(AUTHOR_SECRET.encode()).hexdigest(),
         },
+        secret_env={"AUTHOR": "conn:k8s_author.password"},
     )
     run = start(triggerer, op)
     kubefake.wait_running(_name(run), timeout=120)
@@ -485,14 +490,18 @@ def test_a_4_mib_spec_reaches_the_job_and_no_secret_value_is_in_any_object_or_lo
     logged = capfd.readouterr()
     assert f"[job] spec {len(blob)} True" in logged.out + logged.err
     assert "[job] secret True" in logged.out + logged.err
+    assert "[job] author True" in logged.out + logged.err
     assert result["state"] == "Complete"
     assert len(json.loads(dumped["configmaps"])["items"]) >= 3  # the files, in chunks under the 1 MiB object limit
     for resource, text in dumped.items():
         if resource != "secrets":
             assert SECRET not in text, f"the secret is in a {resource} object"
+            assert AUTHOR_SECRET not in text, f"the secret_env value is in a {resource} object"
     job_and_pods = dumped["jobs"] + dumped["pods"]
     assert "secretRef" in job_and_pods and "AWS_SECRET_ACCESS_KEY" not in job_and_pods
     assert SECRET not in logged.out + logged.err and SECRET not in json.dumps(result)
+    assert AUTHOR_SECRET not in logged.out + logged.err
+    assert AUTHOR_SECRET not in json.dumps(run.deferred.trigger.serialize())
 
 
 def _every_object(fake: KubeFake, job_id: str) -> dict[str, str]:

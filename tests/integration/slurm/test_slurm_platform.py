@@ -13,6 +13,7 @@ import shlex
 import time
 import uuid
 from datetime import timedelta
+from functools import partial
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -25,6 +26,7 @@ from airflow_provider_tao.hooks.slurm import ssh as slurm_ssh
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
 from tests.integration.slurm.conftest import accepted_logins
 from tests.integration.taskrun import event_of, finish, kill, make_operator, start
+from tests.unit.test_results_reading import assert_refused
 
 pytestmark = pytest.mark.integration
 
@@ -396,6 +398,57 @@ def test_a_retry_reattaches_instead_of_submitting_again(slurm_cluster: Any, trig
     kill(third)
     assert slurm_cluster.wait_terminal(first.backend_job_id, timeout=30).state == "CANCELLED"
     second.future.cancel()
+
+
+def test_reattach_adopts_no_job_the_clusters_files_were_rewritten_to_name(slurm_cluster: Any, hook: SlurmHook) -> None:
+    """Issue 38.8: any job of the account can rewrite ``jobs/_names/<name>`` and ``meta/...``; a reattaching task
+    adopts only a job whose recorded handle and Slurm id agree with what was submitted and with Slurm's records."""
+    job_id = uuid.uuid4().hex[:12]
+    spec = JobSpec(name=f"adopt-{job_id}", job_id=job_id, image=_py(slurm_cluster), gpu_count=0, command="sleep 120")
+    handle = hook.create_job(spec)
+    victim = slurm_cluster.sbatch("-J", f"victim-{job_id}", "-o", "/dev/null", "--wrap", "sleep 120")
+    layout = hook.layout(job_id, spec.name)
+    sid_file = f"{layout.job_dir}/meta/slurm_job_id"
+    try:
+        assert hook.find_job(spec.name) == handle  # the job as submitted is adopted
+        slurm_cluster.ssh(f"echo {victim} > {sid_file}")  # another Slurm job of the account
+        assert hook.find_job(spec.name) is None
+        slurm_cluster.ssh(f"echo {handle.backend_job_id} > {sid_file}")
+        forged = uuid.uuid4().hex[:12]  # a job folder made to look like the job's, pointing at the victim
+        meta = json.dumps({**handle.to_json(), "job_id": forged, "results_dir": f"/tmp/{forged}"})
+        forged_dir = f"{layout.jobs_root}/{forged}/meta"
+        slurm_cluster.ssh(
+            f"mkdir -p {forged_dir} && echo {victim} > {forged_dir}/slurm_job_id && "
+            f"cat > {forged_dir}/{forged}.json && echo {forged} > {layout.names_index}",
+            input=meta,
+        )
+        assert hook.find_job(spec.name) is None
+        slurm_cluster.ssh(f"printf '../{job_id}' > {layout.names_index}")
+        assert hook.find_job(spec.name) is None
+    finally:
+        hook.cancel_job(handle)
+        slurm_cluster.ssh(f"scancel {victim}", check=False)
+
+
+def test_results_files_are_read_on_the_cluster_without_links_fifos_or_huge_files(
+    slurm_cluster: Any, hook: SlurmHook
+) -> None:
+    """Issue 38.5 on the cluster (``sh`` on the login node): a job's link to a file of the account, a FIFO, a huge
+    file and a linked folder are refused; a regular file is read."""
+    job_id = uuid.uuid4().hex[:12]
+    folder = f"{slurm_cluster.results_root}/{job_id}"
+    slurm_cluster.ssh(
+        f"mkdir -p {folder} && cd {folder} && echo 'secret-of-the-account' > ../{job_id}.secret && "
+        f"ln -s ../{job_id}.secret metrics.json && mkfifo fifo.json && ln -s .. up && "
+        "head -c 1100000 /dev/zero > big.json && echo '{\"map\": 1}' > ok.json"
+    )
+    handle = JobHandle(platform="slurm", conn_id=hook.conn_id, job_id=job_id, name="n", results_dir=folder)
+    try:
+        assert_refused(partial(hook.read_result_file, handle), link="metrics.json", linked_folder="up/ok.json")
+        assert hook.read_result_file(handle, "ok.json") == b'{"map": 1}\n'
+        assert hook.read_result_file(handle, "missing.json") is None
+    finally:
+        slurm_cluster.ssh(f"rm -rf {folder} {folder}.secret", check=False)
 
 
 def test_one_submission_is_one_ssh_connection(slurm_cluster: Any, triggerer: Any) -> None:

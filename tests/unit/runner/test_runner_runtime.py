@@ -162,6 +162,26 @@ def test_s3_helpers() -> None:
         fsops.safe_relpath("../../etc/passwd")
 
 
+@pytest.mark.parametrize(
+    "uri", ["s3://bkt/../../etc/cron.d/x", "s3://bkt/a/../../../x", "s3://../x", "s3://./x", "s3://bkt/a/.."]
+)
+def test_the_cache_mapping_never_leaves_the_cache_root(uri: str) -> None:
+    """Issue 38.9: S3 takes a ``..`` key segment literally; mapped on the cache mount it would climb out of it."""
+    with pytest.raises(errors.ConfigError, match=r"outside the cache root '/lustre'"):
+        paths.mount_mapping("/lustre", uri)
+    with pytest.raises(errors.ConfigError):
+        paths.cache_path("/lustre/.meta", *paths.parse_s3(uri), ".json")
+    assert paths.mount_mapping("/lustre", "s3://bkt/a/..b/./c..") == "/lustre/bkt/a/..b/c.."  # names, not climbs
+
+
+def test_an_s3_uri_with_a_dotdot_segment_is_refused_before_submission() -> None:
+    from airflow_provider_tao.runner.validation import _check_input_uri
+
+    with pytest.raises(ValueError, match=r"inputs\.x: 's3://bkt/a/\.\./b' is not a valid .* \(without '\.\.' key"):
+        _check_input_uri("s3://bkt/a/../b", "inputs.x")
+    _check_input_uri("s3://bkt/a/..b", "inputs.x")
+
+
 # ---------------------------------------------------------------------------------------------------- command
 def test_args_tokens() -> None:
     tokens = command.args_tokens(
