@@ -332,6 +332,7 @@ def find_job(session: Session, job_id: str) -> IndexedJob | None:
         matches = [job for job in load_jobs(session) if job.job_id.startswith(job_id)]
         if len({job.job_id for job in matches}) > 1:
             raise LookupError(f"{job_id!r} matches several jobs: {', '.join(sorted({j.job_id for j in matches}))}")
+    matches.sort(key=lambda job: not job.verified)  # a task's own record before one only an XCom holds
     return matches[0] if matches else None
 
 
