@@ -32,7 +32,7 @@ SUBMITTED = "Submitted"
 STATES = frozenset({SUBMITTED, *(state.value for state in JobState)})
 
 
-def task_instance_digest(dag_id: str, task_id: str, run_id: str, map_index: int) -> str:
+def task_instance_digest(dag_id: str, task_id: str, run_id: str, map_index: int | None) -> str:
     """The task instance's part of its jobs' names: the same for every try, different for every run and map index
     (:meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.job_name_for` never shortens it)."""
     identity = f"{dag_id}\n{task_id}\n{run_id}\n{map_index}"

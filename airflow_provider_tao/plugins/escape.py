@@ -30,4 +30,3 @@ def html(template: str, *values: Any) -> Html:
     """``template`` (HTML written in the code) with each ``{}`` filled by a value, escaped unless it is
     :class:`Html` -- format specs work as in :meth:`str.format` (``{:.3f}``)."""
     return Html(_FORMATTER.vformat(template, values, {}))
-
