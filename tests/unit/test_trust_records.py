@@ -103,8 +103,9 @@ def test_a_record_dated_1e20_is_ignored_in_words_and_the_view_still_renders(capl
     with caplog.at_level(logging.WARNING, logger="airflow_provider_tao.jobindex"):
         jobs = join_records({A: (None, bad), B: (raw_record(B, "b" * 12), None)}, {}, rejected=rejected)
     assert [job.dag_id for job in jobs] == ["dag_b"]
+    problem = "handle.submitted_at is 1e+20, not within 0..2.53402e+11"
     assert rejected == [{"dag_id": "dag_a", "run_id": "manual__1", "task_id": "train", "map_index": -1,
-                         "where": "XCom", "problem": "handle.submitted_at is 1e+20, not within 0..2.53402e+11"}]  # fmt: skip
+                         "where": "XCom", "problem": problem}]  # fmt: skip
     assert "Ignored the TAO job record in the XCom of dag_a.train" in caplog.text
     view = pages.jobs_view(jobs, base="", filters={}, dag_ids=[], platforms=[], job_urls={}, ignored=len(rejected))
     assert "1 invalid task record(s) ignored" in view
