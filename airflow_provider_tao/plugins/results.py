@@ -35,7 +35,7 @@ def results_files(hook: Any, results_dir: str) -> list[str]:
     if not root or not isinstance(results_dir, str) or not results_dir.startswith("/"):
         return []
     folder = os.path.realpath(results_dir)
-    if os.path.commonpath([folder, root]) != root or not os.path.isdir(folder):
+    if folder == root or os.path.commonpath([folder, root]) != root or not os.path.isdir(folder):
         return []
     files: list[str] = []
     for top, _, names in os.walk(folder):  # links to folders are not followed

@@ -199,3 +199,26 @@ def test_the_job_link_never_returns_a_javascript_console_url(monkeypatch: pytest
     key = mock.Mock(dag_id="d", run_id="r", task_id="t", map_index=-1)
     with mock.patch("airflow.sdk.execution_time.xcom.XCom.get_value", side_effect=lambda key, ti_key: xcoms.get(key)):
         assert TAOJobLink().get_link(mock.Mock(), ti_key=key) == "http://airflow.example/tao/jobs/d/r/t"
+
+
+# ----------------------------------------------------------------------------- point 2b: results folders
+
+
+def test_the_job_page_lists_results_only_inside_the_connections_results_root(tmp_path: Any) -> None:
+    from types import SimpleNamespace
+
+    from airflow_provider_tao.plugins.results import results_files
+
+    root, outside = tmp_path / "results", tmp_path / "elsewhere"
+    (root / "a1b2c3d4e5f6" / "logs").mkdir(parents=True)
+    (root / "a1b2c3d4e5f6" / "logs" / "train.log").write_text("x")
+    (root / "a1b2c3d4e5f6" / "metrics.json").write_text("{}")
+    outside.mkdir()
+    (outside / "id_rsa").write_text("x")
+    (root / "escape").symlink_to(outside)
+    hook = SimpleNamespace(platform="local", results_root=root)
+    assert results_files(hook, str(root / "a1b2c3d4e5f6")) == ["logs/train.log", "metrics.json"]
+    for forged in ("/", str(root), str(outside), str(root / "escape"), str(root / ".." / "elsewhere"), "relative", ""):
+        assert results_files(hook, forged) == [], forged
+    # a platform whose results are not on this host lists nothing
+    assert results_files(SimpleNamespace(platform="slurm"), str(root / "a1b2c3d4e5f6")) == []
