@@ -29,8 +29,8 @@ def declared_root(hook: Any) -> str | None:
 
 
 def results_files(hook: Any, results_dir: str) -> list[str]:
-    """Up to :data:`LIMIT` file names (relative) of ``results_dir`` when it lies inside the connection's declared
-    results root on this host, else []."""
+    """Up to :data:`LIMIT` file names (relative) of ``results_dir`` when it lies strictly inside the connection's
+    declared results root on this host, else []."""
     root = declared_root(hook)
     if not root or not isinstance(results_dir, str) or not results_dir.startswith("/"):
         return []
