@@ -91,9 +91,10 @@ def _logged_in(tab: Any, url: str, user: str) -> Any:
 def test_a_role_without_task_logs_or_xcoms_sees_no_log_and_no_xcom_value(
     page: Any,  # noqa: F811
     ui_dags: AirflowClient,
-    restricted_api: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     run_id = ui_dags.trigger_dag_run(DAG_ID)
+    restricted_api: str = request.getfixturevalue("restricted_api")  # starts while the run's job runs
     ui_dags.wait_for_task_instance(DAG_ID, run_id, TASK_ID, ["success"], timeout=180, fail_states=["failed"])
     job_id = ui_dags.get_xcom(DAG_ID, run_id, TASK_ID)["job_id"]
     SHOTS.mkdir(parents=True, exist_ok=True)
