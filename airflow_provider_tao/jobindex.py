@@ -9,16 +9,31 @@ starts); its task instance row says how the task is doing. This module joins the
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_tao.records import CHAIN_KEY, STATE_KEY, SUBMITTED, XCOM_RECORD, JobRecord
+from airflow_provider_tao.record_checks import record_problem
+from airflow_provider_tao.records import (
+    CHAIN_KEY,
+    STATE_KEY,
+    STATES,
+    SUBMITTED,
+    XCOM_RECORD,
+    JobRecord,
+    names_task_instance,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
+
+log = logging.getLogger(__name__)
+
+#: A task instance: ``(dag_id, run_id, task_id, map_index)``.
+TaskKey = tuple[str, str, str, int]
 
 #: Task instance states in which the task still wants its job (it waits, or a next try will reattach).
 WANTED_TI_STATES = frozenset({"running", "deferred", "queued", "scheduled", "up_for_retry", "up_for_reschedule"})
@@ -41,6 +56,9 @@ class IndexedJob:
     :param current: this is the task instance's latest job (False: an earlier try's).
     :param ti_exists: the task instance's row exists (False: its DAG run was deleted). A row with no state is a task
         that was cleared and waits to be scheduled again.
+    :param verified: the record is the task's own (from its ``task_state_store``, which only the task and the
+        DAG's task-instance editors write); False: only its XCom names the job, which any task and the DAG's XCom
+        editors may write -- shown, but no platform is asked about it and the sweeper never acts on it.
     """
 
     record: JobRecord
@@ -53,6 +71,7 @@ class IndexedJob:
     ti_end: float | None
     current: bool
     ti_exists: bool = True
+    verified: bool = True
 
     @property
     def job_id(self) -> str:
@@ -124,6 +143,7 @@ class IndexedJob:
             "name": self.record.handle.get("name"),
             "backend_job_id": self.record.handle.get("backend_job_id"),
             "results_dir": self.record.handle.get("results_dir"),
+            "verified": self.verified,
         }
 
 
@@ -144,42 +164,35 @@ def _loads(value: Any) -> Any:
     return value
 
 
-def _newest(a: JobRecord | None, b: JobRecord | None) -> JobRecord | None:
-    """Of the stored and the XCom record of one task instance, the one that knows most about the latest job."""
-    if a is None or b is None:
-        return a or b
-    if a.job_id == b.job_id:
-        return a if (a.ended_at or 0) >= (b.ended_at or 0) else b
-    return a if a.job.submitted_at >= b.job.submitted_at else b
-
-
 def load_jobs(
     session: Session,
     *,
     dag_ids: Collection[str] | None = None,
     run_id: str | None = None,
     include_history: bool = True,
+    rejected: list[dict[str, Any]] | None = None,
 ) -> list[IndexedJob]:
-    """Every job recorded in ``session``'s metadata database, newest first.
+    """Every job recorded in ``session``'s metadata database, newest first (:func:`join_records`).
 
     :param session: a metadata-database session.
     :param dag_ids: only these DAGs (e.g. the ones the user may read); None = all.
     :param run_id: only this DAG run.
     :param include_history: also the jobs of earlier tries.
+    :param rejected: where to add the records refused as invalid (one row each, also logged).
     """
     from airflow.models.task_state_store import TaskStateStoreModel
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.xcom import XComModel
     from sqlalchemy import select
 
-    records: dict[tuple[str, str, str, int], list[JobRecord | None]] = {}
+    records: dict[TaskKey, list[Any]] = {}
 
     def collect(rows: Iterable[Any], slot: int, decode: Any) -> None:
         for row in rows:
             if dag_ids is not None and row.dag_id not in dag_ids:
                 continue
             key = (row.dag_id, row.run_id, row.task_id, int(row.map_index))
-            records.setdefault(key, [None, None])[slot] = JobRecord.from_json(decode(row))
+            records.setdefault(key, [None, None])[slot] = decode(row)
 
     store = select(TaskStateStoreModel).where(TaskStateStoreModel.key == STATE_KEY)
     xcom = select(XComModel).where(XComModel.key == XCOM_RECORD)
@@ -189,17 +202,51 @@ def load_jobs(
     collect(session.scalars(store), 0, lambda row: _loads(row.value))
     collect(session.scalars(xcom), 1, lambda row: _loads(XComModel.deserialize_value(row)))
 
-    instances: dict[tuple[str, str, str, int], Any] = {}  # TaskInstance rows
+    instances: dict[TaskKey, Any] = {}  # TaskInstance rows
     for dag_id in {key[0] for key in records}:
         query = select(TaskInstance).where(TaskInstance.dag_id == dag_id)
         if run_id is not None:
             query = query.where(TaskInstance.run_id == run_id)
         for row in session.scalars(query):
             instances[(row.dag_id, row.run_id, row.task_id, int(row.map_index))] = row
+    return join_records(
+        {key: (stored, pushed) for key, (stored, pushed) in records.items()},
+        {key: _ti_facts(row) for key, row in instances.items()},
+        include_history=include_history,
+        rejected=rejected,
+    )
 
+
+def _ti_facts(ti: Any) -> dict[str, Any]:
+    state = str(ti.state.value if hasattr(ti.state, "value") else ti.state) if ti.state else None
+    return {"ti_state": state, "ti_try": ti.try_number, "ti_end": _epoch(ti.end_date)}
+
+
+def join_records(
+    records: Mapping[TaskKey, tuple[Any, Any]],
+    instances: Mapping[TaskKey, Mapping[str, Any]],
+    *,
+    include_history: bool = True,
+    rejected: list[dict[str, Any]] | None = None,
+) -> list[IndexedJob]:
+    """The jobs of task instances from their stored values, newest first.
+
+    The ``task_state_store`` record is the task's own and wins; the XCom record (which others may write) is used only
+    where the store has none (``[state_store] clear_on_success``), marked unverified. A value that is not a valid
+    record of this very task instance (its job's name carries the task instance's digest) is refused and logged.
+
+    :param records: per task instance, its ``task_state_store`` value and its XCom value (each None when absent).
+    :param instances: per task instance, ``ti_state``, ``ti_try`` and ``ti_end`` of its row (absent: row gone).
+    :param include_history: also the jobs of earlier tries.
+    :param rejected: where to add the refused records (``dag_id, run_id, task_id, map_index, where, problem``).
+    """
     jobs: list[IndexedJob] = []
-    for key, (stored, pushed) in records.items():
-        latest = _newest(stored, pushed)
+    for key, (stored_value, pushed_value) in records.items():
+        stored = _checked(key, stored_value, "task_state_store", rejected)
+        pushed = _checked(key, pushed_value, "XCom", rejected)
+        if stored is not None and pushed is not None and _which(pushed) != _which(stored):
+            _refuse(key, "XCom", f"it names job {pushed.job_id}, the task's own record {stored.job_id}", rejected)
+        latest = stored or pushed
         if latest is None:
             continue
         ti = instances.get(key)
@@ -208,14 +255,44 @@ def load_jobs(
             "run_id": key[1],
             "task_id": key[2],
             "map_index": key[3],
-            "ti_state": str(ti.state.value if hasattr(ti.state, "value") else ti.state) if ti and ti.state else None,
-            "ti_try": ti.try_number if ti else None,
-            "ti_end": _epoch(ti.end_date) if ti else None,
+            "ti_state": ti["ti_state"] if ti else None,
+            "ti_try": ti["ti_try"] if ti else None,
+            "ti_end": ti["ti_end"] if ti else None,
             "ti_exists": ti is not None,
+            "verified": stored is not None,
         }
         jobs += record_jobs(latest, include_history=include_history, **common)
     jobs.sort(key=lambda job: job.started_at, reverse=True)
     return jobs
+
+
+def _checked(key: TaskKey, value: Any, where: str, rejected: list[dict[str, Any]] | None) -> JobRecord | None:
+    """The record in ``value`` when it is a valid record of the task instance ``key``'s own job (its history kept to
+    the task instance's jobs), else None (refused in a log line unless there is no value at all)."""
+    if value is None:
+        return None
+    problem = record_problem(value, STATES)
+    if problem is None and not names_task_instance(value["handle"], key[0], key[2], key[1], key[3]):
+        problem = f"its job {str(value['handle'].get('name'))[:80]!r} is not one of this task instance's"
+    record = JobRecord.from_json(value) if problem is None else None
+    if record is None:
+        _refuse(key, where, problem or "it is not a job record", rejected)
+        return None
+    history = [old for old in record.history if names_task_instance(old.get("handle") or {}, key[0], key[2], key[1],
+                                                                     key[3])]  # fmt: skip
+    return record if len(history) == len(record.history) else replace(record, history=history)
+
+
+def _which(record: JobRecord) -> tuple[str, Any, Any]:
+    return record.job_id, record.handle.get("platform"), record.handle.get("conn_id")
+
+
+def _refuse(key: TaskKey, where: str, problem: str, rejected: list[dict[str, Any]] | None) -> None:
+    log.warning("Ignored the TAO job record in the %s of %s.%s (%s, map index %s): %s", where, key[0], key[2], key[1],
+                key[3], problem)  # fmt: skip
+    if rejected is not None:
+        rejected.append({"dag_id": key[0], "run_id": key[1], "task_id": key[2], "map_index": key[3],
+                         "where": where, "problem": problem})  # fmt: skip
 
 
 def record_jobs(latest: JobRecord, *, include_history: bool = True, **ti: Any) -> list[IndexedJob]:
@@ -255,6 +332,7 @@ def find_job(session: Session, job_id: str) -> IndexedJob | None:
         matches = [job for job in load_jobs(session) if job.job_id.startswith(job_id)]
         if len({job.job_id for job in matches}) > 1:
             raise LookupError(f"{job_id!r} matches several jobs: {', '.join(sorted({j.job_id for j in matches}))}")
+    matches.sort(key=lambda job: not job.verified)  # a task's own record before one only an XCom holds
     return matches[0] if matches else None
 
 

@@ -46,6 +46,17 @@ def _job_page(ti_key: TaskInstanceKey) -> str:
     return base + job_page_path(ti_key.dag_id, ti_key.run_id, ti_key.task_id, ti_key.map_index)
 
 
+def safe_url(url: str) -> str:
+    """``url`` when it is a web link (http, https, or a path of this server), else "" -- no ``javascript:``, no
+    ``//host`` or ``/\\host`` (browsers read both as another host), no control characters or blanks (browsers drop
+    them before reading the scheme: ``java\\tscript:``)."""
+    if not isinstance(url, str) or any(ord(char) <= 0x20 or ord(char) == 0x7F or char == "\\" for char in url):
+        return ""
+    if url.lower().startswith(("http://", "https://")):
+        return url
+    return url if url.startswith("/") and not url.startswith("//") else ""
+
+
 class TAOJobLink(BaseOperatorLink):
     """The job on its platform: its console page where the platform has one, else the provider's job page."""
 
@@ -56,8 +67,8 @@ class TAOJobLink(BaseOperatorLink):
 
         if _nothing_submitted(operator):
             return ""
-        if url := XCom.get_value(key=XCOM_CONSOLE_URL, ti_key=ti_key):
-            return str(url)
+        if url := safe_url(str(XCom.get_value(key=XCOM_CONSOLE_URL, ti_key=ti_key) or "")):
+            return url  # a javascript: console URL (from whoever edits the connection) is no link
         return _job_page(ti_key) if XCom.get_value(key=XCOM_JOB_ID, ti_key=ti_key) else ""
 
 
@@ -74,7 +85,7 @@ class TAOResultsLink(BaseOperatorLink):
         results_dir = XCom.get_value(key=XCOM_RESULTS_DIR, ti_key=ti_key)
         if not results_dir:
             return ""
-        return results_link(str(results_dir)) or _job_page(ti_key) + "#results"
+        return safe_url(results_link(str(results_dir))) or _job_page(ti_key) + "#results"
 
 
 def results_link(uri: str) -> str:

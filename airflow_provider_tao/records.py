@@ -8,11 +8,13 @@ One :class:`JobRecord` per task instance lives in ``task_state_store`` under :da
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from airflow_provider_tao.jobs import JobHandle, _JsonValue
+from airflow_provider_tao.jobs import JobHandle, JobState, _JsonValue
+from airflow_provider_tao.record_checks import record_problem
 
 #: ``task_state_store`` key of a task instance's record.
 STATE_KEY = "tao_job"
@@ -26,6 +28,22 @@ HISTORY_LIMIT = 20
 
 #: ``JobRecord.state`` while the task waits on the job (the job's live state is on its platform, not in Airflow).
 SUBMITTED = "Submitted"
+#: Every ``JobRecord.state`` a record may hold.
+STATES = frozenset({SUBMITTED, *(state.value for state in JobState)})
+
+
+def task_instance_digest(dag_id: str, task_id: str, run_id: str, map_index: int | None) -> str:
+    """The task instance's part of its jobs' names: the same for every try, different for every run and map index
+    (:meth:`~airflow_provider_tao.hooks.base.TAOPlatformHook.job_name_for` never shortens it)."""
+    identity = f"{dag_id}\n{task_id}\n{run_id}\n{map_index}"
+    return hashlib.sha256(identity.encode()).hexdigest()[:10]
+
+
+def names_task_instance(handle: dict[str, Any], dag_id: str, task_id: str, run_id: str, map_index: int) -> bool:
+    """Whether the job ``handle`` names is one of this task instance's (its name carries the task instance's digest):
+    a record copied from another task instance's job does not."""
+    name = handle.get("name")
+    return isinstance(name, str) and name.endswith("-" + task_instance_digest(dag_id, task_id, run_id, map_index))
 
 
 @dataclass(frozen=True)
@@ -65,8 +83,10 @@ class JobRecord(_JsonValue):
 
     @classmethod
     def from_json(cls, data: Any) -> JobRecord | None:
-        """The record in ``data``, or None when it is not one (a foreign or damaged value)."""
-        if not isinstance(data, dict) or not isinstance(data.get("handle"), dict) or "job_id" not in data["handle"]:
+        """The record in ``data``, or None when it is not one: a foreign, damaged or forged value (the XCom holding a
+        record is writable by others: :func:`~airflow_provider_tao.record_checks.record_problem` says what is
+        wrong with it)."""
+        if record_problem(data, STATES) is not None:
             return None
         known = cls._known(data)
         history = known.get("history")

@@ -78,6 +78,29 @@ def verdict(
     return True, f"orphan: its task is {job.ti_state}"
 
 
+def known_jobs(jobs: Iterable[IndexedJob]) -> dict[str, IndexedJob]:
+    """The jobs the sweeper judges, by job id: each job's newest record (``jobs`` lists the newest first) among the
+    tasks' own records -- a record only an XCom holds (others may write it) never steers a cancel."""
+    known: dict[str, IndexedJob] = {}
+    for job in jobs:
+        if job.verified:
+            known.setdefault(job.job_id, job)
+    return known
+
+
+def recorded_as(job: IndexedJob | None, handle: JobHandle) -> IndexedJob | None:
+    """``job`` when it is a task's own record of the very job its platform lists as ``handle`` (same id, same
+    name), else None: a record only an XCom holds (others may write it) or one copying another job's id never
+    steers a cancel (``docs/security.md``)."""
+    if job is None:
+        return None
+    if not job.verified or (handle.name and job.record.handle.get("name") != handle.name):
+        log.warning("The record of job %s in %s.%s is not that task's own record of it: not used", handle.job_id,
+                    job.dag_id, job.task_id)  # fmt: skip
+        return None
+    return job
+
+
 def task_resumes(job: IndexedJob | None) -> bool:
     """Whether the job's task still waits on it: it sees the cancel and cleans up after the job itself (a Brev
     instance deleted under a waiting task would read as a lost instance, not as a cancel)."""
@@ -113,7 +136,7 @@ def sweep_connection(
     rows = []
     stopped_by = {row["name"]: row for row in machines if row["action"] in MACHINE_STOPS_JOBS}
     for handle in hook.list_active_jobs() if active is None else active:
-        job = known.get(handle.job_id)
+        job = recorded_as(known.get(handle.job_id), handle)
         cancel, why = verdict(hook, handle, job, now, min_age)
         action = "kept"
         machine = stopped_by.get(handle.backend_job_id or "")
@@ -193,7 +216,7 @@ def recorded_jobs(
     found: dict[str, dict[str, Any]] = {}
     for job in jobs:
         backend_id = str(job.record.handle.get("backend_job_id") or "")
-        if backend_id and (job.platform, job.conn_id) == (platform, conn_id):
+        if backend_id and job.verified and (job.platform, job.conn_id) == (platform, conn_id):
             origin = {"dag_id": job.dag_id, "run_id": job.run_id, "task_id": job.task_id, "map_index": job.map_index}
             found.setdefault(backend_id, {**origin, "name": job.record.handle.get("name")})
     for ti, chain in write_aheads:

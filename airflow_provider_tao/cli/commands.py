@@ -35,7 +35,14 @@ from airflow_provider_tao.joblog import readable_log
 from airflow_provider_tao.jobs import JobHandle
 from airflow_provider_tao.person_cancel import record_cancel
 from airflow_provider_tao.received_secrets import job_secrets
-from airflow_provider_tao.sweeper import describe, recorded_jobs, sweep_connection, sweep_machines, task_resumes
+from airflow_provider_tao.sweeper import (
+    describe,
+    known_jobs,
+    recorded_jobs,
+    sweep_connection,
+    sweep_machines,
+    task_resumes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -216,9 +223,7 @@ def _sweep(args: Namespace) -> list[dict[str, Any]]:
         configured = session.execute(
             select(Connection.conn_id, Connection.conn_type).where(Connection.conn_type.in_(conn_types))
         ).all()
-    known: dict[str, IndexedJob] = {}
-    for indexed in jobs:
-        known.setdefault(indexed.job_id, indexed)  # newest first: a job's current record wins
+    known = known_jobs(jobs)
     targets = {(j.platform, j.conn_id) for j in jobs if j.platform in PLATFORMS}
     targets |= {(conn_types[conn_type], conn_id) for conn_id, conn_type in configured}
     now, min_age = time.time(), max(0.0, args.min_age_minutes) * 60

@@ -20,7 +20,6 @@ staging in :mod:`~airflow_provider_tao.operators.staging`.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import secrets
 import time
@@ -39,6 +38,7 @@ from airflow_provider_tao.jobs import JobHandle, JobSpec
 from airflow_provider_tao.links import TAOJobLink, TAOResultsLink
 from airflow_provider_tao.operators.failover import seconds_of
 from airflow_provider_tao.operators.lifecycle import JobLifecycleMixin
+from airflow_provider_tao.records import task_instance_digest
 from airflow_provider_tao.secret_refs import parse_secret_env, references
 from airflow_provider_tao.secret_refs import resolve as resolve_secret_refs
 from airflow_provider_tao.waiting import WaitLog
@@ -312,8 +312,7 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
         """Deterministic: the same for every try of a task instance, different for every run and map index; the
         platform fits it to its own rule (shortening the prefix, never the digest)."""
         ti = context["ti"]
-        identity = f"{ti.dag_id}\n{ti.task_id}\n{ti.run_id}\n{ti.map_index}"
-        digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
+        digest = task_instance_digest(ti.dag_id, ti.task_id, ti.run_id, ti.map_index)
         prefix = self.job_name if self.job_name is not None else _readable(f"{ti.dag_id}-{ti.task_id}")
         name = hook.job_name_for(prefix, digest)
         hook.validate_name(name)

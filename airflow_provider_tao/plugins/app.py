@@ -3,44 +3,39 @@
 ``GET /jobs`` is the TAO jobs view (HTML), ``GET /api/jobs`` the same rows and chart as JSON, ``GET
 /jobs/<dag>/<run>/<task>`` one task instance's job page. The view reads only Airflow's own records
 (:mod:`airflow_provider_tao.jobindex`); the job page also asks the job's platform for its log, through the hook.
-Every route needs a logged-in user and shows only the DAGs that user may read.
+Every route needs a logged-in user and shows only the DAGs that user may read; a job's log needs the DAG's
+``TASK_LOGS`` permission and what its XCom says the DAG's ``XCOM`` permission (:mod:`.permissions`). Records are
+the checked ones of :mod:`airflow_provider_tao.jobindex`: the platform is asked only about a task's own job.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
 from airflow_provider_tao.jobindex import IndexedJob, gpu_hours_by_dag_and_day, load_jobs
 from airflow_provider_tao.joblog import readable_log
 from airflow_provider_tao.plugins import pages
+from airflow_provider_tao.plugins.permissions import CurrentViewer, Viewer
+from airflow_provider_tao.plugins.results import results_files
 from airflow_provider_tao.received_secrets import job_secrets
-
-if TYPE_CHECKING:
-    from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 
 #: Lines of the job's log the job page shows.
 LOG_TAIL_LINES = 200
+#: What the job page says instead of a log the viewer may not read.
+NO_LOGS = "reading this job's log needs permission to read the task logs of DAG {dag_id}"
+#: What the job page says of a job only its task's XCom names (others may write it): nothing is asked about it.
+RECORD_ONLY_IN_XCOM = (
+    "this job is named only by its task's XCom, which other tasks and the DAG's XCom editors may write: its platform"
+    " is not asked about it"
+)
 #: Seconds the job page waits for the platform (log, location) before it says the platform did not answer.
 PLATFORM_TIMEOUT = 10.0
-
-
-async def readable_dags(request: Request) -> set[str]:
-    """The DAGs the request's user may read (401 without a valid login, as every Airflow route)."""
-    from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
-
-    user: BaseUser = await get_user(request, None, await bearer_scheme(request))
-    return set(get_auth_manager().get_authorized_dag_ids(user=user, method="GET"))
-
-
-ReadableDags = Annotated[set[str], Depends(readable_dags)]
 
 
 def _base_url() -> str:
@@ -62,11 +57,11 @@ def _selected(jobs: list[IndexedJob], filters: dict[str, str], now: float) -> li
     ]
 
 
-def _load(dags: set[str], **kwargs: Any) -> list[IndexedJob]:
+def _load(dags: set[str], rejected: list[dict[str, Any]] | None = None, **kwargs: Any) -> list[IndexedJob]:
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        return load_jobs(session, dag_ids=dags, **kwargs)
+        return load_jobs(session, dag_ids=dags, rejected=rejected, **kwargs)
 
 
 def _job_url(job: IndexedJob) -> str:
@@ -87,24 +82,27 @@ def create_app() -> FastAPI:
         return Response(pages.icon(), media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
     @app.get("/api/jobs")
-    def jobs_json(request: Request, dags: ReadableDags) -> JSONResponse:
+    def jobs_json(request: Request, viewer: CurrentViewer) -> JSONResponse:
         now = time.time()
         filters = pages.as_filters(request.query_params)
-        jobs = _selected(_load(dags), filters, now)
+        rejected: list[dict[str, Any]] = []
+        jobs = _selected(_load(viewer.dags, rejected), filters, now)
         return JSONResponse(
             {
-                "jobs": [job.row(now) for job in jobs],
+                "jobs": [viewer.shown(job).row(now) for job in jobs],
+                "ignored_records": len(rejected),
                 "gpu_hours_by_dag_and_day": gpu_hours_by_dag_and_day(jobs, now),
                 "total_gpu_hours": round(sum(job.gpu_hours(now) or 0.0 for job in jobs), 4),
             }
         )
 
     @app.get("/jobs", response_class=HTMLResponse)
-    def jobs_view(request: Request, dags: ReadableDags) -> HTMLResponse:
+    def jobs_view(request: Request, viewer: CurrentViewer) -> HTMLResponse:
         now = time.time()
         filters = pages.as_filters(request.query_params)
-        everything = _load(dags)
-        jobs = _selected(everything, filters, now)
+        rejected: list[dict[str, Any]] = []
+        everything = _load(viewer.dags, rejected)
+        jobs = [viewer.shown(job) for job in _selected(everything, filters, now)]
         return HTMLResponse(
             pages.jobs_view(
                 jobs,
@@ -112,14 +110,17 @@ def create_app() -> FastAPI:
                 filters=filters,
                 dag_ids=sorted({job.dag_id for job in everything}),
                 platforms=sorted(PLATFORMS),
-                job_urls={job.job_id: _job_url(job) for job in jobs},
+                job_urls={j.job_id: _job_url(j) for j in jobs if j.verified and viewer.may_read_xcoms(j.dag_id)},
                 now=now,
+                ignored=len(rejected),
             )
         )
 
     @app.get("/jobs/{dag_id}/{run_id}/{task_id}", response_class=HTMLResponse)
-    async def job_page(dag_id: str, run_id: str, task_id: str, dags: ReadableDags, map_index: int = -1) -> HTMLResponse:
-        if dag_id not in dags:
+    async def job_page(
+        dag_id: str, run_id: str, task_id: str, viewer: CurrentViewer, map_index: int = -1
+    ) -> HTMLResponse:
+        if dag_id not in viewer.dags:
             raise HTTPException(404, "no such job")  # the same answer as for a job that does not exist
         jobs = [
             job
@@ -130,7 +131,7 @@ def create_app() -> FastAPI:
         if current is None:
             raise HTTPException(404, "no such job")
         try:
-            view = await asyncio.wait_for(asyncio.to_thread(_platform_view, current), PLATFORM_TIMEOUT)
+            view = await asyncio.wait_for(asyncio.to_thread(_platform_view, current, viewer), PLATFORM_TIMEOUT)
         except TimeoutError:
             view = (
                 {},
@@ -143,7 +144,7 @@ def create_app() -> FastAPI:
         location, log, note, url, results_url, files = view
         return HTMLResponse(
             pages.job_page(
-                current,
+                viewer.shown(current),
                 base=_base_url(),
                 location=location,
                 job_url=url,
@@ -151,7 +152,7 @@ def create_app() -> FastAPI:
                 log=log,
                 log_note=note,
                 results=files,
-                history=[job for job in jobs if not job.current],
+                history=[viewer.shown(job) for job in jobs if not job.current],
             )
         )
 
@@ -164,35 +165,41 @@ def create_app() -> FastAPI:
     return app
 
 
-def _platform_view(job: IndexedJob) -> tuple[dict[str, str], str, str, str, str, list[str]]:
+def _platform_view(job: IndexedJob, viewer: Viewer) -> tuple[dict[str, str], str, str, str, str, list[str]]:
     """What the job's platform says: where the job is, the tail of its log, its console and results links, and the
-    files of a results folder this host can see. A platform that does not answer is said so, never an error page."""
+    files of a results folder this host can see -- as far as ``viewer`` may see them (the log needs ``TASK_LOGS``,
+    the rest ``XCOM``). A platform that does not answer is said so, never an error page. Only a task's own record
+    (``job.verified``) leads to the platform: a record only an XCom holds may name another task's job."""
     handle = job.record.job
+    logs, xcoms = viewer.may_read_logs(job.dag_id), viewer.may_read_xcoms(job.dag_id)
+    if not job.verified:
+        return {}, "", RECORD_ONLY_IN_XCOM, "", "", []
     if job.platform not in PLATFORMS:
         return {}, "", f"platform {job.platform!r} is not installed here", "", "", []
+    if not logs and not xcoms:
+        return {}, "", NO_LOGS.format(dag_id=job.dag_id), "", "", []
     hook = get_platform_hook(job.platform, job.conn_id)
     started = time.monotonic()
+    location: dict[str, str] = {}
+    url = results_url = ""
     try:
         hook.load_connection()
-        location = hook.job_location(handle)
-        url, results_url = hook.job_url(handle), hook.results_url(handle)
+        if xcoms:
+            location = hook.job_location(handle)
+            url, results_url = hook.job_url(handle), hook.results_url(handle)
     except Exception as exc:
         return {}, "", f"cannot use connection {job.conn_id!r}: {exc}", "", "", []
-    try:
-        log, _ = hook.get_job_logs(handle, "", tail=LOG_TAIL_LINES)
-        log = readable_log(
-            log, job_secrets(job.record.secret_conn_ids, job.conn_id)
-        )  # heartbeats in words, secrets masked
-        note = (
-            f"last {LOG_TAIL_LINES} lines, read from the {job.platform} platform in {time.monotonic() - started:.1f} s"
-        )
-    except Exception as exc:
-        log, note = "", f"the {job.platform} platform did not give the log: {exc}"
-    results_dir = str(job.record.handle.get("results_dir") or "")
-    files = []
-    if results_dir.startswith("/") and os.path.isdir(results_dir):
-        for root, _, names in os.walk(results_dir):
-            files += [os.path.relpath(os.path.join(root, n), results_dir) for n in names]
-            if len(files) > 200:
-                break
-    return location, log, note, url, results_url, sorted(files)[:200]
+    if not logs:
+        log, note = "", NO_LOGS.format(dag_id=job.dag_id)
+    else:
+        try:
+            log, _ = hook.get_job_logs(handle, "", tail=LOG_TAIL_LINES)
+            # heartbeats in words, secrets masked
+            log = readable_log(log, job_secrets(job.record.secret_conn_ids, job.conn_id))
+            note = f"last {LOG_TAIL_LINES} lines, read from the {job.platform} platform in " + (
+                f"{time.monotonic() - started:.1f} s"
+            )
+        except Exception as exc:
+            log, note = "", f"the {job.platform} platform did not give the log: {exc}"
+    files = results_files(hook, handle.results_dir) if xcoms else []
+    return location, log, note, url, results_url, files

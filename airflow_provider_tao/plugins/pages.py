@@ -1,20 +1,22 @@
 """HTML of the TAO jobs view and the job page: plain server-side HTML and an inline SVG chart, no script library.
 
-Everything that comes from a DAG, a job or a log is escaped (:func:`html.escape`); the only script is the one that
-lets a link inside the UI's iframe open an Airflow page in the UI itself.
+Everything that comes from a DAG, a job or a log is escaped (:func:`~airflow_provider_tao.plugins.escape.html`,
+:func:`html.escape`); every link goes through :func:`~airflow_provider_tao.links.safe_url`; the only script is the
+one that lets a link inside the UI's iframe open an Airflow page in the UI itself.
 """
 
 from __future__ import annotations
 
-import html
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
 from airflow_provider_tao.jobindex import IndexedJob, gpu_hours_by_dag_and_day
-from airflow_provider_tao.links import PLUGIN_URL_PREFIX, job_page_path
+from airflow_provider_tao.links import PLUGIN_URL_PREFIX, job_page_path, safe_url
+from airflow_provider_tao.plugins.escape import html
 
 _CSS = """
 :root { color-scheme: light; --fg:#1a202c; --muted:#5f6b7a; --line:#e2e8f0; --brand:#017cee; --bg:#ffffff; }
@@ -66,7 +68,7 @@ document.addEventListener("click", function (event) {
 #: Bar colours of the chart, one per DAG in order (Airflow-like, distinguishable).
 PALETTE = ("#017cee", "#76b900", "#e8710a", "#a142f4", "#12b5cb", "#d93025", "#f9ab00", "#5f6368")
 
-e = html.escape
+e = escape
 
 
 def page(title: str, body: str, *, refresh_seconds: int = 0) -> str:
@@ -148,8 +150,10 @@ def jobs_view(
     platforms: Sequence[str],
     job_urls: Mapping[str, str],
     now: float | None = None,
+    ignored: int = 0,
 ) -> str:
-    """The TAO jobs view: filters, the GPU-hours chart and the table of jobs."""
+    """The TAO jobs view: filters, the GPU-hours chart and the table of jobs (``ignored``: task records refused as
+    invalid, each named in the API server's log)."""
     now = now or time.time()
     total = sum(job.gpu_hours(now) or 0.0 for job in jobs)
     states = ("Running", "Complete", "Error", "Canceled", "Unknown")
@@ -175,19 +179,28 @@ def jobs_view(
         platform_link = safe_url(job_urls.get(job.job_id, "")) or page_link
         try_number = job.record.handle.get("try_number", 1)
         rows.append(
-            "<tr>"
-            f'<td><a href="{e(page_link)}">{e(job.job_id)}</a></td>'
-            f"<td>{e(job.platform)}</td>"
-            f'<td><span class="badge {e(job.state)}">{e(job.state)}</span>'
-            f"{' ' + e(job.record.err_class) if job.record.err_class else ''}</td>"
-            f'<td class="num">{e(gpus)} &times; {job.record.num_nodes}</td>'
-            f"<td>{_when(job.started_at)}</td>"
-            f'<td class="num">{_duration(job.runtime_seconds(now))}</td>'
-            f'<td class="num">{"?" if hours is None else f"{hours:.3f}"}</td>'
-            f'<td><a data-airflow href="{e(task_url(base, job))}">{e(job.dag_id)} / {e(job.task_id)}</a> '
-            f"(try {e(str(try_number))})</td>"
-            f'<td><a href="{e(platform_link)}">{e(job.platform)} job</a></td>'
-            "</tr>"
+            html(
+                '<tr><td><a href="{}">{}</a></td><td>{}</td><td><span class="badge {}">{}</span>{}</td>'
+                '<td class="num">{} &times; {}</td><td>{}</td><td class="num">{}</td><td class="num">{}</td>'
+                '<td><a data-airflow href="{}">{} / {}</a> (try {})</td><td><a href="{}">{} job</a></td></tr>',
+                page_link,
+                job.job_id,
+                job.platform,
+                job.state,
+                job.state,
+                " " + job.record.err_class if job.record.err_class else "",
+                gpus,
+                job.record.num_nodes,
+                _when(job.started_at),
+                _duration(job.runtime_seconds(now)),
+                "?" if hours is None else f"{hours:.3f}",
+                task_url(base, job),
+                job.dag_id,
+                job.task_id,
+                try_number,
+                platform_link,
+                job.platform,
+            )
         )
     table = (
         "<table><thead><tr><th>Job</th><th>Platform</th><th>State</th><th class=num>GPUs &times; nodes</th>"
@@ -199,7 +212,9 @@ def jobs_view(
     body = (
         "<h1>TAO jobs</h1>"
         f'<p class="sub">{len(jobs)} job(s), {total:.3f} GPU-hours. Read from Airflow\'s task records '
-        "(task_state_store, XCom, task instances).</p>"
+        "(task_state_store, XCom, task instances)."
+        + (f" {ignored} invalid task record(s) ignored (the API server's log names them)." if ignored else "")
+        + "</p>"
         f"{form}<div class=card><h2>GPU-hours per DAG per day</h2>"
         f"{chart(gpu_hours_by_dag_and_day(jobs, now))}</div>{table}"
     )
@@ -262,11 +277,6 @@ def job_page(
         f"{results_html}" + (f"<h2>Earlier jobs of this task</h2><ul>{earlier}</ul>" if earlier else "")
     )
     return page(f"TAO job {job.job_id}", body, refresh_seconds=10 if job.state == "Running" else 0)
-
-
-def safe_url(url: str) -> str:
-    """``url`` when it is a web link (http, https or a path of this server), else "" (no ``javascript:``)."""
-    return url if url.startswith(("http://", "https://", "/")) and not url.startswith("//") else ""
 
 
 def _out_link(url: str, text: str) -> str:

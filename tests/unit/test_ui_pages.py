@@ -161,6 +161,7 @@ def test_the_job_page_hides_the_storage_and_platform_secrets_a_job_prints(
     import json
 
     from airflow_provider_tao.plugins.app import _platform_view
+    from airflow_provider_tao.plugins.permissions import Viewer
 
     aws = {
         "conn_type": "aws",
@@ -176,7 +177,7 @@ def test_the_job_page_hides_the_storage_and_platform_secrets_a_job_prints(
     FakeHook.logs[handle.job_id] = f"using {SECRET_KEY}\nsession tok-123456\nngc ngc-key-0123456\ndone\n"
     record = JobRecord(handle=handle.to_json(), secret_conn_ids=["aws_train"])
     job = IndexedJob(record, "d", "r", "t", -1, "deferred", 1, None, True)
-    view = _platform_view(job)
+    view = _platform_view(job, Viewer(dags={"d"}, is_authorized=lambda entity, dag_id: True))
     log = view[1]
     assert SECRET_KEY not in log and "tok-123456" not in log and "ngc-key-0123456" not in log, view
     assert log == "using ***\nsession ***\nngc ***\ndone\n"
