@@ -32,13 +32,13 @@ def _fail(err_class, message):
 
 
 def _job_python():
-    return "Python {} at {}".format(platform.python_version(), sys.executable)
+    return f"Python {platform.python_version()} at {sys.executable}"
 
 
 def _missing(exc, meta, what):
     name = (getattr(exc, "name", None) or str(exc)).split(".")[0]
     known = meta.get("modules", {}).get(name)
-    worker = "{} {}".format(name, known) if known else "no record of {}".format(name)
+    worker = f"{name} {known}" if known else f"no record of {name}"
     _fail(
         "ERR_CONFIG",
         "{} needs module {!r}, which the job's {} does not have (the worker: Python {}, {}). Install it in the "
@@ -59,7 +59,7 @@ def _serializer(meta):
     try:
         return __import__(name)
     except ImportError as exc:
-        _missing(exc, meta, "serializer={!r}".format(name))
+        _missing(exc, meta, f"serializer={name!r}")
 
 
 def main():
@@ -67,7 +67,7 @@ def main():
     with open(os.path.join(files, "function.json")) as handle:
         meta = json.load(handle)
     serializer = _serializer(meta)
-    arguments = {"args": [], "kwargs": {}}
+    arguments: dict = {"args": [], "kwargs": {}}
     if os.path.exists(os.path.join(files, "function.in")):
         try:
             with open(os.path.join(files, "function.in"), "rb") as handle:
@@ -81,7 +81,7 @@ def main():
                     _job_python(), meta["python"], meta["serializer"], type(exc).__name__, exc
                 ),
             )
-    scope = {"__name__": "tao_function"}
+    scope: dict = {"__name__": "tao_function"}
     try:
         with open(os.path.join(files, "function.py")) as handle:
             exec(compile(handle.read(), "function.py", "exec"), scope)

@@ -39,7 +39,9 @@ def load_serializer(name: str) -> Any:
     return importlib.import_module(name)
 
 
-def function_files(callable_name: str, source: str, serializer: str, args: list[Any], kwargs: dict[str, Any]) -> dict[str, bytes]:
+def function_files(
+    callable_name: str, source: str, serializer: str, args: list[Any], kwargs: dict[str, Any]
+) -> dict[str, bytes]:
     """``JobSpec.files`` of one call of the function.
 
     :param callable_name: the function's name in ``source``.
@@ -71,12 +73,17 @@ def function_files(callable_name: str, source: str, serializer: str, args: list[
     meta = {
         "callable": callable_name,
         "serializer": serializer,
-        "python": platform.python_version(),
-        "python_info": list(sys.version_info[:3]),
+        "python": worker_python(),
+        "python_info": [int(part) for part in worker_python().split(".")[:3] if part.isdigit()],
         "modules": module_versions(source, pickled),
     }
     files["function.json"] = json.dumps(meta, sort_keys=True).encode()
     return files
+
+
+def worker_python() -> str:
+    """This worker's Python version (``3.11.7``)."""
+    return platform.python_version()
 
 
 def module_versions(source: str, pickled: bytes) -> dict[str, str]:
@@ -102,7 +109,7 @@ def module_versions(source: str, pickled: bytes) -> dict[str, str]:
     for name in sorted(names):
         module = sys.modules.get(name)
         if module is not None and name not in sys.builtin_module_names:
-            versions[name] = str(getattr(module, "__version__", "") or f"(Python {platform.python_version()})")
+            versions[name] = str(getattr(module, "__version__", "") or f"(Python {worker_python()})")
     return versions
 
 
@@ -130,12 +137,12 @@ def read_return_value(data: bytes | None, serializer: str, where: str) -> Any:
     except ImportError as exc:
         raise ReturnValueError(
             f"the function's return value needs module {exc.name or exc!s}, which the worker's Python "
-            f"{platform.python_version()} does not have (the job ran Python {job_python}). Return plain values or "
+            f"{worker_python()} does not have (the job ran Python {job_python}). Return plain values or "
             "install the module on the workers"
         ) from exc
     except Exception as exc:
         raise ReturnValueError(
-            f"the worker's Python {platform.python_version()} cannot load the return value the job's Python "
+            f"the worker's Python {worker_python()} cannot load the return value the job's Python "
             f"{job_python} wrote with {serializer}: {type(exc).__name__}: {exc}"
         ) from exc
     return loaded

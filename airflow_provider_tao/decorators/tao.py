@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from airflow_provider_tao.jobs import JobHandle, JobSpec, JobStatus
 
 #: XCom key of the job's summary (job id, GPU-hours, results folder...): the return value is the function's.
-XCOM_JOB = "tao_job"
+XCOM_JOB = "tao_job_result"
 _PYTHON_COMMAND = re.compile(r"^[A-Za-z0-9_./+-]+$")
 
 
@@ -107,9 +107,7 @@ class _TAODecoratedOperator(DecoratedOperator, TAOSubmitOperator):
             raise JobValidationError(parameter, rest, "") from exc
         return replace(spec, files={**spec.files, **files})
 
-    def _succeed(
-        self, context: Context, handle: JobHandle, status: JobStatus, outputs: dict[str, str]
-    ) -> Any:
+    def _succeed(self, context: Context, handle: JobHandle, status: JobStatus, outputs: dict[str, str]) -> Any:
         job = super()._succeed(context, handle, status, outputs)
         context["ti"].xcom_push(key=XCOM_JOB, value=job)
         where = f"{handle.results_dir.rstrip('/')}/{RETURN_FILE}"
@@ -134,7 +132,9 @@ class _TAODecoratedOperator(DecoratedOperator, TAOSubmitOperator):
         return hook.read_result_file(handle, RETURN_FILE, limit=MAX_RETURN_BYTES)
 
 
-def tao_task(python_callable: Callable | None = None, multiple_outputs: bool | None = None, **kwargs: Any) -> TaskDecorator:
+def tao_task(
+    python_callable: Callable | None = None, multiple_outputs: bool | None = None, **kwargs: Any
+) -> TaskDecorator:
     """``@task.tao(...)``: run the decorated function as a TAO job (any ``TAOSubmitOperator`` argument but
     ``command``; plus ``serializer`` and ``python_command``).
 
