@@ -81,7 +81,7 @@ def test_an_exception_fails_the_task_as_err_program_with_the_functions_traceback
     assert "broken raised ValueError: bad learning rate 0.5" in str(failure.value)
     captured = capfd.readouterr()
     logged = captured.out + captured.err
-    assert "[job] Traceback (most recent call last):" in logged
+    assert "[job] Traceback (most recent call last):" in logged, logged
     assert "in check_learning_rate" in logged and "[job] ValueError: bad learning rate 0.5" in logged
 
 
