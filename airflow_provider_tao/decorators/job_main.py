@@ -7,12 +7,14 @@ serialised as ``@task.docker`` does). Standard library only, never imports Airfl
 
 * Every node runs the function (``NODE_RANK`` is set on multi-node jobs); rank 0 writes the return value to
   ``$TAO_RESULTS_DIR/tao_return.out`` (atomically: a JSON header line naming the job's Python, then the value
-  serialised), where the task reads it back from the job that ran.
+  serialised), where the task reads it back from the job that ran; a small one also goes into the job's log on a
+  ``TAO_RETURN`` line (base64), for platforms whose results folder the worker cannot read (a Kubernetes PVC).
 * An exception prints its traceback (so the task log shows it) and a ``TAO_FAILURE`` line classifying it
   ``ERR_PROGRAM``; an environment that cannot run the function (another Python where the serializer needs the
   same one, a module missing) is ``ERR_CONFIG``, naming the job's side and the worker's.
 """
 
+import base64
 import json
 import os
 import platform
@@ -21,6 +23,9 @@ import traceback
 
 FAILURE_PREFIX = "TAO_FAILURE "
 RETURN_FILE = "tao_return.out"
+#: The return file also goes into the job's log (base64, on one line after this prefix) when it is this small.
+RETURN_PREFIX = "TAO_RETURN "
+LOG_RETURN_BYTES = 12 << 10
 #: Serializers whose payloads carry code, so that only the worker's major.minor Python can load them.
 SAME_PYTHON = ("dill", "cloudpickle")
 
@@ -107,6 +112,10 @@ def main():
         handle.write(json.dumps(header).encode() + b"\n")
         serializer.dump(value, handle)
     os.replace(partial, os.path.join(results, RETURN_FILE))
+    with open(os.path.join(results, RETURN_FILE), "rb") as handle:
+        written = handle.read(LOG_RETURN_BYTES + 1)
+    if len(written) <= LOG_RETURN_BYTES:  # also in the log, for a worker that cannot read the results folder
+        print(RETURN_PREFIX + base64.b64encode(written).decode("ascii"), flush=True)
     return 0
 
 

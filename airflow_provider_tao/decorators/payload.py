@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_tao.decorators.job_main import RETURN_FILE
+from airflow_provider_tao.decorators.job_main import RETURN_FILE, RETURN_PREFIX
 
 SERIALIZERS = ("pickle", "dill", "cloudpickle")
 #: The arguments ride in the job's files, which some platforms ship in pieces (ConfigMaps, secrets): data belongs
@@ -113,6 +113,21 @@ def module_versions(source: str, pickled: bytes) -> dict[str, str]:
     return versions
 
 
+def return_in_log(text: str) -> bytes | None:
+    """The return file's copy in a job's log text (the last ``TAO_RETURN`` line), or None."""
+    import base64
+    import binascii
+
+    for line in reversed(text.splitlines()):
+        start = line.find(RETURN_PREFIX)
+        if start >= 0:
+            try:
+                return base64.b64decode(line[start + len(RETURN_PREFIX) :].strip(), validate=True)
+            except (binascii.Error, ValueError):
+                continue
+    return None
+
+
 def read_return_value(data: bytes | None, serializer: str, where: str) -> Any:
     """The function's return value from the bytes of its return file.
 
@@ -123,8 +138,9 @@ def read_return_value(data: bytes | None, serializer: str, where: str) -> Any:
     """
     if data is None:
         raise ReturnValueError(
-            f"the job completed but its return value {where} cannot be read from the worker. Give the task a "
-            "results location the worker reads: results_uri='s3://...' with storage_conn_id, or a platform "
+            f"the job completed but its return value {where} cannot be read from the worker, and it is too large "
+            "for the job's log (over 12 KiB). Return less (the model belongs in the results folder), or give the "
+            "task a results location the worker reads: results_uri='s3://...' with storage_conn_id, or a platform "
             "results root (local, SLURM, Docker results_root)"
         )
     header, _, body = data.partition(b"\n")

@@ -24,6 +24,7 @@ from airflow_provider_tao.decorators.payload import (
     ReturnValueError,
     function_files,
     read_return_value,
+    return_in_log,
 )
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 
 #: XCom key of the job's summary (job id, GPU-hours, results folder...): the return value is the function's.
 XCOM_JOB = "tao_job_result"
+#: Lines of the end of a job's log searched for its return value (the runner prints a few after the function).
+LOG_TAIL_LINES = 50
 _PYTHON_COMMAND = re.compile(r"^[A-Za-z0-9_./+-]+$")
 
 
@@ -118,18 +121,22 @@ class _TAODecoratedOperator(DecoratedOperator, TAOSubmitOperator):
 
     def _read_return_file(self, handle: JobHandle) -> bytes | None:
         """``<results_dir>/tao_return.out`` of the job that ran: on S3 through the storage connection, else through
-        the platform (a path the worker reads, SLURM over SSH)."""
+        the platform (a path the worker reads, SLURM over SSH); else its copy in the end of the job's log."""
         from airflow_provider_tao.hooks import get_platform_hook
 
-        if handle.results_dir.startswith("s3://"):
-            if not self.storage_conn_id:
-                return None
+        if handle.results_dir.startswith("s3://") and self.storage_conn_id:
             bucket, _, key = handle.results_dir.removeprefix("s3://").partition("/")
             found = self._s3_hook().get_key(f"{key.rstrip('/')}/{RETURN_FILE}", bucket)
-            return None if found is None else bytes(found.get()["Body"].read(MAX_RETURN_BYTES))
+            if found is not None:
+                return bytes(found.get()["Body"].read(MAX_RETURN_BYTES))
         hook = get_platform_hook(handle.platform, handle.conn_id)
         hook.load_connection()
-        return hook.read_result_file(handle, RETURN_FILE, limit=MAX_RETURN_BYTES)
+        if not handle.results_dir.startswith("s3://"):
+            data = hook.read_result_file(handle, RETURN_FILE, limit=MAX_RETURN_BYTES)
+            if data is not None:
+                return data
+        text, _ = hook.get_job_logs(handle, tail=LOG_TAIL_LINES)
+        return return_in_log(text)
 
 
 def tao_task(
