@@ -6,7 +6,7 @@ connection needed), its return value used by the next task.
 the path the function reads -- and brings its return value back as the task's XCom. Its ``print`` output streams
 into the task log while it runs; an exception would fail the task as ``ERR_PROGRAM`` with its traceback in the log.
 ``report`` receives the returned metrics like any TaskFlow value. On a cluster, the same function runs with GPUs by
-changing the decorator's arguments (see docs/taskflow.md): ``@task.tao(conn_id="tao_slurm_default", gpu_count=8,
+changing the decorator's arguments (see docs/howto/taskflow.md): ``@task.tao(conn_id="tao_slurm_default", gpu_count=8,
 image="tao_toolkit.pyt")``.
 
 Every value below can be overridden with an environment variable of the same name.

@@ -2,7 +2,7 @@
 Brev), with ``TAOSubmitOperator``'s GPUs, nodes, staging, failover and durable-job promises.
 
 The function's source and its arguments travel with the job as ``@task.docker``'s do (the same serializers and
-limits: see docs/taskflow.md), as job files (:mod:`~airflow_provider_tao.decorators.payload`); the job runs
+limits: see docs/howto/taskflow.md), as job files (:mod:`~airflow_provider_tao.decorators.payload`); the job runs
 :mod:`~airflow_provider_tao.decorators.job_main` in its own Python through the in-job runner, and the return value
 comes back from the job's results folder -- the job that ran, so a reattached job's value, never a second run's.
 """
