@@ -205,3 +205,30 @@ def test_airflow_finds_the_decorator_as_task_tao() -> None:
     )  # fmt: skip
     (info,) = json.loads(listed.stdout)
     assert {"class-name": "airflow_provider_tao.decorators.tao.tao_task", "name": "tao"} in info["task-decorators"]
+
+
+def test_the_example_dag_trains_on_local_and_hands_its_metrics_to_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """``example_dags/tao_taskflow_local.py``: ``train`` (a real local job reading the staged data set) returns
+    the metrics ``report`` prints."""
+    import runpy
+
+    (tmp_path / "iris.csv").write_text("a\nb\nc\nd\n")
+    monkeypatch.setenv("TAO_TASKFLOW_DATA", str(tmp_path / "iris.csv"))
+    monkeypatch.setenv("TAO_TASKFLOW_STAGED", str(tmp_path / "staged" / "train.csv"))
+    monkeypatch.setenv("TAO_TASKFLOW_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("TAO_TASKFLOW_POLL", "0.2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    example = Path(__file__).parents[2] / "example_dags" / "tao_taskflow_local.py"
+    dag = runpy.run_path(str(example))["tao_taskflow_local"]()
+    train = dag.get_task("train")
+    assert isinstance(train, _TAODecoratedOperator) and train.downstream_task_ids == {"report"}
+
+    train.deferrable = False
+    metrics = train.execute(make_context(Store()))
+
+    assert metrics["samples"] == 4
+    assert json.loads(Path(metrics["model"]).read_text()) == {"epochs": 3, "samples": 4}
+    dag.get_task("report").python_callable(metrics)
+    assert f"trained on 4 samples; model at {metrics['model']}" in capsys.readouterr().out
