@@ -8,10 +8,7 @@ Python) and the serialised return value.
 
 from __future__ import annotations
 
-import ast
 import json
-import pickletools
-import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -83,12 +80,17 @@ def function_files(
 
 def worker_python() -> str:
     """This worker's Python version (``3.11.7``)."""
+    import platform
+
     return platform.python_version()
 
 
 def module_versions(source: str, pickled: bytes) -> dict[str, str]:
     """``top-level module -> version`` on the worker, of the modules the function imports and its arguments name
     (so that a module missing in the job is reported with the worker's version of it)."""
+    import ast
+    import pickletools
+
     names: set[str] = set()
     try:
         for node in ast.walk(ast.parse(source)):
