@@ -31,9 +31,18 @@ SAME_PYTHON = ("dill", "cloudpickle")
 
 
 def _fail(err_class, message):
+    # One write per line, on stdout: the job runs with python -u (a print is two writes) and the runner merges
+    # stdout and stderr, so a line written in pieces could take another stream's text into its middle.
+    sys.stderr.flush()
+    sys.stdout.write(FAILURE_PREFIX + json.dumps({"err_class": err_class, "message": message}) + "\n")
     sys.stdout.flush()
-    print(FAILURE_PREFIX + json.dumps({"err_class": err_class, "message": message}), flush=True)
     sys.exit(3 if err_class == "ERR_CONFIG" else 1)
+
+
+def _traceback():
+    """The current exception's traceback, on stdout in one write (see :func:`_fail`)."""
+    sys.stdout.write(traceback.format_exc())
+    sys.stdout.flush()
 
 
 def _job_python():
@@ -96,10 +105,10 @@ def main():
     try:
         value = function(*arguments["args"], **arguments["kwargs"])
     except ImportError as exc:
-        traceback.print_exc()
+        _traceback()
         _missing(exc, meta, "The function")
     except BaseException as exc:  # the function's own failure: its traceback goes to the task log
-        traceback.print_exc()
+        _traceback()
         _fail("ERR_PROGRAM", "{} raised {}: {}".format(meta["callable"], type(exc).__name__, exc))
     rank = os.environ.get("NODE_RANK", "0") or "0"
     if rank != "0":
@@ -115,7 +124,8 @@ def main():
     with open(os.path.join(results, RETURN_FILE), "rb") as handle:
         written = handle.read(LOG_RETURN_BYTES + 1)
     if len(written) <= LOG_RETURN_BYTES:  # also in the log, for a worker that cannot read the results folder
-        print(RETURN_PREFIX + base64.b64encode(written).decode("ascii"), flush=True)
+        sys.stdout.write(RETURN_PREFIX + base64.b64encode(written).decode("ascii") + "\n")
+        sys.stdout.flush()
     return 0
 
 
