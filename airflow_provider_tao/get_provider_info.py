@@ -458,6 +458,7 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "triggers": [{"integration-name": INTEGRATION, "python-modules": ["airflow_provider_tao.triggers.job"]}],
         "extra-links": ["airflow_provider_tao.links.TAOJobLink", "airflow_provider_tao.links.TAOResultsLink"],
+        "task-decorators": [{"class-name": "airflow_provider_tao.decorators.tao.tao_task", "name": "tao"}],
         "connection-types": connection_types(),
         "config": config_section(),
         "cli": ["airflow_provider_tao.cli.definition.get_tao_cli_commands"],

@@ -44,9 +44,11 @@ from airflow_provider_tao.secret_refs import resolve as resolve_secret_refs
 from airflow_provider_tao.waiting import WaitLog
 
 if TYPE_CHECKING:
+    from airflow.providers.openlineage.extractors import OperatorLineage
     from airflow.sdk import Context
 
     from airflow_provider_tao.hooks.base import TAOPlatformHook
+    from airflow_provider_tao.records import JobRecord
 
 
 def _readable(text: str) -> str:
@@ -366,6 +368,28 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
         """The lifecycle's, and the ``conn:<id>.<field>`` references of ``secret_env``: the triggerer and a
         resumed worker read those values again to mask them (the values never travel)."""
         return [*super()._secret_conn_ids(handle), *references(self._secret_refs)]
+
+    def _keep(self, context: Context, record: JobRecord) -> None:
+        self._lineage_record = record  # the job's latest record, for OpenLineage at the end of this process
+        super()._keep(context, record)
+
+    # ----------------------------------------------------------------- OpenLineage (called by its provider only)
+
+    def get_openlineage_facets_on_start(self) -> OperatorLineage:
+        """Inputs from the data contract, and the run facet as far as it is known before a job exists."""
+        from airflow_provider_tao.lineage import operator_lineage
+
+        return operator_lineage(self, None)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> OperatorLineage:
+        """Inputs, outputs (the results folder and declared outputs of the job that ran) and the run facet."""
+        from airflow_provider_tao.lineage import operator_lineage
+
+        return operator_lineage(self, getattr(self, "_lineage_record", None))
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> OperatorLineage:
+        """As on completion, with the job's failure class in the run facet."""
+        return self.get_openlineage_facets_on_complete(task_instance)
 
 
 def _origin(context: Context) -> dict[str, str]:

@@ -219,6 +219,13 @@ MODULE_FIXES: dict[tuple[str, str], str] = {
     ("runner/job/", "InfraError"): "The job itself reports ERR_INFRA (retried): storage or network trouble; if it "
     "repeats, check the storage endpoint and credentials.",
     ("runner/job/", "OSError"): "A short read from storage: the job reports ERR_INFRA and is retried.",
+    ("decorators/job_main.py", "_fail"): "@task.tao: ERR_PROGRAM is the function's own exception (its traceback is "
+    "in the task log); ERR_CONFIG names what the job's Python lacks (a module, the worker's Python version for "
+    "cloudpickle/dill): install it in the image or set python_command= (not retried).",
+    ("decorators/payload.py", "ValueError"): "@task.tao: pass plain, small arguments (data as inputs=), or "
+    "serializer='cloudpickle' / 'dill' for richer objects (see the TaskFlow how-to).",
+    ("decorators/tao.py", "AirflowFailException"): "@task.tao: return plain values, install the module on the "
+    "workers, or give the task a results_uri the worker reads (S3 with storage_conn_id).",
 }
 
 

@@ -12,17 +12,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_example_dag(dag_id: str, tmp_path: Path, env: dict[str, str]) -> str:
+def run_example_dag(
+    dag_id: str, tmp_path: Path, env: dict[str, str], *, dag_file: Path | None = None, state: str = "success"
+) -> str:
     """``example_dags/<dag_id>.py`` run by ``dag.test()`` with these extra environment variables; the run must
-    succeed. Returns its stdout + stderr.
+    end in ``state``. Returns its stdout + stderr.
 
     :param dag_id: the DAG's id, which is also its file name.
     :param tmp_path: a fresh folder for AIRFLOW_HOME and the DAGs folder.
     :param env: connections and the DAG's own overrides.
+    :param dag_file: another DAG file than the example's.
+    :param state: the DAG run's expected end state.
     """
     dags = tmp_path / "dags"
     dags.mkdir()
-    shutil.copy(REPO / "example_dags" / f"{dag_id}.py", dags)
+    shutil.copy(dag_file or REPO / "example_dags" / f"{dag_id}.py", dags)
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(tmp_path),
@@ -46,5 +50,5 @@ def run_example_dag(dag_id: str, tmp_path: Path, env: dict[str, str]) -> str:
         check=False,
     )  # fmt: skip
     output = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "DAG_RUN_STATE success" in output, output[-5000:]
+    assert proc.returncode == 0 and f"DAG_RUN_STATE {state}" in output, output[-5000:]
     return output

@@ -1,0 +1,1 @@
+"""TaskFlow decorators of the provider: ``@task.tao`` (declared in provider info ``task-decorators``)."""
