@@ -1,0 +1,223 @@
+"""Issue 37's nine defects -- each an interruption plus a platform call failing inside a decision, or two people acting
+in one window -- shown on the in-memory platform (Docker's own reading on the offline Docker hook).
+
+Every test here failed on the code before ``operators/decisions.py``: the defect's number is in its name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from unittest.mock import AsyncMock
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_provider_tao.hooks.base import MARK_CANCEL, MARK_OWNER
+from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
+from airflow_provider_tao.person_cancel import CANCEL_KEY
+from airflow_provider_tao.triggers.job import TAOJobTrigger
+from tests.unit.fakes import FakeHook, Store, make_context
+from tests.unit.test_operator_submit import _defer, _op
+
+#: FAILING FIRST: every test here fails on the code before the fix (removed with the fix).
+pytestmark = pytest.mark.xfail(strict=True, reason="issue 37: fails before operators/decisions.py")
+
+
+def _context(store: Store, try_number: int, ti_id: str) -> dict[str, Any]:
+    context = make_context(store, try_number)
+    context["ti"].id = ti_id
+    return context
+
+
+def _event(handle: JobHandle, outcome: str) -> dict[str, Any]:
+    status = FakeHook().get_job_status(handle)
+    return {"status": outcome, "handle": handle.to_json(), "job_status": status.to_json(), "log_cursor": ""}
+
+
+def _deferred_job(fake: type[FakeHook], store: Store, try_number: int = 1, **op: Any) -> tuple[Any, JobHandle]:
+    operator = _op(deferrable=True, **op)
+    deferred = _defer(operator, _context(store, try_number, f"ti-{try_number}"))
+    return operator, JobHandle.from_json(deferred.trigger.serialize()[1]["handle"])
+
+
+def _fails_once(monkeypatch: pytest.MonkeyPatch, method: str, error: Exception) -> None:
+    """``FakeHook.<method>`` raises ``error`` the first time it is called (a blip), then works."""
+    real = getattr(FakeHook, method)
+    left = {"n": 1}
+
+    def blip(self: FakeHook, *args: Any, **kwargs: Any) -> Any:
+        if left["n"]:
+            left["n"] -= 1
+            raise error
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(FakeHook, method, blip)
+
+
+def test_defect_1_a_platform_blip_at_resume_does_not_undo_a_persons_cancel(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`airflow tao cancel` records the waiting try's task-instance id and marks the job; at resume the mark read
+    fails (an SSH reset): the task goes up for retry with a new task-instance id -- and the cancel still binds it."""
+    store = Store()
+    op, handle = _deferred_job(fake_platform, store)
+    store.set(CANCEL_KEY, {"ti_id": "ti-1", "by": "cli:jdoe", "at": 0, "job": handle.to_json()})
+    assert FakeHook().cancel_job(handle, requested_by="cli:jdoe")
+    _fails_once(monkeypatch, "read_marks", ConnectionError("SSH session reset"))
+
+    with pytest.raises(Exception) as first:  # noqa: PT011 -- any raise but a failure for good is a retry
+        op.execute_complete(_context(store, 1, "ti-1"), _event(handle, "canceled"))
+    if not isinstance(first.value, AirflowFailException):  # retried: the retry is a new task instance id
+        with pytest.raises(AirflowFailException, match=r"ERR_CANCELED.*cli:jdoe"):
+            _op(deferrable=True).execute(_context(store, 2, "ti-2"))
+    assert len(fake_platform.jobs) == 1, "the person's cancel was undone: a new job was submitted"
+
+
+def test_defect_2_an_old_canceled_by_mark_does_not_fail_a_cleared_try_that_adopted_the_job(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reaper marks try 1's job (its stop fails: the job runs on); a person clears the task; try 2 adopts the
+    job, which completes: try 2 succeeds with it."""
+    store = Store()
+    _, handle = _deferred_job(fake_platform, store)
+    real_cancel = FakeHook._cancel
+    monkeypatch.setattr(FakeHook, "_cancel", lambda self, h: (_ for _ in ()).throw(ConnectionError("stop failed")))
+    with pytest.raises(ConnectionError):
+        FakeHook().cancel_job(handle, requested_by="reap: orphan")
+    monkeypatch.setattr(FakeHook, "_cancel", real_cancel)
+    assert fake_platform.jobs[handle.job_id]["state"] is JobState.RUNNING  # Docker's stop grace, SLURM COMPLETING
+
+    op = _op(deferrable=True)
+    deferred = _defer(op, _context(store, 2, "ti-cleared"))
+    adopted = JobHandle.from_json(deferred.trigger.serialize()[1]["handle"])
+    assert adopted.job_id == handle.job_id and adopted.try_number == 2
+    fake_platform.jobs[handle.job_id].update(state=JobState.COMPLETE, exit=0)
+
+    result = op.execute_complete(_context(store, 2, "ti-cleared"), _event(adopted, "complete"))
+    assert result["job_id"] == handle.job_id and result["state"] == "Complete"
+
+
+def test_defect_3_a_failing_cleanup_never_replaces_a_success(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Docker's cleanup with auto_remove asks the daemon for the status: a blip there replaced the successful
+    return, and the retry found the result consumed and ran the job again."""
+    store = Store()
+    op, handle = _deferred_job(fake_platform, store)
+    fake_platform.jobs[handle.job_id].update(state=JobState.COMPLETE, exit=0)
+
+    def cleanup_job(self: FakeHook, h: JobHandle, *, adoptable: bool = False) -> None:
+        raise ConnectionError("daemon blip")
+
+    monkeypatch.setattr(FakeHook, "cleanup_job", cleanup_job)
+    result = op.execute_complete(_context(store, 1, "ti-1"), _event(handle, "complete"))
+    assert result["job_id"] == handle.job_id
+
+
+def test_defect_3_a_failing_cleanup_never_replaces_the_result_of_a_reattach(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store()
+    _, handle = _deferred_job(fake_platform, store)
+    fake_platform.jobs[handle.job_id].update(state=JobState.COMPLETE, exit=0)
+    monkeypatch.setattr(FakeHook, "cleanup_job", lambda self, h, adoptable=False: 1 / 0)
+    assert _op(deferrable=True).execute(_context(store, 2, "ti-2"))["job_id"] == handle.job_id
+
+
+def _cleanups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    cleaned: list[str] = []
+    monkeypatch.setattr(FakeHook, "cleanup_job", lambda self, h, adoptable=False: cleaned.append(h.job_id))
+    return cleaned
+
+
+def test_defect_5_a_timeout_with_cancel_on_kill_false_leaves_the_running_job_its_secrets(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store()
+    op, handle = _deferred_job(fake_platform, store, cancel_on_kill=False)
+    cleaned = _cleanups(monkeypatch)
+    with pytest.raises(Exception, match="ERR_TIMEOUT"):
+        op.execute_complete(_context(store, 1, "ti-1"), _event(handle, "timeout"))
+    assert fake_platform.jobs[handle.job_id]["state"] is JobState.RUNNING
+    assert cleaned == [], "cleanup stripped a running job (SLURM's env file, Lepton's secrets)"
+
+
+def test_defect_5_a_failure_whose_job_was_requeued_meanwhile_keeps_its_secrets(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trigger read Error; the platform requeued the job (its answer lost): the job runs again, the retry adopts
+    it -- cleanup must not strip it."""
+    store = Store()
+    op, handle = _deferred_job(fake_platform, store)
+    fake_platform.jobs[handle.job_id].update(state=JobState.ERROR, exit=1)
+    fake_platform.logs[handle.job_id] = "NCCL WARN net: remote process exited\n"
+    event = _event(handle, "error")
+    fake_platform.jobs[handle.job_id].update(state=JobState.RUNNING, exit=None)
+    cleaned = _cleanups(monkeypatch)
+    with pytest.raises(AirflowException):
+        op.execute_complete(_context(store, 1, "ti-1"), event)
+    assert cleaned == []
+
+
+async def test_defect_6_a_trigger_on_kill_after_a_clear_keeps_a_completed_job_adoptable(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cleared task instance's state is None (not in WANTED_TI_STATES): the job that completed just before the
+    clear was cleaned up as if the task were over, and the new try ran the training again."""
+    cleaned: list[bool] = []
+    monkeypatch.setattr(FakeHook, "cleanup_job", lambda self, h, adoptable=False: cleaned.append(adoptable))
+    spec = JobSpec(name="job-d6", job_id="d6d6d6d6d6d6", command="x", image="i")
+    handle = FakeHook(conn_id="fake_conn").create_job(spec, try_number=1)
+    fake_platform.jobs[handle.job_id].update(state=JobState.COMPLETE, exit=0)
+    trigger = TAOJobTrigger(handle=handle.to_json(), poll_interval=0.02)
+    monkeypatch.setattr(trigger, "_task_state", AsyncMock(return_value=None))  # cleared
+    await trigger.on_kill()
+    assert cleaned == [True]
+
+
+async def test_defect_8_lost_resubmit_answers_count_in_a_row_not_over_the_jobs_life(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each of three separate failures is requeued, each requeue's answer lost: every one of them happened, so the
+    trigger watches on (the job then completes) instead of reporting the third as the job's failure."""
+    from airflow_provider_tao.triggers.job import RESUBMIT_ASKS
+
+    spec = JobSpec(name="job-d8", job_id="d8d8d8d8d8d8", command="x", image="i")
+    handle = FakeHook(conn_id="fake_conn").create_job(spec, try_number=1)
+    job = fake_platform.jobs[handle.job_id]
+    job["state"] = JobState.ERROR
+    failures = {"left": RESUBMIT_ASKS + 1}
+    loop = asyncio.get_running_loop()
+
+    async def fail_again_later() -> None:
+        await asyncio.sleep(0.1)
+        if failures["left"] > 0:
+            job["state"] = JobState.ERROR
+        else:
+            job["state"] = JobState.COMPLETE
+
+    def requeued_answer_lost(self: FakeHook, h: JobHandle, status: JobStatus) -> str | None:
+        failures["left"] -= 1
+        job["state"] = JobState.RUNNING  # the requeue happened
+        asyncio.run_coroutine_threadsafe(fail_again_later(), loop)
+        raise ConnectionError("Session request failed")
+
+    monkeypatch.setattr(FakeHook, "resubmit_if_retriable", requeued_answer_lost)
+    trigger = TAOJobTrigger(handle=handle.to_json(), poll_interval=0.02, stream_logs=False)
+    event = await asyncio.wait_for(trigger.run().__anext__(), 20)
+    assert event.payload["status"] == "complete"
+
+
+def test_defect_9_an_old_trys_cancel_mark_does_not_turn_a_later_exit_0_into_canceled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Try 1's on_kill wrote its cancel mark and its `docker stop` failed; try 2 claimed the job; the job exits 0."""
+    from tests.unit.test_hooks_docker import _hook
+
+    hook = _hook(monkeypatch)
+    client = type("Client", (), {"inspect_container": lambda self, name: {"State": {"Status": "exited", "ExitCode": 0}}})
+    hook.__dict__["client"] = client()
+    monkeypatch.setattr(hook, "read_marks_of", lambda name: {MARK_OWNER: 2, MARK_CANCEL: 1})
+    status = hook._final_status("tao-job-abc")
+    assert status.state is JobState.COMPLETE, status
