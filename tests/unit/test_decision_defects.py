@@ -20,8 +20,8 @@ from airflow_provider_tao.triggers.job import TAOJobTrigger
 from tests.unit.fakes import FakeHook, Store, make_context
 from tests.unit.test_operator_submit import _defer, _op
 
-#: FAILING FIRST: every test here fails on the code before the fix (removed with the fix).
-pytestmark = pytest.mark.xfail(strict=True, reason="issue 37: fails before operators/decisions.py")
+#: FAILING FIRST: a defect's test fails on the code before its fix (the mark goes with the fix).
+failing_first = pytest.mark.xfail(strict=True, reason="issue 37: fails before operators/decisions.py")
 
 
 def _context(store: Store, try_number: int, ti_id: str) -> dict[str, Any]:
@@ -55,6 +55,7 @@ def _fails_once(monkeypatch: pytest.MonkeyPatch, method: str, error: Exception) 
     monkeypatch.setattr(FakeHook, method, blip)
 
 
+@failing_first
 def test_defect_1_a_platform_blip_at_resume_does_not_undo_a_persons_cancel(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -74,6 +75,7 @@ def test_defect_1_a_platform_blip_at_resume_does_not_undo_a_persons_cancel(
     assert len(fake_platform.jobs) == 1, "the person's cancel was undone: a new job was submitted"
 
 
+@failing_first
 def test_defect_2_an_old_canceled_by_mark_does_not_fail_a_cleared_try_that_adopted_the_job(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -98,6 +100,7 @@ def test_defect_2_an_old_canceled_by_mark_does_not_fail_a_cleared_try_that_adopt
     assert result["job_id"] == handle.job_id and result["state"] == "Complete"
 
 
+@failing_first
 def test_defect_3_a_failing_cleanup_never_replaces_a_success(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -115,6 +118,7 @@ def test_defect_3_a_failing_cleanup_never_replaces_a_success(
     assert result["job_id"] == handle.job_id
 
 
+@failing_first
 def test_defect_3_a_failing_cleanup_never_replaces_the_result_of_a_reattach(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -131,6 +135,7 @@ def _cleanups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return cleaned
 
 
+@failing_first
 def test_defect_5_a_timeout_with_cancel_on_kill_false_leaves_the_running_job_its_secrets(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -143,6 +148,7 @@ def test_defect_5_a_timeout_with_cancel_on_kill_false_leaves_the_running_job_its
     assert cleaned == [], "cleanup stripped a running job (SLURM's env file, Lepton's secrets)"
 
 
+@failing_first
 def test_defect_5_a_failure_whose_job_was_requeued_meanwhile_keeps_its_secrets(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -160,6 +166,7 @@ def test_defect_5_a_failure_whose_job_was_requeued_meanwhile_keeps_its_secrets(
     assert cleaned == []
 
 
+@failing_first
 async def test_defect_6_a_trigger_on_kill_after_a_clear_keeps_a_completed_job_adoptable(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -176,6 +183,7 @@ async def test_defect_6_a_trigger_on_kill_after_a_clear_keeps_a_completed_job_ad
     assert cleaned == [True]
 
 
+@failing_first
 async def test_defect_8_lost_resubmit_answers_count_in_a_row_not_over_the_jobs_life(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
-from airflow_provider_tao.hooks.base import MARK_CANCEL, JobValidationError, Recorded
+from airflow_provider_tao.hooks.base import JobValidationError, Recorded
 from airflow_provider_tao.hooks.docker.submit import DockerSubmitHook
+from airflow_provider_tao.hooks.ownership import cancel_binds
 from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.hooks.shared.container import container_name
 from airflow_provider_tao.jobs import JobHandle, JobState, JobStatus
@@ -187,7 +188,7 @@ class TAODockerHook(DockerSubmitHook):
             state = self.client.inspect_container(name)["State"]
         except NotFound:
             return JobStatus.missing(f"container {name} was removed as it ended")
-        return ct.ended_status(name, state, lambda: self.read_marks_of(name).get(MARK_CANCEL) is not None)
+        return ct.ended_status(name, state, lambda: cancel_binds(self.read_marks_of(name)))
 
     def get_job_usage(self, handle: JobHandle) -> JobUsage:
         """From ``docker inspect``: the container's Created, State.StartedAt / FinishedAt and its GPU requests."""
