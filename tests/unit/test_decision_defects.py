@@ -11,7 +11,7 @@ from typing import Any
 from unittest.mock import AsyncMock
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
 from airflow_provider_tao.hooks.base import MARK_CANCEL, MARK_OWNER
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
@@ -19,9 +19,6 @@ from airflow_provider_tao.person_cancel import CANCEL_KEY
 from airflow_provider_tao.triggers.job import TAOJobTrigger
 from tests.unit.fakes import FakeHook, Store, make_context
 from tests.unit.test_operator_submit import _defer, _op
-
-#: FAILING FIRST: a defect's test fails on the code before its fix (the mark goes with the fix).
-failing_first = pytest.mark.xfail(strict=True, reason="issue 37: fails before operators/decisions.py")
 
 
 def _context(store: Store, try_number: int, ti_id: str) -> dict[str, Any]:
@@ -55,7 +52,6 @@ def _fails_once(monkeypatch: pytest.MonkeyPatch, method: str, error: Exception) 
     monkeypatch.setattr(FakeHook, method, blip)
 
 
-@failing_first
 def test_defect_1_a_platform_blip_at_resume_does_not_undo_a_persons_cancel(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -67,7 +63,7 @@ def test_defect_1_a_platform_blip_at_resume_does_not_undo_a_persons_cancel(
     assert FakeHook().cancel_job(handle, requested_by="cli:jdoe")
     _fails_once(monkeypatch, "read_marks", ConnectionError("SSH session reset"))
 
-    with pytest.raises(Exception) as first:  # noqa: PT011 -- any raise but a failure for good is a retry
+    with pytest.raises(Exception) as first:
         op.execute_complete(_context(store, 1, "ti-1"), _event(handle, "canceled"))
     if not isinstance(first.value, AirflowFailException):  # retried: the retry is a new task instance id
         with pytest.raises(AirflowFailException, match=r"ERR_CANCELED.*cli:jdoe"):
@@ -75,7 +71,6 @@ def test_defect_1_a_platform_blip_at_resume_does_not_undo_a_persons_cancel(
     assert len(fake_platform.jobs) == 1, "the person's cancel was undone: a new job was submitted"
 
 
-@failing_first
 def test_defect_2_an_old_canceled_by_mark_does_not_fail_a_cleared_try_that_adopted_the_job(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -100,7 +95,6 @@ def test_defect_2_an_old_canceled_by_mark_does_not_fail_a_cleared_try_that_adopt
     assert result["job_id"] == handle.job_id and result["state"] == "Complete"
 
 
-@failing_first
 def test_defect_3_a_failing_cleanup_never_replaces_a_success(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -118,7 +112,6 @@ def test_defect_3_a_failing_cleanup_never_replaces_a_success(
     assert result["job_id"] == handle.job_id
 
 
-@failing_first
 def test_defect_3_a_failing_cleanup_never_replaces_the_result_of_a_reattach(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -135,20 +128,18 @@ def _cleanups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return cleaned
 
 
-@failing_first
 def test_defect_5_a_timeout_with_cancel_on_kill_false_leaves_the_running_job_its_secrets(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = Store()
     op, handle = _deferred_job(fake_platform, store, cancel_on_kill=False)
     cleaned = _cleanups(monkeypatch)
-    with pytest.raises(Exception, match="ERR_TIMEOUT"):
+    with pytest.raises(AirflowTaskTimeout, match="ERR_TIMEOUT"):
         op.execute_complete(_context(store, 1, "ti-1"), _event(handle, "timeout"))
     assert fake_platform.jobs[handle.job_id]["state"] is JobState.RUNNING
     assert cleaned == [], "cleanup stripped a running job (SLURM's env file, Lepton's secrets)"
 
 
-@failing_first
 def test_defect_5_a_failure_whose_job_was_requeued_meanwhile_keeps_its_secrets(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -166,7 +157,6 @@ def test_defect_5_a_failure_whose_job_was_requeued_meanwhile_keeps_its_secrets(
     assert cleaned == []
 
 
-@failing_first
 async def test_defect_6_a_trigger_on_kill_after_a_clear_keeps_a_completed_job_adoptable(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -183,7 +173,6 @@ async def test_defect_6_a_trigger_on_kill_after_a_clear_keeps_a_completed_job_ad
     assert cleaned == [True]
 
 
-@failing_first
 async def test_defect_8_lost_resubmit_answers_count_in_a_row_not_over_the_jobs_life(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -224,7 +213,9 @@ def test_defect_9_an_old_trys_cancel_mark_does_not_turn_a_later_exit_0_into_canc
     from tests.unit.test_hooks_docker import _hook
 
     hook = _hook(monkeypatch)
-    client = type("Client", (), {"inspect_container": lambda self, name: {"State": {"Status": "exited", "ExitCode": 0}}})
+    client = type(
+        "Client", (), {"inspect_container": lambda self, name: {"State": {"Status": "exited", "ExitCode": 0}}}
+    )
     hook.__dict__["client"] = client()
     monkeypatch.setattr(hook, "read_marks_of", lambda name: {MARK_OWNER: 2, MARK_CANCEL: 1})
     status = hook._final_status("tao-job-abc")
