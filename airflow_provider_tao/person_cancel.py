@@ -55,19 +55,21 @@ def honour_cancel(context: Context, log: Any) -> None:
         log.warning("Could not record that the person's cancel was honoured: %s", exc)
 
 
-def void_cancel(job: IndexedJob) -> None:
+def void_cancel(job: IndexedJob, log: Any) -> None:
     """The CLI's cancel found the waiting try's job already ended: its record binds nothing (the try takes the
-    job's verdict, the person was told so)."""
-    now = _task_instance_now(job)
-    if now is not None:
-        _keep(job, {"ti_id": now[0], "by": "", "at": time.time(), "job": job.record.handle, "void": True})
+    job's verdict; the person was told so). Best effort: a record left binding fails the task ERR_CANCELED."""
+    try:
+        _keep(job, {"ti_id": "", "by": "", "at": time.time(), "job": job.record.handle, "void": True})
+    except Exception as exc:
+        log.warning("Could not void the cancel record of job %s: %s", job.job_id, exc)
 
 
 def record_cancel(job: IndexedJob, by: str) -> str | None:
     """Keep ``by``'s cancel of ``job`` for its task instance's next try; returns the task instance's state, or None
     when nothing was kept (the job is an earlier try's, or no try of the task instance will run again).
 
-    Read, write, read again: a try that failed into up_for_retry meanwhile has a new id, which is recorded then."""
+    Read, write, read again: a try that failed into up_for_retry meanwhile has a new id, which is recorded then
+    (the id is kept for the record's readers; the record binds the task whatever its id)."""
     if not job.current:
         return None  # a person canceling an old job of the task instance has not canceled the task
     recorded, state = None, None

@@ -32,7 +32,7 @@ from airflow_provider_tao.jobindex import (
 )
 from airflow_provider_tao.joblog import readable_log
 from airflow_provider_tao.jobs import JobHandle
-from airflow_provider_tao.person_cancel import record_cancel
+from airflow_provider_tao.person_cancel import record_cancel, void_cancel
 from airflow_provider_tao.received_secrets import job_secrets
 from airflow_provider_tao.sweeper import describe, recorded_jobs, sweep_connection, sweep_machines, task_resumes
 
@@ -152,6 +152,8 @@ def cancel_job(args: Namespace) -> None:
     # Canceled only if the routine itself found the job running and marked it (its task then fails ERR_CANCELED
     # even if the job ends by itself meanwhile); one that ended since `before` keeps its verdict, and its task too.
     canceled = stopped and not before.is_terminal and bool(hook.canceled_by(handle))
+    if not canceled and ti_state in WAITING_TI_STATES:
+        void_cancel(job, log)  # its waiting try takes the job's own verdict, as the person is told below
     if stopped and not before.is_terminal and not task_resumes(job):
         hook.cleanup_job(handle)  # no task will resume to clean up after it
     after = hook.get_job_status(handle)

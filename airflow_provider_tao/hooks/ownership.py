@@ -16,7 +16,7 @@ The rule, in two parts, and nowhere else (the decision table of ``docs/decisions
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from airflow_provider_tao.jobs import JobHandle, JobStatus
@@ -56,7 +56,7 @@ class OwnershipMixin:
     """The mark readers and the one cancel routine of :class:`~airflow_provider_tao.hooks.base.TAOPlatformHook`."""
 
     if TYPE_CHECKING:
-        platform: str
+        platform: ClassVar[str]
         log: Any
 
         def read_marks(self, handle: JobHandle) -> dict[str, Any]: ...
@@ -117,8 +117,8 @@ class OwnershipMixin:
         marks = self.read_marks(handle)
         if requested_by is None and not self._owned(handle, marks):
             return False
-        if self.get_job_status(handle).state.is_terminal:
-            return True
+        if not self._cancel_decided(handle, marks, self.get_job_status(handle), requested_by):
+            return True  # it has ended: it keeps its own verdict
         if requested_by is not None:
             # who asked first, then the cancel itself -- on behalf of the owning try, so every platform's own
             # reading of "canceled" (the cancel mark) holds for a person's cancel too
@@ -131,12 +131,28 @@ class OwnershipMixin:
         )  # fmt: skip
         return self._cancel(handle)
 
+    def _cancel_decided(
+        self, handle: JobHandle, marks: Mapping[str, Any], status: JobStatus, requested_by: str | None
+    ) -> bool:
+        """Whether the decision (operators/decisions.py: KILL, or PERSON for ``requested_by``) cancels the job;
+        a state the platform could not tell defers it (:class:`~airflow_provider_tao.operators.decisions.DecideLater`:
+        the caller asks again -- a cancel mark on a job that has completed would turn it Canceled)."""
+        from airflow_provider_tao.operators.decisions import Act, DecideLater, Facts, Situation, decide, state_fact
+
+        facts = Facts(try_number=handle.try_number, owner_try=owner_of(marks, handle.try_number),
+                      state=state_fact(status))  # fmt: skip
+        verdict = decide(facts, Situation.PERSON if requested_by else Situation.KILL)
+        if verdict.act is Act.LATER:
+            raise DecideLater(f"job {handle.job_id}: {verdict.why} ({status.message})")
+        return verdict.act is Act.CANCEL
+
     async def acancel_job(self, handle: JobHandle) -> bool:
         """Async twin of :meth:`cancel_job` (the trigger's ``on_kill``): the same routine on the async client."""
-        if not self._owned(handle, await self.aread_marks(handle)):
+        marks = await self.aread_marks(handle)
+        if not self._owned(handle, marks):
             return False
-        if (await self.aget_job_status(handle)).state.is_terminal:
-            return True
+        if not self._cancel_decided(handle, marks, await self.aget_job_status(handle), None):
+            return True  # it has ended: it keeps its own verdict
         await self.awrite_mark(handle, MARK_CANCEL, handle.try_number)
         self.log.info("Canceling job %s (%s) on %s", handle.job_id, handle.backend_job_id, self.platform)
         return await self._acancel(handle)

@@ -81,11 +81,11 @@ class Facts:
         it binds the task (dag, run, task, map index), whichever try runs next.
     :param outcome: what the trigger (or the worker's wait) saw the job end as (``complete``, ``error``,
         ``canceled``, ``timeout``); RESUME only.
-    :param err_class: the failure analysis' class of a failed job (None: no analysis).
-    :param retriable: whether that class is retriable.
+    :param err_class: the failure analysis' class of a failed job (None: no analysis); it says if it is retriable.
     :param cancel_on_kill: the operator's ``cancel_on_kill``.
     :param task_state: the task instance's Airflow state (KILL); None: cleared, not yet scheduled.
-    :param write_ahead_newer: the write-ahead names a newer job than the stored one (a try died between them).
+    :param last_chance: no "later" is left (a trigger's ``on_kill`` asked the task's state again until its
+        ``on_kill_timeout``): the kill cancels as it always did rather than leave a job no try may watch.
     """
 
     try_number: int
@@ -97,10 +97,9 @@ class Facts:
     person_cancel: str | _Unknown | None = None
     outcome: str | None = None
     err_class: ErrClass | _Unknown | None = None
-    retriable: bool = False
     cancel_on_kill: bool = True
     task_state: str | _Unknown | None = None
-    write_ahead_newer: bool = False
+    last_chance: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,6 +117,14 @@ class Verdict:
     clean_up: bool = False
     adoptable: bool = False
     stop: bool = False
+
+
+def state_fact(status: Any) -> JobState | _Unknown | None:
+    """A :class:`~airflow_provider_tao.jobs.JobStatus` as the state fact: None when the platform no longer knows the
+    job, UNKNOWN when it could not tell."""
+    if status.not_found:
+        return None
+    return UNKNOWN if status.state is JobState.UNKNOWN else status.state
 
 
 def _known(*values: Any) -> bool:
@@ -178,6 +185,10 @@ def _resume(facts: Facts) -> Verdict:
     if facts.outcome == "complete":
         return Verdict(Act.SUCCEED, "the job completed", clean_up=clean)
     if facts.outcome == "canceled":
+        if facts.cancel_try is not None and facts.state is UNKNOWN:
+            return Verdict(Act.LATER, "whether the canceled job has stopped could not be read")
+        if facts.cancel_try is not None and not clean and facts.state is not None:
+            return Verdict(Act.LATER, "the canceled job has not stopped yet: the next try reattaches or resubmits")
         if facts.cancel_try is not None:  # our own provider's cancel, yet this try resumes: not the user's kill
             return Verdict(Act.RESUBMIT, f"canceled by try {facts.cancel_try}'s cleanup", clean_up=clean)
         return Verdict(Act.FAIL, "canceled outside Airflow", ErrClass.ERR_CANCELED, clean_up=clean)
@@ -185,7 +196,7 @@ def _resume(facts: Facts) -> Verdict:
         return Verdict(Act.LATER, "the failure analysis could not be read")
     if not isinstance(facts.err_class, ErrClass):
         return Verdict(Act.RETRY, "the job failed (no analysis)", ErrClass.ERR_UNKNOWN, clean_up=clean)
-    act = Act.RETRY if facts.retriable else Act.FAIL
+    act = Act.RETRY if facts.err_class.retriable else Act.FAIL
     return Verdict(act, f"the job failed with {facts.err_class.value}", facts.err_class, clean_up=clean)
 
 
@@ -201,6 +212,8 @@ def _reattach(facts: Facts) -> Verdict:
         return Verdict(Act.RESUBMIT, "the earlier job ended without a result to use")
     if facts.consumed_by is UNKNOWN:
         return Verdict(Act.LATER, "whether the earlier job's result was used could not be read")
+    if facts.consumed_by is not None and facts.state is not JobState.COMPLETE:  # never two live jobs
+        return Verdict(Act.LATER, f"a job whose result try {facts.consumed_by} used runs again")
     if facts.consumed_by is not None:
         return Verdict(Act.RESUBMIT, f"the job's result was used by try {facts.consumed_by} (a clear)")
     if facts.state is JobState.COMPLETE:
@@ -214,7 +227,9 @@ def _kill(facts: Facts) -> Verdict:
         return Verdict(Act.LEAVE, "cancel_on_kill=False")
     if facts.task_state == "deferred":
         return Verdict(Act.LEAVE, "the task still waits (its trigger moved to another triggerer)")
-    # unknown or cleared (None) or a retry coming: a next try may adopt a job that completed meanwhile
+    if facts.task_state is UNKNOWN and not facts.last_chance:
+        return Verdict(Act.LATER, "the task's state could not be read: ask again")
+    # cleared (None), a retry coming, or never told (the last chance): a next try may adopt a completed job
     adoptable = facts.task_state not in TASK_OVER_STATES
     if not _known(facts.owner_try, facts.state):
         return Verdict(Act.LATER, "the job's owner or state could not be read: ask again")

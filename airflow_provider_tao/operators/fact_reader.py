@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao.hooks.ownership import MARK_CANCEL, MARK_CANCELED_BY, MARK_CONSUMED, owner_of
 from airflow_provider_tao.jobs import FailureAnalysis, JobState, JobStatus
-from airflow_provider_tao.operators.decisions import UNKNOWN, Facts
+from airflow_provider_tao.operators.decisions import UNKNOWN, Facts, state_fact
 from airflow_provider_tao.person_cancel import binding_cancel
 
 if TYPE_CHECKING:
@@ -40,11 +40,7 @@ def job_state(hook: TAOPlatformHook, handle: JobHandle) -> Any:
 def read_status(hook: TAOPlatformHook, handle: JobHandle) -> tuple[Any, JobStatus | None]:
     """:func:`job_state` and the status it was read from (None when the read failed)."""
     status = _read(f"the state of job {handle.job_id}", lambda: hook.get_job_status(handle))
-    if status is UNKNOWN:
-        return UNKNOWN, None
-    if status.not_found:
-        return None, status
-    return (UNKNOWN if status.state is JobState.UNKNOWN else status.state), status
+    return (UNKNOWN, None) if status is UNKNOWN else (state_fact(status), status)
 
 
 def _optional_int(value: Any) -> int | None:
@@ -86,7 +82,6 @@ def resume_facts(
         person_cancel=person_cancel(context),
         outcome=outcome,
         err_class=UNKNOWN if analysis is UNKNOWN else (analysis.err_class if analysis else None),
-        retriable=bool(analysis and analysis is not UNKNOWN and analysis.retriable),
         cancel_on_kill=cancel_on_kill,
         **mark_facts(hook, handle),  # last: see the module's docstring
     )

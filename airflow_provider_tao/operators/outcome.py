@@ -102,12 +102,11 @@ class JobOutcomeMixin(CapacityFailoverMixin, S3StagingMixin):
         """A person canceled this task instance (``airflow tao cancel``; :mod:`~airflow_provider_tao.person_cancel`):
         the try fails with ERR_CANCELED, and ``handle`` (else the canceled job) is stopped if it still runs. The
         record could not be read: the try is retried (the record still binds the next one)."""
+        unreadable: Exception | None = None
         try:
             request = binding_cancel(context)
         except Exception as exc:
             request, unreadable = None, exc
-        else:
-            unreadable = None
         who = "a person" if request is not None and not request.get("by") else (request or {}).get("by")
         facts = Facts(try_number=context["ti"].try_number, person_cancel=UNKNOWN if unreadable else who)
         verdict = decide(facts, Situation.REATTACH)

@@ -32,7 +32,7 @@ from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.joblog import JobLogWriter
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobState, JobStatus
-from airflow_provider_tao.operators.decisions import UNKNOWN, Act, Facts, Situation, decide
+from airflow_provider_tao.operators.decisions import UNKNOWN, Act, Facts, Situation, Verdict, decide
 from airflow_provider_tao.outage import OutageLog
 from airflow_provider_tao.triggers.log_budget import FINAL_LOG_READS
 from airflow_provider_tao.triggers.poller import MAX_BACKOFF_SECONDS, StatusPoller, Watch, is_running
@@ -48,6 +48,9 @@ CANCEL_RETRY_PAUSE = 1.0
 #: Times in a row a resubmission may go unanswered (the requeue may have happened: the next poll tells) before the
 #: failure is reported as it stands.
 RESUBMIT_ASKS = 3
+#: Times on_kill asks the task's state while it cannot be read, and the pause between asks.
+TASK_STATE_ASKS = 3
+TASK_STATE_PAUSE = 0.5
 #: Cancels started by on_kill, kept referenced until they finish (the event loop holds tasks only weakly).
 _CANCELS: set[asyncio.Future[None]] = set()
 
@@ -332,14 +335,7 @@ class TAOJobTrigger(BaseTrigger):
         if not self.cancel_on_kill:
             self.log.info("cancel_on_kill=False: leaving job %s running", self.handle.job_id)
             return
-        state = await self._task_state()
-        # The decision's first half (operators/decisions.py, KILL): the task's state; the cancel routine decides on
-        # the job's owner and state. Airflow 3.3 also calls on_kill when a trigger moves to another triggerer (the
-        # task still waits on the job there): canceling would cost a resubmission of the same job.
-        # (the job taken as running here: the cancel routine reads its owner and state and leaves an ended job)
-        verdict = decide(
-            Facts(try_number=self.handle.try_number, task_state=state, state=JobState.RUNNING), Situation.KILL
-        )
+        verdict = await self._kill_verdict()
         if verdict.act is Act.LEAVE:
             self.log.info("%s: leaving job %s running", verdict.why, self.handle.job_id)
             return
@@ -360,6 +356,23 @@ class TAOJobTrigger(BaseTrigger):
                     raise
                 if task := asyncio.current_task():
                     task.uncancel()  # a repeated cancel of the same kill: keep waiting for the cancel to finish
+
+    async def _kill_verdict(self) -> Verdict:
+        """The decision's first half (operators/decisions.py, KILL) on the task's state, asked again while it
+        cannot be read; the cancel routine decides on the job's owner and state (the job is taken as running
+        here). Airflow 3.3 also calls on_kill when a trigger moves to another triggerer (the task still waits on
+        the job there): canceling would cost a resubmission of the same job."""
+        asks = TASK_STATE_ASKS if getattr(self, "task_instance", None) is not None else 1  # else: nobody to ask
+        for ask in range(1, asks + 1):
+            facts = Facts(
+                try_number=self.handle.try_number, task_state=await self._task_state(), state=JobState.RUNNING,
+                last_chance=ask == asks,
+            )  # fmt: skip
+            verdict = decide(facts, Situation.KILL)
+            if verdict.act is not Act.LATER:
+                break
+            await asyncio.sleep(TASK_STATE_PAUSE)
+        return verdict
 
     async def _task_state(self) -> Any:
         """The task instance's state now, asked through the triggerer's supervisor (the Task SDK's
