@@ -5,7 +5,8 @@ Every path that decides calls :func:`decide`: the resumed task (``execute_comple
 kill (the operator's and the trigger's ``on_kill``), and ``airflow tao cancel``. Each fact may be :data:`UNKNOWN` (its
 read failed); an unknown fact never flips a verdict: it defers the decision (:attr:`Act.LATER`: the task is retried
 with the facts still binding it, or the same decision is asked again). The table of every verdict is generated from
-this module into ``docs/decisions.md`` (``scripts/decision_table.py``; a unit test keeps it current).
+this module into ``docs/decisions.md`` (:mod:`~airflow_provider_tao.operators.decision_table`; a unit test keeps it
+current).
 
 The ownership rule it applies lives in :mod:`airflow_provider_tao.hooks.ownership`.
 """
@@ -16,6 +17,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Final
 
+from airflow_provider_tao.hooks.shared.reaping import FINISHED_TASK_STATES
 from airflow_provider_tao.jobs import ErrClass, JobState
 
 
@@ -64,7 +66,7 @@ class Act(enum.Enum):
 
 
 #: Airflow task instance states after which no try runs again without a person (failed, success, ...).
-TASK_OVER_STATES = frozenset({"failed", "success", "skipped", "upstream_failed", "removed"})
+TASK_OVER_STATES = FINISHED_TASK_STATES
 
 
 @dataclass(frozen=True)

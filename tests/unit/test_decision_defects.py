@@ -220,3 +220,27 @@ def test_defect_9_an_old_trys_cancel_mark_does_not_turn_a_later_exit_0_into_canc
     monkeypatch.setattr(hook, "read_marks_of", lambda name: {MARK_OWNER: 2, MARK_CANCEL: 1})
     status = hook._final_status("tao-job-abc")
     assert status.state is JobState.COMPLETE, status
+
+
+def test_defect_7_an_exited_auto_remove_container_of_a_task_that_is_over_is_swept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Marked in the resume window, the worker killed in execute_complete with no retries: nobody removes the
+    exited container (and its /tao-job/secret.env) -- the sweeper does, once its task is over; never while a try
+    may still read its verdict."""
+    from airflow_provider_tao.hooks.shared import container as ct
+    from tests.unit.test_hooks_docker import _hook
+
+    hook = _hook(monkeypatch, auto_remove=True)
+
+    def container(state: str, task: str) -> dict[str, Any]:  # the task's state rides in its run id, for the lookup
+        origin = {"dag_id": "dag", "task_id": "train", "run_id": task, "map_index": "-1"}
+        labels = {ct.ORIGIN_LABELS[key]: value for key, value in origin.items()}
+        return {"Id": f"{state}-{task}", "Names": [f"/tao-job-{state}-{task}"], "State": state, "Labels": labels}
+
+    containers = [container(s, t) for s in ("exited", "running") for t in ("failed", "up_for_retry", "")]
+    removed: list[str] = []
+    monkeypatch.setattr(hook, "_list", lambda *labels: containers)
+    monkeypatch.setattr(hook, "_remove", removed.append)
+    rows = hook.reap_resources(lambda origin: origin["run_id"] or None, dry_run=False)
+    assert removed == ["exited-failed"], rows

@@ -24,50 +24,16 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from airflow_provider_tao.hooks.ownership import MARK_CANCEL, MARK_OWNER, cancel_binds
 from airflow_provider_tao.jobs import ErrClass, JobState
+from airflow_provider_tao.operators.decision_table import SPACE, TRY, fact_space, markdown
 from airflow_provider_tao.operators.decisions import UNKNOWN, Act, Facts, Situation, Verdict, decide
 
-TRY = 2  # the deciding try; 1 is an older one, 3 a newer one
-STATES = [None, JobState.PENDING, JobState.RUNNING, JobState.COMPLETE, JobState.ERROR, JobState.CANCELED, UNKNOWN]
 LIVE = (JobState.PENDING, JobState.RUNNING, JobState.PAUSED)
-#: Each situation's facts (those its fact reader reads) and their values.
-SPACE: dict[Situation, dict[str, list[Any]]] = {
-    Situation.RESUME: {
-        "outcome": ["complete", "error", "canceled", "timeout", "capacity"],
-        "state": STATES,
-        "cancel_try": [None, 1, 2, 3, UNKNOWN],
-        "canceled_by": [None, "cli:jdoe", UNKNOWN],
-        "person_cancel": [None, "cli:jdoe", UNKNOWN],
-        "err_class": [None, ErrClass.ERR_PROGRAM, ErrClass.ERR_INFRA, UNKNOWN],
-        "cancel_on_kill": [True, False],
-    },
-    Situation.REATTACH: {
-        "state": STATES,
-        "owner_try": [1, 2, 3, UNKNOWN],
-        "cancel_try": [None, 1, 2, UNKNOWN],
-        "canceled_by": [None, "reap: orphan", UNKNOWN],
-        "consumed_by": [None, 1, UNKNOWN],
-        "person_cancel": [None, "cli:jdoe", UNKNOWN],
-    },
-    Situation.KILL: {
-        "cancel_on_kill": [True, False],
-        "task_state": [None, "deferred", "running", "up_for_retry", "failed", "success", UNKNOWN],
-        "owner_try": [1, 2, 3, UNKNOWN],
-        "state": STATES,
-        "last_chance": [False, True],
-    },
-    Situation.PERSON: {"state": STATES, "owner_try": [1, 2, 3, UNKNOWN]},
-}
 Decide = Callable[[Facts, Situation], Verdict]
-
-
-def fact_space(situation: Situation) -> Iterator[Facts]:
-    names = list(SPACE[situation])
-    for values in itertools.product(*SPACE[situation].values()):
-        yield Facts(try_number=TRY, **dict(zip(names, values, strict=True)))
 
 
 def _ended(facts: Facts) -> bool:
@@ -214,3 +180,10 @@ def test_todays_rules_break_the_invariants() -> None:
     assert ownership_breaks(lambda marks: marks.get(MARK_CANCEL) is not None)
     # defect 5: cleanup of a job still running (a timeout with cancel_on_kill=False, a requeued failure)
     assert found["I2: cleans up a job that has not ended"]
+
+
+def test_the_decision_table_in_the_docs_is_the_codes() -> None:
+    """docs/decisions.md is generated from decide(): regenerate it with
+    ``python -m airflow_provider_tao.operators.decision_table > docs/decisions.md``."""
+    committed = (Path(__file__).parents[2] / "docs" / "decisions.md").read_text()
+    assert committed == markdown(), "docs/decisions.md is stale: regenerate it (see this test's docstring)"
