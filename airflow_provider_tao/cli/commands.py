@@ -131,7 +131,7 @@ def job_logs(args: Namespace) -> None:
             size += len(chunk)
             cursor = next_cursor
         text = "".join(parts)
-    secrets = job_secrets(job.record.secret_conn_ids, job.conn_id)  # no task-log masker out here
+    secrets = job_secrets(job.record.secret_conn_ids, job.conn_id, job.platform)  # no task-log masker out here
     if args.output in ("json", "yaml"):  # for machines: the log as the job wrote it
         _print([{"job_id": job.job_id, "platform": job.platform, "log": redact(text, secrets)}], args.output)
     else:  # for people: progress bars at their last state, the runner's heartbeats collapsed into words

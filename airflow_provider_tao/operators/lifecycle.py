@@ -228,9 +228,9 @@ class JobLifecycleMixin(JobOutcomeMixin):
         """Register the job's secrets with this worker's masker when this process did not submit the job (a resumed
         or reattached try): the job's log lines and failure evidence it writes must not show them."""
         if not self._secrets_registered:
-            from airflow_provider_tao.received_secrets import secrets_received
+            from airflow_provider_tao.received_secrets import job_secrets
 
-            register_secrets(secrets_received(self._secret_conn_ids(handle)))
+            register_secrets(job_secrets(self._secret_conn_ids(handle), handle.conn_id, handle.platform))
             self._secrets_registered = True
 
     def _outputs_of(self, context: Context, handle: JobHandle) -> dict[str, str]:

@@ -181,7 +181,7 @@ def _platform_view(job: IndexedJob) -> tuple[dict[str, str], str, str, str, str,
     try:
         log, _ = hook.get_job_logs(handle, "", tail=LOG_TAIL_LINES)
         log = readable_log(
-            log, job_secrets(job.record.secret_conn_ids, job.conn_id)
+            log, job_secrets(job.record.secret_conn_ids, job.conn_id, job.platform)
         )  # heartbeats in words, secrets masked
         note = (
             f"last {LOG_TAIL_LINES} lines, read from the {job.platform} platform in {time.monotonic() - started:.1f} s"

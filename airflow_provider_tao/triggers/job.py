@@ -319,13 +319,16 @@ class TAOJobTrigger(BaseTrigger):
     async def _mask_secrets(self) -> None:
         """Mask every secret the job received -- found again here, never carried in the kwargs (see
         :mod:`~airflow_provider_tao.received_secrets`) -- in the job's lines and this triggerer's own log."""
-        if not self.secret_conn_ids:
+        no_connection = self.handle.conn_id is None  # the platform's environment fallbacks gave the job its keys
+        if not self.secret_conn_ids and not no_connection:
             return
         from airflow.sdk.log import amask_secret
 
-        from airflow_provider_tao.received_secrets import asecrets_received
+        from airflow_provider_tao.received_secrets import asecrets_received, platform_default_secrets
 
         values = await asecrets_received(self.secret_conn_ids)
+        if no_connection:
+            values += await asyncio.to_thread(platform_default_secrets, self.handle.platform)
         self.writer.mask(values)
         for value in values:
             await amask_secret(value)

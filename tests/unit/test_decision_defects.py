@@ -244,3 +244,24 @@ def test_defect_7_an_exited_auto_remove_container_of_a_task_that_is_over_is_swep
     monkeypatch.setattr(hook, "_remove", removed.append)
     rows = hook.reap_resources(lambda origin: origin["run_id"] or None, dry_run=False)
     assert removed == ["exited-failed"], rows
+
+
+@pytest.mark.parametrize(("platform", "variable"), [("lepton", "NGC_KEY"), ("lepton", "HF_TOKEN"), ("brev", "NGC_KEY")])
+async def test_defect_4_secrets_from_the_environment_are_masked_when_conn_id_is_none(
+    monkeypatch: pytest.MonkeyPatch, platform: str, variable: str
+) -> None:
+    """A job submitted with ``conn_id=None`` gets its keys from the environment fallbacks: the trigger, a resumed
+    worker and ``airflow tao logs`` mask them too (there is no connection to find them through)."""
+    from airflow_provider_tao.received_secrets import job_secrets
+
+    monkeypatch.setenv(variable, "env-secret-value-789")
+    masked: list[str] = []
+
+    async def amask(value: Any, name: Any = None) -> None:
+        masked.append(value)
+
+    monkeypatch.setattr("airflow.sdk.log.amask_secret", amask)
+    trigger = TAOJobTrigger(handle=JobHandle(platform, None, "j", "n").to_json(), secret_conn_ids=[])
+    await trigger._mask_secrets()
+    assert "env-secret-value-789" in masked
+    assert "env-secret-value-789" in job_secrets([], None, platform)
