@@ -204,8 +204,8 @@ def recorded_jobs(
 
 def _cancel(hook: TAOPlatformHook, handle: JobHandle, job: IndexedJob | None, why: str) -> str:
     try:
-        stopped = hook.cancel_job(handle, requested_by=f"reap: {why}")
-        if not task_resumes(job):
+        stopped = hook.cancel_job(handle, requested_by=f"reap: {why}")  # decides through operators/decisions.py
+        if stopped and not task_resumes(job):  # cleanup only after a job that has stopped (or had ended)
             hook.cleanup_job(handle)  # no task will resume to clean up after it
     except Exception as exc:  # one job the platform would not cancel must not stop the sweep
         log.warning("Canceling job %s on %s failed: %s", handle.job_id, hook.platform, exc)
