@@ -13,15 +13,7 @@ from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError
 from airflow_provider_tao.hooks.shared.secrets import register_secrets
 from airflow_provider_tao.joblog import JobLogWriter
-from airflow_provider_tao.jobs import (
-    NOT_FOUND_POLLS,
-    ErrClass,
-    FailureAnalysis,
-    JobHandle,
-    JobSpec,
-    JobState,
-    JobStatus,
-)
+from airflow_provider_tao.jobs import NOT_FOUND_POLLS, ErrClass, JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.operators.decisions import Act, Situation, Verdict, decide
 from airflow_provider_tao.operators.fact_reader import reattach_facts, resume_facts
 from airflow_provider_tao.operators.outcome import JobOutcomeMixin
@@ -39,6 +31,7 @@ if TYPE_CHECKING:
     from airflow.triggers.base import BaseTrigger
 
     from airflow_provider_tao.hooks.base import TAOPlatformHook
+    from airflow_provider_tao.jobs import FailureAnalysis
 
 
 class JobLifecycleMixin(JobOutcomeMixin):
