@@ -47,6 +47,17 @@ SPACE: dict[Situation, dict[str, list[Any]]] = {
         "state": STATES,
     },
     Situation.PERSON: {"state": STATES, "owner_try": [1, 2, 3, UNKNOWN]},
+    Situation.SWEEP: {
+        "young": [False, True],
+        "recorded": [True, False],
+        "same_connection": [True, False],
+        "task_state": ["running", "deferred", "up_for_retry", None, "failed", "success", UNKNOWN],
+        "current": [True, False],
+        "task_exists": [True, False],
+        "past_deadline": [False, True],
+        "cancel_on_kill": [True, False],
+        "lease_expired": [False, True],
+    },
 }
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from airflow_provider_tao.hooks.shared.reaping import FINISHED_TASK_STATES
+from airflow_provider_tao.jobindex import WANTED_TI_STATES
 from airflow_provider_tao.jobs import ErrClass, JobState
 
 
@@ -50,6 +51,7 @@ class Situation(enum.Enum):
     REATTACH = "reattach"  # a try starts and found an earlier job of its task instance
     KILL = "kill"  # the operator's or the trigger's on_kill
     PERSON = "person"  # `airflow tao cancel`
+    SWEEP = "sweep"  # `airflow tao reap`: an active job and the task records that name it
 
 
 class Act(enum.Enum):
@@ -88,6 +90,13 @@ class Facts:
     :param task_state: the task instance's Airflow state (KILL); None: cleared, not yet scheduled.
     :param last_chance: no "later" is left (a trigger's ``on_kill`` asked the task's state again until its
         ``on_kill_timeout``): the kill cancels as it always did rather than leave a job no try may watch.
+    :param young: (SWEEP) the job is younger than the sweep's minimum age.
+    :param recorded: (SWEEP) this Airflow's task records name the job.
+    :param same_connection: (SWEEP) the job is judged through the connection that started it.
+    :param current: (SWEEP) the job is its task instance's newest.
+    :param task_exists: (SWEEP) the task instance's row exists (``task_state`` None then means cleared).
+    :param past_deadline: (SWEEP) the task's deadline (plus the minimum age) has passed.
+    :param lease_expired: (SWEEP) the job outlived its lease.
     """
 
     try_number: int
@@ -102,6 +111,13 @@ class Facts:
     cancel_on_kill: bool = True
     task_state: str | _Unknown | None = None
     last_chance: bool = False
+    young: bool = False
+    recorded: bool = True
+    same_connection: bool = True
+    current: bool = True
+    task_exists: bool = True
+    past_deadline: bool = False
+    lease_expired: bool = False
 
 
 @dataclass(frozen=True)
@@ -161,6 +177,8 @@ def decide(facts: Facts, situation: Situation) -> Verdict:
         return _reattach(facts)
     if situation is Situation.KILL:
         return _kill(facts)
+    if situation is Situation.SWEEP:
+        return _sweep(facts)
     return _person(facts)
 
 
@@ -251,3 +269,33 @@ def _person(facts: Facts) -> Verdict:
     if facts.state is None or _ended(facts):
         return Verdict(Act.LEAVE, "already ended: left as it was")
     return Verdict(Act.CANCEL, "a person's cancel of a running job", ErrClass.ERR_CANCELED)
+
+
+def _sweep(facts: Facts) -> Verdict:
+    """``airflow tao reap`` on an active job: cancel it (for the reaper, :attr:`Act.CANCEL`) or keep it."""
+    if facts.young:
+        return Verdict(Act.LEAVE, "younger than --min-age-minutes")
+    if not facts.recorded:
+        # another deployment's job, one whose try died before recording it (its retry adopts it by name), or one
+        # whose records were cleaned up: not ours to judge
+        return Verdict(Act.LEAVE, "not in this Airflow's task records")
+    if not facts.same_connection:
+        return Verdict(Act.LEAVE, "judged only through the connection that started it")
+    if facts.task_state is UNKNOWN:
+        return Verdict(Act.LATER, "its task's state could not be read: the next sweep")
+    if facts.current and facts.task_state in WANTED_TI_STATES:
+        if facts.past_deadline:
+            return Verdict(Act.CANCEL, "past its task's deadline")
+        return Verdict(Act.LEAVE, f"its task is {facts.task_state}")
+    if facts.current and facts.task_exists and facts.task_state is None:
+        return Verdict(Act.LEAVE, "its task was cleared and waits to be scheduled")
+    if not facts.cancel_on_kill:
+        return Verdict(Act.LEAVE, "its task set cancel_on_kill=False")
+    # a lease only names why an orphan goes: it never overrides the rules above (a live task's lease is its deadline)
+    if facts.lease_expired:
+        return Verdict(Act.CANCEL, "lease expired")
+    if not facts.current:
+        return Verdict(Act.CANCEL, "orphan: a newer job of its task replaced it")
+    if not facts.task_exists:
+        return Verdict(Act.CANCEL, "orphan: its task is gone")
+    return Verdict(Act.CANCEL, f"orphan: its task is {facts.task_state}")

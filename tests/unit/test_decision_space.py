@@ -64,6 +64,8 @@ def invariant_breaks(facts: Facts, situation: Situation, verdict: Verdict) -> li
         found.append("I3: the job's canceled_by mark for this try, yet the verdict is " + act.value)
     if act is Act.CANCEL and situation is Situation.KILL and facts.owner_try != TRY:
         found.append("I4: cancels a job another try owns")
+    if act is Act.CANCEL and situation is Situation.SWEEP and _task_may_want_it(facts):
+        found.append("I4: the sweeper cancels a job its task may still want")
     if situation is Situation.RESUME and _stale(facts) and canceled:
         found.append("I4: an older try's cancel (a reap, a stop that failed) fails this try")
     if act is Act.SUCCEED and situation is Situation.RESUME and facts.outcome != "complete":
@@ -75,6 +77,18 @@ def invariant_breaks(facts: Facts, situation: Situation, verdict: Verdict) -> li
     ):
         found.append("I5: takes a result that is not an unused completed job's")
     return found
+
+
+def _task_may_want_it(facts: Facts) -> bool:
+    """The sweeper must keep the job: not this Airflow's, too young, its task still waits (within its deadline) or
+    was cleared, or it asked to keep its job (cancel_on_kill=False: a sweep stops only what a deadline ended)."""
+    if facts.young or not facts.recorded or not facts.same_connection:
+        return True
+    wanted = facts.current and facts.task_state in ("running", "deferred", "up_for_retry")
+    if wanted:
+        return not facts.past_deadline
+    cleared = facts.current and facts.task_exists and facts.task_state is None
+    return cleared or not facts.cancel_on_kill
 
 
 def _knowns(facts: Facts, situation: Situation) -> Iterator[Facts]:
@@ -119,7 +133,13 @@ def ownership_breaks(binds: Callable[[dict[str, Any]], bool]) -> list[str]:
 
 def test_every_verdict_of_the_whole_fact_space_keeps_the_invariants() -> None:
     sizes = {situation: sum(1 for _ in fact_space(situation)) for situation in SPACE}
-    assert sizes == {Situation.RESUME: 12600, Situation.REATTACH: 3024, Situation.KILL: 784, Situation.PERSON: 28}
+    assert sizes == {
+        Situation.RESUME: 12600,
+        Situation.REATTACH: 3024,
+        Situation.KILL: 784,
+        Situation.PERSON: 28,
+        Situation.SWEEP: 1792,
+    }
     assert violations(decide) == {}
     assert ownership_breaks(cancel_binds) == []
 
