@@ -6,7 +6,9 @@ clear-while-deferred safe, and the one cancel routine used by every path that ca
 ``on_kill``, deadline). A job is *owned* by the task try that submitted it or took it over (``claim_job``); a cancel
 from a try that no longer owns it (an old trigger's ``on_kill`` after a cleared task's new try reattached) is
 skipped. Platforms keep small marks with the job (``owner_try``, ``cancel_requested_by``, ``canceled_by``,
-``consumed_by``) through :meth:`TAOPlatformHook.read_marks` / :meth:`TAOPlatformHook.write_mark`.
+``consumed_by``) through :meth:`TAOPlatformHook.read_marks` / :meth:`TAOPlatformHook.write_mark`; the ownership
+rule and the cancel routine live in :mod:`~airflow_provider_tao.hooks.ownership` (the decision it takes:
+``operators/decisions.py``, ``docs/decisions.md``).
 
 What a platform implements to appear everywhere (operator, trigger, UI links, the TAO jobs view, ``airflow tao``,
 the docs): the abstract job methods below, :meth:`TAOPlatformHook.probe_connection` (the "Test" button),
