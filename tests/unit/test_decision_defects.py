@@ -265,3 +265,24 @@ async def test_defect_4_secrets_from_the_environment_are_masked_when_conn_id_is_
     await trigger._mask_secrets()
     assert "env-secret-value-789" in masked
     assert "env-secret-value-789" in job_secrets([], None, platform)
+
+
+async def test_a_trigger_on_kill_asks_the_task_state_again_before_it_decides(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task state that could not be read never decides a kill: asked again, the task is still deferred (its trigger
+    moved), so the job runs on."""
+    from unittest.mock import MagicMock
+
+    from airflow_provider_tao.operators.decisions import UNKNOWN
+    from airflow_provider_tao.triggers import job as trigger_job
+
+    monkeypatch.setattr(trigger_job, "TASK_STATE_PAUSE", 0.0)
+    spec = JobSpec(name="job-ks", job_id="ksksksksksks", command="x", image="i")
+    handle = FakeHook(conn_id="fake_conn").create_job(spec, try_number=1)
+    trigger = TAOJobTrigger(handle=handle.to_json(), poll_interval=0.02)
+    trigger.task_instance = MagicMock()
+    asked = AsyncMock(side_effect=[UNKNOWN, "deferred"])
+    monkeypatch.setattr(trigger, "_task_state", asked)
+    await trigger.on_kill()
+    assert asked.await_count == 2 and fake_platform.jobs[handle.job_id]["state"] is JobState.RUNNING
