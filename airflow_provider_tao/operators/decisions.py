@@ -292,10 +292,9 @@ def _sweep(facts: Facts) -> Verdict:
     if not facts.cancel_on_kill:
         return Verdict(Act.LEAVE, "its task set cancel_on_kill=False")
     # a lease only names why an orphan goes: it never overrides the rules above (a live task's lease is its deadline)
-    if facts.lease_expired:
-        return Verdict(Act.CANCEL, "lease expired")
-    if not facts.current:
-        return Verdict(Act.CANCEL, "orphan: a newer job of its task replaced it")
-    if not facts.task_exists:
-        return Verdict(Act.CANCEL, "orphan: its task is gone")
-    return Verdict(Act.CANCEL, f"orphan: its task is {facts.task_state}")
+    reasons = (
+        (facts.lease_expired, "lease expired"),
+        (not facts.current, "orphan: a newer job of its task replaced it"),
+        (not facts.task_exists, "orphan: its task is gone"),
+    )
+    return Verdict(Act.CANCEL, next((why for met, why in reasons if met), f"orphan: its task is {facts.task_state}"))
