@@ -7,10 +7,11 @@ ended and submit a new one. So the CLI also keeps ``{"ti_id", "by", "at", "job"}
 ``task_state_store`` under :data:`CANCEL_KEY`, and a try whose task instance id is the recorded one fails with
 ERR_CANCELED instead of submitting.
 
-The id is what tells a person's cancel from a retry or a clear: Airflow gives a task instance a new id when a try
-fails into up_for_retry and when it is cleared (``prepare_db_for_next_try``), and never between a retry's scheduling
-and its run. The record therefore binds the try that runs next from the state the person saw: a later clear (a new
-id, a person asking again) runs the task again, and a plain retry with no record resubmits as before.
+The record binds the task (dag, run, task, map index), not one task-instance id: Airflow gives a task instance a new
+id when a try fails into up_for_retry (``prepare_db_for_next_try``), so a try that met a platform blip while it
+decided, and went up for retry, must still honour it (issue 37, defect 1). It binds until a try honours it (fails
+ERR_CANCELED, writing ``honoured_by``): a later clear (a person asking again) then runs the task again. The CLI
+voids it when its cancel found the waiting try's job already ended (the person is told "left as it was").
 """
 
 from __future__ import annotations
@@ -36,20 +37,39 @@ PENDING_TI_STATES = frozenset(
 _RECORD_ATTEMPTS = 3
 
 
-def cancel_request(context: Context) -> dict[str, Any] | None:
-    """The person's cancel this try must honour (its task instance id is the recorded one), or None."""
+def binding_cancel(context: Context) -> dict[str, Any] | None:
+    """The person's cancel this try must honour (recorded, neither honoured by a try nor voided), or None."""
     request = context["task_state_store"].get(CANCEL_KEY)
-    ti_id = getattr(context["ti"], "id", None)
-    if not isinstance(request, dict) or ti_id is None or request.get("ti_id") != str(ti_id):
+    if not isinstance(request, dict) or request.get("honoured_by") is not None or request.get("void"):
         return None
     return request
+
+
+def honour_cancel(context: Context, log: Any) -> None:
+    """Record that this try honoured the person's cancel (best effort: the try fails ERR_CANCELED either way)."""
+    try:
+        request = context["task_state_store"].get(CANCEL_KEY)
+        if isinstance(request, dict) and request.get("honoured_by") is None:
+            context["task_state_store"].set(CANCEL_KEY, {**request, "honoured_by": context["ti"].try_number})
+    except Exception as exc:
+        log.warning("Could not record that the person's cancel was honoured: %s", exc)
+
+
+def void_cancel(job: IndexedJob, log: Any) -> None:
+    """The CLI's cancel found the waiting try's job already ended: its record binds nothing (the try takes the
+    job's verdict; the person was told so). Best effort: a record left binding fails the task ERR_CANCELED."""
+    try:
+        _keep(job, {"ti_id": "", "by": "", "at": time.time(), "job": job.record.handle, "void": True})
+    except Exception as exc:
+        log.warning("Could not void the cancel record of job %s: %s", job.job_id, exc)
 
 
 def record_cancel(job: IndexedJob, by: str) -> str | None:
     """Keep ``by``'s cancel of ``job`` for its task instance's next try; returns the task instance's state, or None
     when nothing was kept (the job is an earlier try's, or no try of the task instance will run again).
 
-    Read, write, read again: a try that failed into up_for_retry meanwhile has a new id, which is recorded then."""
+    Read, write, read again: a try that failed into up_for_retry meanwhile has a new id, which is recorded then
+    (the id is kept for the record's readers; the record binds the task whatever its id)."""
     if not job.current:
         return None  # a person canceling an old job of the task instance has not canceled the task
     recorded, state = None, None

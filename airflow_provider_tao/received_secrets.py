@@ -82,11 +82,31 @@ def secrets_received(conn_ids: Sequence[str]) -> list[str]:
     return [v for v in dict.fromkeys(values) if v]
 
 
-def job_secrets(secret_conn_ids: Sequence[str], platform_conn_id: str | None) -> list[str]:
+def job_secrets(secret_conn_ids: Sequence[str], platform_conn_id: str | None, platform: str | None = None) -> list[str]:
     """The secrets a job received, found as a resumed task finds them, for its log shown outside a task -- its job
     page, ``airflow tao logs`` -- where no task-log masker runs: the storage connection's and the platform
-    connection's (its NGC or HF key, set in the connection or by the environment fallback)."""
-    return secrets_received([c for c in dict.fromkeys([*secret_conn_ids, platform_conn_id]) if c])
+    connection's (its NGC or HF key, set in the connection or by the environment fallback) -- or, for a job
+    submitted with no connection (``conn_id=None``), the platform's environment fallbacks."""
+    values = secrets_received([c for c in dict.fromkeys([*secret_conn_ids, platform_conn_id]) if c])
+    if platform_conn_id is None and platform:
+        values += platform_default_secrets(platform)
+    return [v for v in dict.fromkeys(values) if v]
+
+
+def platform_default_secrets(platform: str) -> list[str]:
+    """The secrets a job submitted with no connection (``conn_id=None``) received: its platform's secret settings
+    from their environment fallbacks (``LEPTON_AUTH_TOKEN``, ``NGC_KEY``, ``HF_TOKEN``, ``BREV_API_TOKEN``). Best
+    effort: an unknown platform adds none."""
+    from types import SimpleNamespace
+
+    from airflow_provider_tao.hooks import get_platform_hook
+
+    try:
+        no_connection = SimpleNamespace(conn_type=None, host=None, login=None, port=None, password=None, schema=None)
+        return _fallback_secrets(get_platform_hook(platform, None), no_connection, {})
+    except Exception as exc:
+        log.warning("Could not find the %s platform's default secrets to mask them: %s", platform, exc)
+        return []
 
 
 def _secrets_of(conn_id: str, conn: Any, extras: dict[str, Any]) -> list[str]:

@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao.jobindex import WAITING_TI_STATES, WANTED_TI_STATES, IndexedJob
@@ -49,33 +50,29 @@ def verdict(
     :param now: epoch seconds.
     :param min_age: seconds: younger jobs are kept whatever their task does.
     """
-    if now - handle.submitted_at < min_age:
-        return False, "younger than --min-age-minutes"
+    from airflow_provider_tao.operators.decisions import Act, Facts, Situation, decide
+
     if job is None:
-        # another deployment's job, a job whose try died before recording it (its retry adopts it by name), or
-        # one whose records were cleaned up: not ours to judge
-        return False, "not in this Airflow's task records"
-    if (job.platform, job.conn_id) != (hook.platform, hook.conn_id):
-        # the same container seen through another connection (a Docker daemon that also runs a Brev instance's
-        # jobs): judged, and canceled, only through the connection that started it
-        return False, f"started through the {job.platform} connection {job.conn_id}"
-    if job.current and job.ti_state in WANTED_TI_STATES:
+        facts = Facts(try_number=handle.try_number, young=now - handle.submitted_at < min_age, recorded=False)
+    else:
         deadline = job.record.deadline
-        if deadline and now > deadline + min_age:
-            return True, "past its task's deadline"
-        return False, f"its task is {job.ti_state}"
-    if job.current and job.ti_exists and job.ti_state is None:
-        return False, "its task was cleared and waits to be scheduled"
-    if not job.record.cancel_on_kill:
-        return False, "its task set cancel_on_kill=False"
-    # A lease only names why an orphan goes: it never overrides the rules above (a live task's lease is its deadline)
-    if hook.lease_expired(handle, now):
-        return True, "lease expired"
-    if not job.current:
-        return True, "orphan: a newer job of its task replaced it"
-    if not job.ti_exists:
-        return True, "orphan: its task is gone"
-    return True, f"orphan: its task is {job.ti_state}"
+        facts = Facts(
+            try_number=handle.try_number,
+            young=now - handle.submitted_at < min_age,
+            same_connection=(job.platform, job.conn_id) == (hook.platform, hook.conn_id),
+            current=job.current,
+            task_state=job.ti_state,
+            task_exists=job.ti_exists,
+            past_deadline=bool(deadline and now > deadline + min_age),
+            cancel_on_kill=job.record.cancel_on_kill,
+        )
+    decided = decide(facts, Situation.SWEEP)  # the rule and its table: operators/decisions.py, docs/decisions.md
+    if decided.why.startswith("orphan") and hook.lease_expired(handle, now):  # read only for an orphan: its why
+        decided = decide(replace(facts, lease_expired=True), Situation.SWEEP)
+    why = decided.why
+    if why.startswith("judged only through") and job is not None:
+        why = f"started through the {job.platform} connection {job.conn_id}"
+    return decided.act is Act.CANCEL, why
 
 
 def known_jobs(jobs: Iterable[IndexedJob]) -> dict[str, IndexedJob]:
@@ -227,8 +224,8 @@ def recorded_jobs(
 
 def _cancel(hook: TAOPlatformHook, handle: JobHandle, job: IndexedJob | None, why: str) -> str:
     try:
-        stopped = hook.cancel_job(handle, requested_by=f"reap: {why}")
-        if not task_resumes(job):
+        stopped = hook.cancel_job(handle, requested_by=f"reap: {why}")  # decides through operators/decisions.py
+        if stopped and not task_resumes(job):  # cleanup only after a job that has stopped (or had ended)
             hook.cleanup_job(handle)  # no task will resume to clean up after it
     except Exception as exc:  # one job the platform would not cancel must not stop the sweep
         log.warning("Canceling job %s on %s failed: %s", handle.job_id, hook.platform, exc)

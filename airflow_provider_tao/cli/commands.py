@@ -33,7 +33,7 @@ from airflow_provider_tao.jobindex import (
 )
 from airflow_provider_tao.joblog import readable_log
 from airflow_provider_tao.jobs import JobHandle
-from airflow_provider_tao.person_cancel import record_cancel
+from airflow_provider_tao.person_cancel import record_cancel, void_cancel
 from airflow_provider_tao.received_secrets import job_secrets
 from airflow_provider_tao.sweeper import (
     describe,
@@ -139,7 +139,7 @@ def job_logs(args: Namespace) -> None:
             size += len(chunk)
             cursor = next_cursor
         text = "".join(parts)
-    secrets = job_secrets(job.record.secret_conn_ids, job.conn_id)  # no task-log masker out here
+    secrets = job_secrets(job.record.secret_conn_ids, job.conn_id, job.platform)  # no task-log masker out here
     if args.output in ("json", "yaml"):  # for machines: the log as the job wrote it
         _print([{"job_id": job.job_id, "platform": job.platform, "log": redact(text, secrets)}], args.output)
     else:  # for people: progress bars at their last state, the runner's heartbeats collapsed into words
@@ -160,6 +160,8 @@ def cancel_job(args: Namespace) -> None:
     # Canceled only if the routine itself found the job running and marked it (its task then fails ERR_CANCELED
     # even if the job ends by itself meanwhile); one that ended since `before` keeps its verdict, and its task too.
     canceled = stopped and not before.is_terminal and bool(hook.canceled_by(handle))
+    if not canceled and ti_state in WAITING_TI_STATES:
+        void_cancel(job, log)  # its waiting try takes the job's own verdict, as the person is told below
     if stopped and not before.is_terminal and not task_resumes(job):
         hook.cleanup_job(handle)  # no task will resume to clean up after it
     after = hook.get_job_status(handle)

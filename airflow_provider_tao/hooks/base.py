@@ -6,7 +6,9 @@ clear-while-deferred safe, and the one cancel routine used by every path that ca
 ``on_kill``, deadline). A job is *owned* by the task try that submitted it or took it over (``claim_job``); a cancel
 from a try that no longer owns it (an old trigger's ``on_kill`` after a cleared task's new try reattached) is
 skipped. Platforms keep small marks with the job (``owner_try``, ``cancel_requested_by``, ``canceled_by``,
-``consumed_by``) through :meth:`TAOPlatformHook.read_marks` / :meth:`TAOPlatformHook.write_mark`.
+``consumed_by``) through :meth:`TAOPlatformHook.read_marks` / :meth:`TAOPlatformHook.write_mark`; the ownership
+rule and the cancel routine live in :mod:`~airflow_provider_tao.hooks.ownership` (the decision it takes:
+``operators/decisions.py``, ``docs/decisions.md``).
 
 What a platform implements to appear everywhere (operator, trigger, UI links, the TAO jobs view, ``airflow tao``,
 the docs): the abstract job methods below, :meth:`TAOPlatformHook.probe_connection` (the "Test" button),
@@ -33,19 +35,21 @@ from airflow_provider_tao.failures import FailureFacts, classify
 
 # JobSubmitError is not used here: the contract's errors keep their documented path, hooks.base.<Error>
 from airflow_provider_tao.hooks.errors import ConnectionProblem, JobSubmitError, JobValidationError  # noqa: F401
+
+# The marks keep their documented path, hooks.base.MARK_*; the rule and the cancel routine live in hooks/ownership.py
+from airflow_provider_tao.hooks.ownership import (  # noqa: F401
+    MARK_CANCEL,
+    MARK_CANCELED_BY,
+    MARK_CONSUMED,
+    MARK_OWNER,
+    OwnershipMixin,
+)
 from airflow_provider_tao.hooks.shared.results import RESULT_FILE_LIMIT, read_local_result
 from airflow_provider_tao.hooks.shared.secrets import connection_secrets, redact
 from airflow_provider_tao.hooks.validation import check_spec_text
 from airflow_provider_tao.jobs import FailureAnalysis, JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.links import results_link
 
-MARK_OWNER = "owner_try"
-MARK_CANCEL = "cancel_requested_by"
-#: The try whose success used the job's result: a later try (a clear) must not reuse it.
-MARK_CONSUMED = "consumed_by"
-#: Who canceled the job from outside its task (``airflow tao cancel``, ``airflow tao reap``): its task then fails
-#: with ERR_CANCELED instead of resubmitting.
-MARK_CANCELED_BY = "canceled_by"
 #: ``backend_details`` keys the operator consumes itself (the in-job runner's ``mount_path``); hooks never see them.
 OPERATOR_DETAIL_KEYS = frozenset({"mount_path"})
 #: The most log bytes one ``get_job_logs`` call returns; the next call continues from its cursor.
@@ -70,7 +74,7 @@ _KIND_WORDS = {
 }
 
 
-class TAOPlatformHook(BaseHook):
+class TAOPlatformHook(OwnershipMixin, BaseHook):
     """Base class of every platform hook.
 
     Subclasses set ``platform``, ``conn_type``, ``default_conn_name``, ``hook_name`` and implement the abstract
@@ -488,78 +492,6 @@ class TAOPlatformHook(BaseHook):
             return None
         return classify(self.failure_facts(handle))
 
-    def claim_job(self, handle: JobHandle) -> None:
-        """Record that ``handle.try_number`` now owns the job (on reattach)."""
-        self.write_mark(handle, MARK_OWNER, handle.try_number)
-
-    def canceled_by(self, handle: JobHandle) -> str | None:
-        """Who canceled the job from outside its task (``airflow tao cancel``, the reaper), if anyone."""
-        who = self.read_marks(handle).get(MARK_CANCELED_BY)
-        return str(who) if who else None
-
-    def cancel_requested_by(self, handle: JobHandle) -> int | None:
-        """The try whose cancel stopped the job, if a cancel was requested through this provider."""
-        who = self.read_marks(handle).get(MARK_CANCEL)
-        return int(who) if who is not None else None
-
-    def consumed_by(self, handle: JobHandle) -> int | None:
-        """The try whose success used this job's result, if any (then a clear must not reuse it)."""
-        who = self.read_marks(handle).get(MARK_CONSUMED)
-        return int(who) if who is not None else None
-
-    def mark_consumed(self, handle: JobHandle) -> None:
-        """Record with the job that ``handle.try_number`` succeeded with its result."""
-        self.write_mark(handle, MARK_CONSUMED, handle.try_number)
-
-    def job_owner(self, handle: JobHandle) -> int:
-        """The try that owns the job: its mark, else the try that submitted it."""
-        return _owner(handle, self.read_marks(handle))
-
-    def _owned(self, handle: JobHandle, marks: dict[str, Any]) -> bool:
-        owner = _owner(handle, marks)
-        if owner != handle.try_number:
-            self.log.info(
-                "Not canceling job %s: try %s owns it now (this is try %s)", handle.job_id, owner, handle.try_number
-            )
-        return owner == handle.try_number
-
-    def cancel_job(self, handle: JobHandle, requested_by: str | None = None) -> bool:
-        """The one cancel routine: cancel the job if ``handle``'s try still owns it.
-
-        Returns True when the job is stopped (or was already), False when it was left alone because
-        another try owns it now. A finished job keeps its own verdict (it is never marked canceled).
-
-        :param handle: the job, as the canceling try knows it.
-        :param requested_by: a person or tool canceling from outside the task (``"cli:jdoe"``, ``"reap: ..."``):
-            the job is canceled whichever try owns it (as that try's cancel, plus the ``canceled_by`` mark), and
-            the task waiting on it fails with ERR_CANCELED instead of submitting the job again.
-        """
-        marks = self.read_marks(handle)
-        if requested_by is None and not self._owned(handle, marks):
-            return False
-        if self.get_job_status(handle).state.is_terminal:
-            return True
-        if requested_by is not None:
-            # who asked first, then the cancel itself -- on behalf of the owning try, so every platform's own
-            # reading of "canceled" (the cancel mark) holds for a person's cancel too
-            self.write_mark(handle, MARK_CANCELED_BY, requested_by)
-        self.write_mark(handle, MARK_CANCEL, _owner(handle, marks) if requested_by else handle.try_number)
-        self.log.info(
-            "Canceling job %s (%s) on %s%s", handle.job_id, handle.backend_job_id, self.platform,
-            f" for {requested_by}" if requested_by else "",
-        )  # fmt: skip
-        return self._cancel(handle)
-
-    async def acancel_job(self, handle: JobHandle) -> bool:
-        """Async twin of :meth:`cancel_job` (the trigger's ``on_kill``): the same routine on the async client."""
-        if not self._owned(handle, await self.aread_marks(handle)):
-            return False
-        if (await self.aget_job_status(handle)).state.is_terminal:
-            return True
-        await self.awrite_mark(handle, MARK_CANCEL, handle.try_number)
-        self.log.info("Canceling job %s (%s) on %s", handle.job_id, handle.backend_job_id, self.platform)
-        return await self._acancel(handle)
-
     def cleanup_job(self, handle: JobHandle, *, adoptable: bool = False) -> None:
         """Remove what only a running job needs (a secret file on a shared filesystem) once it has ended for good.
         Best effort: a failure is logged, never raised.
@@ -593,8 +525,3 @@ class TAOPlatformHook(BaseHook):
 
     async def aresubmit_if_retriable(self, handle: JobHandle, status: JobStatus) -> str | None:
         return await asyncio.to_thread(self.resubmit_if_retriable, handle, status)
-
-
-def _owner(handle: JobHandle, marks: dict[str, Any]) -> int:
-    owner = marks.get(MARK_OWNER)
-    return int(owner) if owner is not None else handle.try_number

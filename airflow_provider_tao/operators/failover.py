@@ -84,7 +84,6 @@ if TYPE_CHECKING:
 
 #: XCom key of the attempts so far, pushed as each one closes (the return value carries them too).
 XCOM_ATTEMPTS = "tao_attempts"
-_REUSABLE = (JobState.PENDING, JobState.RUNNING, JobState.PAUSED, JobState.COMPLETE)
 
 
 class CapacityFailoverMixin:
@@ -132,6 +131,10 @@ class CapacityFailoverMixin:
         ) -> tuple[JobHandle, JobStatus] | None: ...
 
         def _outputs_of(self, context: Context, handle: JobHandle) -> dict[str, str]: ...
+
+        def _reusable(
+            self, hook: TAOPlatformHook, candidate: JobHandle, try_number: int
+        ) -> tuple[JobHandle, JobStatus] | None: ...
 
     # ----------------------------------------------------------------- the chain
 
@@ -280,7 +283,7 @@ class CapacityFailoverMixin:
                 continue
             try:
                 current = self._hook(position)
-                other = self._reusable_at(current, self._job_name(context, current))
+                other = self._reusable_at(current, self._job_name(context, current), context["ti"].try_number)
             except Exception as exc:  # a fallback that cannot be asked now: looked at again on the next reattach
                 self.log.warning("Cannot look for a job of this task on connection %r: %s", self.chain[position], exc)
                 continue
@@ -300,15 +303,11 @@ class CapacityFailoverMixin:
             self._write_ahead(context, chosen[0], chosen[1].name, chosen[1].job_id)
         return chosen
 
-    def _reusable_at(self, hook: TAOPlatformHook, name: str) -> tuple[JobHandle, JobStatus] | None:
-        """The task instance's newest job on ``hook``'s connection when it is live, or complete and unused."""
+    def _reusable_at(self, hook: TAOPlatformHook, name: str, try_number: int) -> tuple[JobHandle, JobStatus] | None:
+        """The task instance's newest job on ``hook``'s connection when the decision adopts it or takes its result
+        (live, or complete and unused); its facts unknown: raises for a retry (operators/decisions.py)."""
         handle = hook.find_job(name)
-        if handle is None:
-            return None
-        status = hook.get_job_status(handle)
-        if status.state not in _REUSABLE or hook.consumed_by(handle) is not None:
-            return None
-        return handle, status
+        return None if handle is None else self._reusable(hook, handle, try_number)
 
     def _cancel_stray(
         self,
@@ -364,7 +363,7 @@ class CapacityFailoverMixin:
             name = self._job_name(context, target)
         except JobValidationError as exc:
             raise AirflowFailException(f"Bad input, nothing more was submitted: {exc}") from exc
-        adopted = self._reusable_at(target, name)
+        adopted = self._reusable_at(target, name, context["ti"].try_number)
         if adopted is not None:
             found = adopted[0]
             taken = found.owned_by(context["ti"].try_number)

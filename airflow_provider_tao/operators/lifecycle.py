@@ -14,8 +14,11 @@ from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError
 from airflow_provider_tao.hooks.shared.secrets import register_secrets
 from airflow_provider_tao.joblog import JobLogWriter
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, ErrClass, JobHandle, JobSpec, JobState, JobStatus
+from airflow_provider_tao.operators.decisions import Act, Situation, Verdict, decide
+from airflow_provider_tao.operators.fact_reader import reattach_facts, resume_facts
 from airflow_provider_tao.operators.outcome import JobOutcomeMixin
 from airflow_provider_tao.outage import OutageLog
+from airflow_provider_tao.person_cancel import stop_canceled_job
 from airflow_provider_tao.records import STATE_KEY
 from airflow_provider_tao.triggers.log_budget import FINAL_LOG_READS
 from airflow_provider_tao.waiting import WaitLog
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
     from airflow.triggers.base import BaseTrigger
 
     from airflow_provider_tao.hooks.base import TAOPlatformHook
+    from airflow_provider_tao.jobs import FailureAnalysis
 
 
 class JobLifecycleMixin(JobOutcomeMixin):
@@ -91,15 +95,7 @@ class JobLifecycleMixin(JobOutcomeMixin):
                 ) from exc
             raise
         if found is not None and found[2].state is JobState.COMPLETE:
-            hook, handle, status = found
-            self._handle = handle
-            self._keep(context, self._record_for(context, handle, self._outputs_of(context, handle)))
-            self._publish(context, hook, handle)
-            self._close_attempt(context, hook, handle, outcome="complete", reason=status.message)
-            try:
-                return self._succeed(context, handle, status, self._outputs_of(context, handle))
-            finally:
-                hook.cleanup_job(handle)  # as a resumed try does once it has read the result (SLURM: the env file)
+            return self._take_completed(context, *found)
         if found is not None:
             hook, previous, _ = found
             handle = previous.owned_by(try_number)
@@ -116,6 +112,26 @@ class JobLifecycleMixin(JobOutcomeMixin):
                 raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
             hook, handle, outputs = self._submit(context, hook, name, prepared)
         return self._watch(context, hook, handle, outputs)
+
+    def _take_completed(
+        self, context: Context, hook: TAOPlatformHook, handle: JobHandle, status: JobStatus
+    ) -> dict[str, Any]:
+        """The verdict "succeed" of a reattach: the earlier job completed unused. Cleanup comes after the result,
+        best effort (as a resumed try's; SLURM: the env file) -- it never replaces it."""
+        self._handle = handle
+        self._keep(context, self._record_for(context, handle, self._outputs_of(context, handle)))
+        self._publish(context, hook, handle)
+        self._close_attempt(context, hook, handle, outcome="complete", reason=status.message)
+        result = self._succeed(context, handle, status, self._outputs_of(context, handle))
+        self._clean_up(hook, handle)
+        return result
+
+    def _clean_up(self, hook: TAOPlatformHook, handle: JobHandle, *, adoptable: bool = False) -> None:
+        """Remove what only a running job needs, after a verdict on an ended job. Best effort: never raises."""
+        try:
+            hook.cleanup_job(handle, adoptable=adoptable)
+        except Exception as exc:
+            self.log.warning("Cleaning up after job %s failed (%s): airflow tao reap sweeps it", handle.job_id, exc)
 
     def _prepared_spec(self, context: Context, hook: TAOPlatformHook, name: str) -> tuple[JobSpec, dict[str, str]]:
         """The job this task submits on ``hook``'s connection, staged and validated; and its output URIs."""
@@ -205,9 +221,9 @@ class JobLifecycleMixin(JobOutcomeMixin):
         """Register the job's secrets with this worker's masker when this process did not submit the job (a resumed
         or reattached try): the job's log lines and failure evidence it writes must not show them."""
         if not self._secrets_registered:
-            from airflow_provider_tao.received_secrets import secrets_received
+            from airflow_provider_tao.received_secrets import job_secrets
 
-            register_secrets(secrets_received(self._secret_conn_ids(handle)))
+            register_secrets(job_secrets(self._secret_conn_ids(handle), handle.conn_id, handle.platform))
             self._secrets_registered = True
 
     def _outputs_of(self, context: Context, handle: JobHandle) -> dict[str, str]:
@@ -255,7 +271,8 @@ class JobLifecycleMixin(JobOutcomeMixin):
         stored = record.job if record is not None and not record.consumed else None
         if stored is not None and (stored.platform, stored.conn_id) != (hook.platform, hook.conn_id):
             stored = None  # the stored job is on another connection of the chain: look on this one by name
-        if stored is not None and (found := self._reusable(hook, stored)) is not None:
+        try_number = context["ti"].try_number
+        if stored is not None and (found := self._reusable(hook, stored, try_number)) is not None:
             return found
         named = hook.find_job(name)
         if named is None or (stored is not None and named.job_id == stored.job_id):
@@ -265,24 +282,21 @@ class JobLifecycleMixin(JobOutcomeMixin):
                 "Job %s (%s) is newer than the stored job %s: an earlier try died before recording it",
                 named.job_id, name, stored.job_id,
             )  # fmt: skip
-        return self._reusable(hook, named)
+        return self._reusable(hook, named, try_number)
 
-    def _reusable(self, hook: TAOPlatformHook, candidate: JobHandle) -> tuple[JobHandle, JobStatus] | None:
-        """``candidate`` and its status when it is live, or complete and unused; None when it ended otherwise."""
-        status = hook.get_job_status(candidate)
-        if status.state is JobState.UNKNOWN and not status.not_found:
-            raise AirflowException(
-                f"Cannot tell whether job {candidate.job_id} of an earlier try still runs ({status.message}); "
-                "not submitting another one, to avoid a duplicate. The next try asks again."
-            )
-        if status.state not in (JobState.PENDING, JobState.RUNNING, JobState.PAUSED, JobState.COMPLETE):
-            self.log.info("Earlier job %s ended %s (%s)", candidate.job_id, status.state, status.message)
+    def _reusable(
+        self, hook: TAOPlatformHook, candidate: JobHandle, try_number: int
+    ) -> tuple[JobHandle, JobStatus] | None:
+        """``candidate`` and its status when the decision adopts it (live) or takes its result (complete, unused);
+        None when it resubmits. Its facts unknown: the task is retried, never a duplicate submitted."""
+        facts, status = reattach_facts(hook, candidate, try_number)
+        verdict = decide(facts, Situation.REATTACH)
+        if verdict.act is Act.LATER:
+            raise AirflowException(f"Job {candidate.job_id} of an earlier try: {verdict.why}. The next try asks again.")
+        if verdict.act is Act.RESUBMIT:
+            self.log.info("Earlier job %s: %s", candidate.job_id, verdict.why)
             return None
-        if (used_by := hook.consumed_by(candidate)) is not None:
-            self.log.info(
-                "Job %s's result was already used by try %s (the task was cleared)", candidate.job_id, used_by
-            )
-            return None
+        assert status is not None
         return candidate, status
 
     def _wait_on_worker(self, hook: TAOPlatformHook, handle: JobHandle) -> dict[str, Any]:
@@ -354,7 +368,8 @@ class JobLifecycleMixin(JobOutcomeMixin):
         return found if found is not None and found.job_id == job_id else None
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
-        """Resume after the trigger (or the worker wait): succeed, fail fast, fail for a retry, or resubmit."""
+        """Resume after the trigger (or the worker wait): read the facts in one step, decide (succeed, fail fast,
+        fail for a retry, resubmit: ``operators/decisions.py``, its table in ``docs/decisions.md``), then act."""
         outcome = event["status"]
         handle = JobHandle.from_json(event["handle"])
         status = JobStatus.from_json(event["job_status"])
@@ -367,51 +382,67 @@ class JobLifecycleMixin(JobOutcomeMixin):
         if outcome == "misplaced":
             raise AirflowFailException(event.get("message") or status.message)
         message = event.get("message") or status.message
-        analysis = hook.get_failure_analysis(handle) if outcome == "error" else None
-        if self._fails_over(handle, outcome, analysis) and not hook.canceled_by(handle):  # the next connection
+        facts, analysis = resume_facts(hook, handle, context, outcome, self.cancel_on_kill)
+        verdict = decide(facts, Situation.RESUME)
+        failing = verdict.act in (Act.RETRY, Act.FAIL) and verdict.err_class is not ErrClass.ERR_CANCELED
+        if failing and self._fails_over(handle, outcome, analysis):  # the next connection of the chain
             return self._fail_over(context, hook, handle, analysis.summary() if analysis else message)
-        self._close_attempt(context, hook, handle, outcome=outcome, reason=analysis.summary() if analysis else message)
+        reason = analysis.summary() if analysis else message
+        self._close_attempt(context, hook, handle, outcome=outcome, reason=reason)
         self._mask_received_secrets(handle)  # before the job's own words (failure evidence) reach the log
-        if outcome == "timeout":
-            if self.cancel_on_kill:
-                hook.cancel_job(handle)
-            hook.cleanup_job(handle)
-            self._keep_end(context, handle, JobState.CANCELED.value, ErrClass.ERR_TIMEOUT.value)
-            fate = "it was canceled" if self.cancel_on_kill else "it runs on (cancel_on_kill=False)"
-            waited = f"; {event['waiting']}" if event.get("waiting") else ""
-            raise AirflowTaskTimeout(
-                f"Job {handle.job_id} passed the task's execution_timeout (or [tao] lease_hours): "
-                f"{ErrClass.ERR_TIMEOUT.value}, {fate}{waited}"
-            )
-        # `airflow tao cancel` and the reaper mark a job `canceled_by` only when they find it running, and that is
-        # final: a job that ended by itself while the cancel was on its way (its verdict read before the mark
-        # landed) is not taken nor retried -- the person was told it was canceled. Read last, right before the
-        # verdict: a cancel during the failure analysis (seconds of platform calls) counts too.
-        if outcome in ("complete", "error", "canceled") and (who := hook.canceled_by(handle)):
-            hook.cleanup_job(handle)
-            self._fail_canceled(context, handle, f"canceled by {who}")
-        if outcome == "canceled":
-            requested_by = hook.cancel_requested_by(handle)
-            if requested_by is not None:
-                # A cancel through this provider, yet this try is resuming: the kill was not the user's (a user's
-                # mark-failed or clear never resumes the try that was killed). Either an older try's cleanup after
-                # this try took the job over (clear while deferred), or a spurious trigger on_kill (a trigger moved
-                # between triggerers): run the job again rather than fail the task.
-                self.log.warning(
-                    "Job %s was canceled by try %s's cleanup while try %s still wants it; submitting a new one",
-                    handle.job_id, requested_by, context["ti"].try_number,
-                )  # fmt: skip
-                hook.cleanup_job(handle)
-                return self._run(context, reattach=False)
-            hook.cleanup_job(handle)
-            self._fail_canceled(context, handle, "canceled outside Airflow")
-        # Cleanup (removing an ended container, say) comes after the verdict and the failure analysis are read.
-        try:
-            if outcome == "complete":
-                return self._succeed(context, handle, status, self._outputs_of(context, handle))
-            return self._fail(context, handle, status, analysis, message)
-        finally:
-            hook.cleanup_job(handle)
+        return self._act(context, hook, handle, verdict, (status, analysis, message, event.get("waiting")))
+
+    def _act(
+        self,
+        context: Context,
+        hook: TAOPlatformHook,
+        handle: JobHandle,
+        verdict: Verdict,
+        ending: tuple[JobStatus, FailureAnalysis | None, str, str | None],
+    ) -> dict[str, Any]:
+        """The acts of a resumed try's verdict. Cleanup is best effort and only after the verdict's own acts."""
+        status, analysis, message, waiting = ending
+        if verdict.act is Act.LATER:
+            raise AirflowException(f"Job {handle.job_id}: {verdict.why}; the next try decides again")
+        if verdict.err_class is ErrClass.ERR_CANCELED and verdict.act is Act.FAIL:
+            if verdict.stop:  # a person's cancel this try honours; the stop also cleans up
+                stop_canceled_job(handle, verdict.why.removeprefix("canceled by "), self.log)
+            elif verdict.clean_up:
+                self._clean_up(hook, handle)
+            self._fail_canceled(context, handle, verdict.why)
+        if verdict.err_class is ErrClass.ERR_TIMEOUT:
+            return self._time_out(context, hook, handle, waiting)
+        if verdict.act is Act.RESUBMIT:
+            self.log.warning("Job %s: %s, while try %s still wants it; submitting a new one",
+                             handle.job_id, verdict.why, context["ti"].try_number)  # fmt: skip
+            self._clean_up(hook, handle)
+            return self._run(context, reattach=False)
+        if verdict.act is Act.SUCCEED:
+            result = self._succeed(context, handle, status, self._outputs_of(context, handle))
+            if verdict.clean_up:
+                self._clean_up(hook, handle)
+            return result
+        if verdict.clean_up:
+            self._clean_up(hook, handle)
+        return self._fail(context, handle, status, analysis, message)
+
+    def _time_out(self, context: Context, hook: TAOPlatformHook, handle: JobHandle, waiting: str | None) -> NoReturn:
+        """The task's deadline passed: cancel the job (``cancel_on_kill``) and clean up after it once stopped --
+        a job left running keeps what it needs (SLURM's env file, Lepton's secrets)."""
+        stopped = False
+        if self.cancel_on_kill:
+            try:
+                stopped = hook.cancel_job(handle)
+            except Exception as exc:
+                self.log.warning("Canceling job %s failed (%s): airflow tao reap stops it", handle.job_id, exc)
+        if stopped:
+            self._clean_up(hook, handle)
+        self._keep_end(context, handle, JobState.CANCELED.value, ErrClass.ERR_TIMEOUT.value)
+        fate = "it was canceled" if self.cancel_on_kill else "it runs on (cancel_on_kill=False)"
+        raise AirflowTaskTimeout(
+            f"Job {handle.job_id} passed the task's execution_timeout (or [tao] lease_hours): "
+            f"{ErrClass.ERR_TIMEOUT.value}, {fate}{f'; {waiting}' if waiting else ''}"
+        )
 
     def on_kill(self) -> None:
         """Worker-side kill (and Airflow's timeout on the worker): cancel the job this try owns."""

@@ -14,10 +14,11 @@ from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.shared.results import read_s3_result
 from airflow_provider_tao.jobs import ErrClass, FailureAnalysis, JobHandle, JobState, JobStatus
 from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESULTS_DIR
+from airflow_provider_tao.operators.decisions import UNKNOWN, Act, Facts, Situation, decide
 from airflow_provider_tao.operators.failover import CapacityFailoverMixin
 from airflow_provider_tao.operators.staging import S3StagingMixin
 from airflow_provider_tao.outage import OutageLog
-from airflow_provider_tao.person_cancel import cancel_request, stop_canceled_job
+from airflow_provider_tao.person_cancel import binding_cancel, honour_cancel, stop_canceled_job
 from airflow_provider_tao.records import STATE_KEY, XCOM_RECORD, JobRecord
 
 if TYPE_CHECKING:
@@ -102,16 +103,28 @@ class JobOutcomeMixin(CapacityFailoverMixin, S3StagingMixin):
 
     def _honour_person_cancel(self, context: Context, handle: JobHandle | None) -> None:
         """A person canceled this task instance (``airflow tao cancel``; :mod:`~airflow_provider_tao.person_cancel`):
-        the try fails with ERR_CANCELED, and ``handle`` (else the canceled job) is stopped if it still runs."""
-        if (request := cancel_request(context)) is None:
+        the try fails with ERR_CANCELED, and ``handle`` (else the canceled job) is stopped if it still runs. The
+        record could not be read: the try is retried (the record still binds the next one)."""
+        unreadable: Exception | None = None
+        try:
+            request = binding_cancel(context)
+        except Exception as exc:
+            request, unreadable = None, exc
+        who = "a person" if request is not None and not request.get("by") else (request or {}).get("by")
+        facts = Facts(try_number=context["ti"].try_number, person_cancel=UNKNOWN if unreadable else who)
+        verdict = decide(facts, Situation.REATTACH)
+        if verdict.act is Act.LATER:
+            raise AirflowException(f"Nothing was submitted: {verdict.why} ({unreadable}); the next try asks again")
+        if verdict.err_class is not ErrClass.ERR_CANCELED or request is None:
             return
-        by = str(request.get("by") or "a person")
         handle = handle or JobHandle.from_json(request["job"])
-        stop_canceled_job(handle, by, self.log)
-        self._fail_canceled(context, handle, f"canceled by {by}")
+        stop_canceled_job(handle, str(who), self.log)
+        self._fail_canceled(context, handle, verdict.why)
 
     def _fail_canceled(self, context: Context, handle: JobHandle, why: str) -> None:
-        """A job canceled from outside its task: the task fails without retries (a retry would undo the cancel)."""
+        """A job canceled from outside its task: the task fails without retries (a retry would undo the cancel).
+        A person's cancel record is honoured by it (a later clear runs the task again)."""
+        honour_cancel(context, self.log)
         analysis = classify(FailureFacts(canceled=True, message=f"job {handle.job_id} was {why}"))
         self._keep_end(context, handle, JobState.CANCELED.value, analysis.err_class.value)
         raise AirflowFailException(f"Job {handle.job_id} failed with {analysis.summary()} It was {why}.")

@@ -195,7 +195,7 @@ def _platform_view(job: IndexedJob, viewer: Viewer) -> tuple[dict[str, str], str
         try:
             log, _ = hook.get_job_logs(handle, "", tail=LOG_TAIL_LINES)
             # heartbeats in words, secrets masked
-            log = readable_log(log, job_secrets(job.record.secret_conn_ids, job.conn_id))
+            log = readable_log(log, job_secrets(job.record.secret_conn_ids, job.conn_id, job.platform))
             note = f"last {LOG_TAIL_LINES} lines, read from the {job.platform} platform in " + (
                 f"{time.monotonic() - started:.1f} s"
             )

@@ -30,9 +30,9 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
-from airflow_provider_tao.jobindex import WANTED_TI_STATES
 from airflow_provider_tao.joblog import JobLogWriter
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobState, JobStatus
+from airflow_provider_tao.operators.decisions import UNKNOWN, Act, Facts, Situation, Verdict, decide
 from airflow_provider_tao.outage import OutageLog
 from airflow_provider_tao.triggers.log_budget import FINAL_LOG_READS
 from airflow_provider_tao.triggers.poller import MAX_BACKOFF_SECONDS, StatusPoller, Watch, is_running
@@ -48,6 +48,9 @@ CANCEL_RETRY_PAUSE = 1.0
 #: Times in a row a resubmission may go unanswered (the requeue may have happened: the next poll tells) before the
 #: failure is reported as it stands.
 RESUBMIT_ASKS = 3
+#: Times on_kill asks the task's state while it cannot be read, and the pause between asks.
+TASK_STATE_ASKS = 3
+TASK_STATE_PAUSE = 0.5
 #: Cancels started by on_kill, kept referenced until they finish (the event loop holds tasks only weakly).
 _CANCELS: set[asyncio.Future[None]] = set()
 
@@ -189,6 +192,8 @@ class TAOJobTrigger(BaseTrigger):
                     if reason := status.capacity_wait_over(self.capacity_timeout, time.time()):
                         event = self._event(TriggerOutcome.CAPACITY, status, reason)
                         break
+                    if status.state is not JobState.ERROR and status.state is not JobState.UNKNOWN:
+                        unanswered = 0  # "in a row": a read that shows the rerun ended the run of lost answers
                     if status.state is JobState.ERROR:
                         note, answered = await self._resubmitted(hook, status)
                         unanswered = 0 if answered else unanswered + 1
@@ -314,13 +319,16 @@ class TAOJobTrigger(BaseTrigger):
     async def _mask_secrets(self) -> None:
         """Mask every secret the job received -- found again here, never carried in the kwargs (see
         :mod:`~airflow_provider_tao.received_secrets`) -- in the job's lines and this triggerer's own log."""
-        if not self.secret_conn_ids:
+        no_connection = self.handle.conn_id is None  # the platform's environment fallbacks gave the job its keys
+        if not self.secret_conn_ids and not no_connection:
             return
         from airflow.sdk.log import amask_secret
 
-        from airflow_provider_tao.received_secrets import asecrets_received
+        from airflow_provider_tao.received_secrets import asecrets_received, platform_default_secrets
 
         values = await asecrets_received(self.secret_conn_ids)
+        if no_connection:
+            values += await asyncio.to_thread(platform_default_secrets, self.handle.platform)
         self.writer.mask(values)
         for value in values:
             await amask_secret(value)
@@ -330,17 +338,15 @@ class TAOJobTrigger(BaseTrigger):
         if not self.cancel_on_kill:
             self.log.info("cancel_on_kill=False: leaving job %s running", self.handle.job_id)
             return
-        state = await self._task_state()
-        if state == "deferred":
-            # Airflow 3.3 also calls on_kill when a trigger moves to another triggerer (the task still waits on the
-            # job there): canceling would cost a resubmission of the same job
-            self.log.info("The task is still deferred (its trigger moved): leaving job %s running", self.handle.job_id)
+        verdict = await self._kill_verdict()
+        if verdict.act is Act.LEAVE:
+            self.log.info("%s: leaving job %s running", verdict.why, self.handle.job_id)
             return
         # The triggerer cancels a trigger again at every state sync (about once a second) until it has finished,
         # and those cancels land in on_kill itself (Airflow 3.3 swallows them silently): a cancel that takes a few
         # remote round trips (SLURM: marks, status, scancel over SSH) was abandoned half-way. The cancel runs as a
         # task of its own that they cannot interrupt; on_kill waits for it up to the triggerer's on_kill_timeout.
-        cancel = asyncio.ensure_future(self._cancel_job(adoptable=state in WANTED_TI_STATES))
+        cancel = asyncio.ensure_future(self._cancel_job(adoptable=verdict.adoptable))
         _CANCELS.add(cancel)
         cancel.add_done_callback(_CANCELS.discard)
         deadline = time.monotonic() + _on_kill_timeout()
@@ -354,12 +360,29 @@ class TAOJobTrigger(BaseTrigger):
                 if task := asyncio.current_task():
                     task.uncancel()  # a repeated cancel of the same kill: keep waiting for the cancel to finish
 
-    async def _task_state(self) -> str | None:
+    async def _kill_verdict(self) -> Verdict:
+        """The decision's first half (operators/decisions.py, KILL) on the task's state, asked again while it
+        cannot be read; the cancel routine decides on the job's owner and state (the job is taken as running
+        here). Airflow 3.3 also calls on_kill when a trigger moves to another triggerer (the task still waits on
+        the job there): canceling would cost a resubmission of the same job."""
+        asks = TASK_STATE_ASKS if getattr(self, "task_instance", None) is not None else 1  # else: nobody to ask
+        for ask in range(1, asks + 1):
+            facts = Facts(
+                try_number=self.handle.try_number, task_state=await self._task_state(), state=JobState.RUNNING,
+                last_chance=ask == asks,
+            )  # fmt: skip
+            verdict = decide(facts, Situation.KILL)
+            if verdict.act is not Act.LATER:
+                break
+            await asyncio.sleep(TASK_STATE_PAUSE)
+        return verdict
+
+    async def _task_state(self) -> Any:
         """The task instance's state now, asked through the triggerer's supervisor (the Task SDK's
-        ``get_task_states``); None when it cannot be told."""
+        ``get_task_states``); None: cleared (no state); UNKNOWN when it cannot be told."""
         ti = getattr(self, "task_instance", None)
         if ti is None:
-            return None
+            return UNKNOWN
         try:
             from airflow.sdk.execution_time import task_runner
             from airflow.sdk.execution_time.comms import GetTaskStates
@@ -371,7 +394,7 @@ class TAOJobTrigger(BaseTrigger):
             state = (getattr(answer, "task_states", {}).get(ti.run_id) or {}).get(key)
         except Exception as exc:  # an older Airflow, no supervisor: cancel, as on_kill always did
             self.log.debug("Could not read the state of the task: %s", exc)
-            return None
+            return UNKNOWN
         return None if state is None else str(getattr(state, "value", state))
 
     async def _cancel_job(self, *, adoptable: bool) -> None:

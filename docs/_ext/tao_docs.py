@@ -77,8 +77,14 @@ FIXES: dict[str, str] = {
     "it and the parameter); fix that connection or its backend_details. The job that found no capacity was canceled.",
     "found no capacity, but another try owns it now": "A newer try of the task (a clear or a retry) took the job over "
     "while this one decided to move it; nothing to do: the newer try carries on with it.",
-    "not submitting another one, to avoid a duplicate": "The platform did not answer whether the earlier try's job "
-    "still runs; the next try asks again. Restore the platform connection, or cancel the old job by hand.",
+    "of an earlier try: {…}. The next try asks again.": "The platform did not answer whether the earlier try's job "
+    "still runs (or whether its result was used); nothing was submitted, to avoid a duplicate, and the next try asks "
+    "again. Restore the platform connection, or cancel the old job by hand.",
+    "the next try decides again": "A fact the decision needs could not be read (a platform or the task state "
+    "store did not answer): the task is retried and decides again with the facts still binding it -- see the "
+    "decision table (docs/decisions.md). Restore the platform connection if it keeps happening.",
+    "; the next try asks again": "The task's cancel record (`airflow tao cancel`) could not be read: nothing was "
+    "submitted; the next try reads it again. Check the metadata database / state store.",
     "execution_timeout (or [tao] lease_hours)": "Raise the task's execution_timeout (or [tao] lease_hours), or resume "
     "from the last checkpoint.",
     "failed with": "Read the failure class in the message (table above) and the evidence lines in the task log.",

@@ -1063,3 +1063,16 @@ def test_a_status_poll_says_which_watched_logs_grew_since_their_last_read(hook, 
     assert not hook.log_news(handle.job_id)
     stop.touch()
     assert wait_terminal(hook, handle).state is JobState.COMPLETE
+
+
+def test_issue_37_defect_9_an_older_trys_cancel_mark_does_not_turn_a_later_exit_0_into_canceled(hook):
+    """Try 1's cancel mark, its kill failed; try 2 claimed the job; the job exits 0: Complete (the mark is stale).
+    The owner's own cancel still decides Canceled whatever the code."""
+    handle = _fake_job_without_pid(hook, submitted_ago=1)
+    job_dir = hook.jobs_dir / handle.job_id
+    (job_dir / "exit_code").write_text(json.dumps({"exit_code": 0, "finished_at": time.time()}))
+    hook.write_mark(handle, "owner_try", 1)
+    hook.write_mark(handle, "cancel_requested_by", 1)
+    assert hook.get_job_status(handle).state is JobState.CANCELED
+    hook.write_mark(handle, "owner_try", 2)
+    assert hook.get_job_status(handle.owned_by(2)).state is JobState.COMPLETE

@@ -259,12 +259,13 @@ async def test_on_kill_cancels_the_owned_job_and_cleans_up_after_it(
     await _trigger(handle).on_kill()
     assert fake_platform.jobs[handle.job_id]["state"] is JobState.CANCELED
     assert FakeHook().cancel_requested_by(handle) == 1
-    # the task will not resume to clean up: the kill does, as on the worker (the task's state unknown: all of it)
-    assert cleaned == [(handle.job_id, False)]
+    # the task will not resume to clean up: the kill does, as on the worker -- the task's state unknown, a next try
+    # may still come: what it needs to adopt a completed job is kept (the sweeper removes it; issue 37)
+    assert cleaned == [(handle.job_id, True)]
     ended = _submit(fake_platform)
     fake_platform.jobs[ended.job_id]["state"] = JobState.COMPLETE  # it ended just before the kill
     await _trigger(ended).on_kill()
-    assert fake_platform.jobs[ended.job_id]["state"] is JobState.COMPLETE and cleaned[-1] == (ended.job_id, False)
+    assert fake_platform.jobs[ended.job_id]["state"] is JobState.COMPLETE and cleaned[-1] == (ended.job_id, True)
     # marked failed: the task is over, all goes; cleared: its next try may adopt a job that completed meanwhile
     for state, adoptable in (("failed", False), ("success", False), ("scheduled", True), ("up_for_retry", True)):
         trigger = _trigger(_submit(fake_platform))

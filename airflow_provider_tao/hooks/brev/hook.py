@@ -52,7 +52,6 @@ from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
 from airflow_provider_tao.hooks.base import (
     LOG_READ_LIMIT,
-    MARK_CANCEL,
     MARK_CANCELED_BY,
     ConnectionProblem,
     JobSubmitError,
@@ -65,6 +64,7 @@ from airflow_provider_tao.hooks.brev.instances import BrevInstancesHook
 from airflow_provider_tao.hooks.brev.launch import DEFAULT_LAUNCH_TIMEOUT, BrevLaunchHook
 from airflow_provider_tao.hooks.brev.reap import BrevReapHook
 from airflow_provider_tao.hooks.brev.session import CALL_TIMEOUT, EXEC_STATES, PROBE_TIMEOUT, PROBE_WORKERS
+from airflow_provider_tao.hooks.ownership import cancel_binds
 from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 
@@ -389,10 +389,10 @@ class BrevHook(BrevInstancesHook, BrevLaunchHook, BrevReapHook):
             if word in ct.LIVE_STATES:
                 live = ct.live_status(name, word, created_at, f"{word} on instance {instance}")
                 return failed if state != "RUNNING" and not live.state.is_terminal else live
-            return ct.ended_status(name, container_state, lambda: MARK_CANCEL in marks)
+            return ct.ended_status(name, container_state, lambda: cancel_binds(marks))
         if handle.job_id in probe.exits:
             code = probe.exits[handle.job_id]
-            verdict = ct.ended_status(name, {"Status": "exited", "ExitCode": code}, lambda: MARK_CANCEL in marks)
+            verdict = ct.ended_status(name, {"Status": "exited", "ExitCode": code}, lambda: cancel_binds(marks))
             return JobStatus(
                 verdict.state, f"{verdict.message} (its container was removed since)", code, verdict.raw_state
             )

@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
-from airflow_provider_tao.hooks.base import MARK_CANCEL, JobValidationError, Recorded
+from airflow_provider_tao.hooks.base import JobValidationError, Recorded
 from airflow_provider_tao.hooks.docker.submit import DockerSubmitHook
+from airflow_provider_tao.hooks.ownership import cancel_binds
 from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.hooks.shared.container import container_name
+from airflow_provider_tao.hooks.shared.reaping import FINISHED_TASK_STATES
 from airflow_provider_tao.jobs import JobHandle, JobState, JobStatus
 
 if TYPE_CHECKING:
@@ -85,17 +87,36 @@ class TAODockerHook(DockerSubmitHook):
     ) -> list[dict[str, str]]:
         """Containers created but never started past :data:`~airflow_provider_tao.hooks.shared.container.
         START_TIMEOUT_SECONDS`: their submitting worker died between creating and starting them. Nothing ran, but
-        the job's files and secrets are in them; no list of active jobs shows them and a next try may never come."""
+        the job's files and secrets are in them; no list of active jobs shows them and a next try may never come.
+        With ``auto_remove``, also ended containers whose task is over (by their own labels): the task that would
+        have removed them after reading their verdict never resumed (issue 37, defect 7)."""
         rows = []
         for container in self._list():
-            if container.get("State") != "created" or not ct.never_started("created", container.get("Created")):
+            why = self._reapable(container, task_state)
+            if why is None:
                 continue
             name = str((container.get("Names") or [container["Id"][:12]])[0]).lstrip("/")
             if not dry_run:
                 self._remove(container["Id"])
             rows.append({"resource": name, "kind": "container", "action": "would remove" if dry_run else "removed",
-                         "why": "created but never started: its submitting worker died"})  # fmt: skip
+                         "why": why})  # fmt: skip
         return rows
+
+    def _reapable(
+        self, container: Mapping[str, Any], task_state: Callable[[Mapping[str, Any]], str | None]
+    ) -> str | None:
+        """Why the sweeper removes ``container``, or None to keep it."""
+        state = container.get("State")
+        if state == "created" and ct.never_started("created", container.get("Created")):
+            return "created but never started: its submitting worker died"
+        if not self.auto_remove or state not in ("exited", "dead"):
+            return None
+        labels = container.get("Labels") or {}
+        origin = {key: labels.get(label) for key, label in ct.ORIGIN_LABELS.items()}
+        task = task_state(origin) if origin.get("dag_id") else None
+        if task not in FINISHED_TASK_STATES:  # unknown, or a try may still read its verdict (or adopt it)
+            return None
+        return f"ended, and its task is {task}: no try will read its verdict (auto_remove)"
 
     # ----------------------------------------------------------------- validation
 
@@ -187,7 +208,7 @@ class TAODockerHook(DockerSubmitHook):
             state = self.client.inspect_container(name)["State"]
         except NotFound:
             return JobStatus.missing(f"container {name} was removed as it ended")
-        return ct.ended_status(name, state, lambda: self.read_marks_of(name).get(MARK_CANCEL) is not None)
+        return ct.ended_status(name, state, lambda: cancel_binds(self.read_marks_of(name)))
 
     def get_job_usage(self, handle: JobHandle) -> JobUsage:
         """From ``docker inspect``: the container's Created, State.StartedAt / FinishedAt and its GPU requests."""

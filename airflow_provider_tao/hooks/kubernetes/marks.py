@@ -7,12 +7,12 @@ import contextlib
 import json
 from typing import Any, TypeGuard
 
-from airflow_provider_tao.hooks.base import MARK_CANCEL, MARK_CANCELED_BY, MARK_CONSUMED, MARK_OWNER
 from airflow_provider_tao.hooks.kubernetes.api import KubernetesAPIHook
+from airflow_provider_tao.hooks.ownership import MARK_CANCEL, MARK_KEYS, MARK_OWNER, cancel_binds
 from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import JobHandle
 
-_MARK_KEYS = frozenset({MARK_OWNER, MARK_CANCEL, MARK_CONSUMED, MARK_CANCELED_BY})
+_MARK_KEYS = MARK_KEYS
 JSON_PATCH = "application/json-patch+json"
 #: Times a cancel re-reads a Job whose marks changed between its read and its suspension.
 CANCEL_CONFLICT_RETRIES = 5
@@ -94,7 +94,7 @@ class KubernetesMarksHook(KubernetesAPIHook):
         if not _ours(job, handle):
             return True
         marks = _marks(job, handle)
-        if marks.get(MARK_CANCEL) != marks.get(MARK_OWNER, handle.try_number):
+        if not cancel_binds(marks, handle.try_number):  # a newer try claimed the Job since the mark
             self.log.info("Not canceling Job %s: try %s owns it now", handle.name, marks.get(MARK_OWNER))
             return False
         if job["spec"].get("suspend"):

@@ -36,6 +36,7 @@ from airflow_provider_tao.accounting import JobUsage
 from airflow_provider_tao.failures import FailureFacts
 from airflow_provider_tao.hooks.base import ConnectionProblem, JobValidationError, TAOPlatformHook
 from airflow_provider_tao.hooks.local import supervisor
+from airflow_provider_tao.hooks.ownership import cancel_binds
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 
 #: Host variables a local job inherits from the worker; everything else comes from the job spec.
@@ -329,7 +330,7 @@ class LocalHook(TAOPlatformHook):
         if (done := self._finished(handle)) is not None:
             return done
         pid = _read_json(job_dir / "pid")
-        canceling = (job_dir / "marks" / "cancel_requested_by").exists()
+        canceling = cancel_binds(self.read_marks(handle), handle.try_number)
         if pid is None:
             if time.time() - float(meta.get("submitted_at", 0)) < LAUNCH_TIMEOUT_SECONDS:
                 return JobStatus(JobState.PENDING, "starting", raw_state="LAUNCHING")
@@ -363,8 +364,9 @@ class LocalHook(TAOPlatformHook):
             return None
         code = int(record["exit_code"])
         at = float(record.get("finished_at", time.time()))
-        # the cancel mark decides, not the code: a command that checkpoints on SIGTERM and exits 0 was stopped
-        if (job_dir / "marks" / "cancel_requested_by").exists():
+        # the cancel mark decides, not the code: a command that checkpoints on SIGTERM and exits 0 was stopped --
+        # while the mark binds (hooks/ownership.py): an older try's, written before a newer try claimed the job, not
+        if cancel_binds(self.read_marks(handle), handle.try_number):
             return JobStatus(JobState.CANCELED, "canceled", exit_code=code, raw_state="CANCELED", updated_at=at)
         if code == 0:
             return JobStatus(JobState.COMPLETE, "exit code 0", exit_code=0, raw_state="EXITED", updated_at=at)

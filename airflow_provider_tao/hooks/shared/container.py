@@ -230,7 +230,8 @@ def ended_status(name: str, state: Mapping[str, Any], cancel_marked: Callable[[]
     cancel mark is Canceled, whatever code it chose to exit with; else exit code 0 is Complete and anything else
     (an OOM kill, a non-zero code, a dead container) is Error with the code.
 
-    :param cancel_marked: whether the job carries a cancel mark (a cancel through this provider).
+    :param cancel_marked: whether the job carries a cancel mark that binds it (a cancel through this provider on
+        behalf of its owning try: :func:`~airflow_provider_tao.hooks.ownership.cancel_binds`).
     """
     code = int(state.get("ExitCode") or 0)
     raw = "OOMKilled" if state.get("OOMKilled") else str(state.get("Status") or "exited")
