@@ -116,3 +116,16 @@ def _sdk_connection(conn_id: str, found: Any) -> Connection:
         if secret:
             mask_secret(secret)
     return conn
+
+
+def console_safe(message: str) -> str:
+    """A Test button's message as ``airflow connections test`` must hand it to its console: that command prints it
+    as Rich markup, which eats ``[slurm]`` of ``pip install 'airflow-provider-tao[slurm]'``; the UI shows the text
+    as it is, so only that command gets it escaped."""
+    import sys
+
+    if sys.argv[1:3] != ["connections", "test"]:
+        return message
+    from rich.markup import escape
+
+    return escape(message)

@@ -9,6 +9,15 @@ from typing import Any
 from airflow_provider_tao.hooks.errors import JobValidationError
 from airflow_provider_tao.jobs import JobSpec
 
+#: Platforms where every job is a container, and why: a missing image is refused before any connection is read
+#: (at parse time when the platform is named), not by a daemon or API server that may not even answer.
+IMAGE_REQUIRED: dict[str, str] = {
+    "docker": "every job is a container",
+    "kubernetes": "every job is a pod",
+    "lepton": "every job is a container",
+    "brev": "every job is a container on the instance",
+}
+
 #: An image reference or path: registry/name:tag@digest, Pyxis' registry#name, enroot's docker://, an absolute path.
 _IMAGE_REFERENCE = re.compile(r"^[A-Za-z0-9/][A-Za-z0-9._/:@#+=~-]*$")
 
@@ -50,4 +59,22 @@ def check_spec_text(spec: JobSpec) -> None:
             f"{spec.image!r} is not an image reference",
             "Use a versions.yaml key, an image URI such as nvcr.io/nvidia/tao/tao-toolkit:6.0.0-pyt or a path, "
             "without spaces, quotes or shell characters",
+        )
+
+
+def image_required_words(platform: str) -> str:
+    """What the image check says of a missing image on ``platform`` (after the parameter's name)."""
+    why = IMAGE_REQUIRED.get(platform)
+    return f"is required on the {platform} platform" + (f": {why}" if why else "")
+
+
+def check_image_given(platform: str | None, image: object) -> None:
+    """Refuse ``image=None`` on a platform whose every job is a container (no connection, no SDK needed).
+
+    :param platform: the platform name, or None when it is not known yet.
+    :param image: the operator's ``image`` (a template or an XComArg counts as given).
+    """
+    if image is None and platform in IMAGE_REQUIRED:
+        raise JobValidationError(
+            "image", image_required_words(platform), "Give a versions.yaml key such as tao_toolkit.pyt or an image URI"
         )

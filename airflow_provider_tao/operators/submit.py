@@ -35,6 +35,7 @@ from airflow_provider_tao import settings
 from airflow_provider_tao.connections import get_connection
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook, platform_for_conn_type
 from airflow_provider_tao.hooks.base import JobValidationError
+from airflow_provider_tao.hooks.validation import check_image_given
 from airflow_provider_tao.jobs import JobHandle, JobSpec
 from airflow_provider_tao.links import TAOJobLink, TAOResultsLink
 from airflow_provider_tao.operators.failover import seconds_of
@@ -224,6 +225,7 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
             raise JobValidationError("env", f"{self.env!r} is not a mapping", "Pass a dict of strings")
         if isinstance(self.image, str) and "{{" not in self.image:
             self._resolved_image()
+        check_image_given(self.platform, self.image)  # as the platform name: no daemon asked
 
     def _resolved_image(self) -> str | None:
         """``image`` as an image reference (a versions.yaml key resolved); a key that does not exist is bad input."""
@@ -294,6 +296,7 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
                 "neither conn_id nor platform is given",
                 "Pass conn_id=<a tao_* connection> or platform='local'",
             )
+        check_image_given(platform, self.image)  # before the connection is read: a daemon may not answer
         hook = get_platform_hook(platform, conn_id)
         hook.load_connection()
         return hook
