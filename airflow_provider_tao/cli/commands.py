@@ -119,7 +119,11 @@ def list_jobs(args: Namespace) -> None:
 def job_logs(args: Namespace) -> None:
     """``airflow tao logs JOB``."""
     job, handle, hook = _job_on_platform(args.job_id)
-    if args.tail is not None:
+    people = args.output not in ("json", "yaml")
+    secrets = job_secrets(job.record.secret_conn_ids, job.conn_id)  # no task-log masker out here
+    if args.tail is not None and people:
+        text = _tail(hook, handle, max(1, args.tail), secrets)
+    elif args.tail is not None:
         text, cursor = hook.get_job_logs(handle, "", tail=max(1, args.tail))
     else:
         parts, cursor, size = [], "", 0
@@ -131,12 +135,28 @@ def job_logs(args: Namespace) -> None:
             size += len(chunk)
             cursor = next_cursor
         text = "".join(parts)
-    secrets = job_secrets(job.record.secret_conn_ids, job.conn_id)  # no task-log masker out here
-    if args.output in ("json", "yaml"):  # for machines: the log as the job wrote it
+    if not people:  # for machines: the log as the job wrote it
         _print([{"job_id": job.job_id, "platform": job.platform, "log": redact(text, secrets)}], args.output)
     else:  # for people: progress bars at their last state, the runner's heartbeats collapsed into words
-        text = readable_log(text, secrets)
+        text = text if args.tail is not None else readable_log(text, secrets)
         sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
+
+
+#: Most raw lines ``logs --tail N`` reads to find N readable ones (progress bars and heartbeats collapse).
+MAX_TAIL_LINES = 100_000
+
+
+def _tail(hook: TAOPlatformHook, handle: JobHandle, lines: int, secrets: list[str]) -> str:
+    """The last ``lines`` lines of the job's log as people read them: progress lines that collapse into one do not
+    count, so more raw lines are read (four times as many each round) until ``lines`` readable ones are there or
+    the log has no more."""
+    asked = lines
+    while True:
+        raw, _ = hook.get_job_logs(handle, "", tail=asked)
+        shown = readable_log(raw, secrets).rstrip("\n").split("\n")
+        if len(shown) >= lines or raw.count("\n") < asked or asked >= MAX_TAIL_LINES:
+            return "\n".join(shown[-lines:])
+        asked = min(asked * 4, MAX_TAIL_LINES)
 
 
 @cli_utils.action_cli(check_db=False)
@@ -170,6 +190,8 @@ def cancel_job(args: Namespace) -> None:
 
 
 def _cancel_note(ended: bool, ti_state: str | None) -> str:
+    if ti_state in ("queued", "scheduled"):
+        return f"its task ({ti_state}) fails with ERR_CANCELED as it starts, submitting nothing"
     if ti_state is not None and ti_state not in WAITING_TI_STATES:
         return f"its task ({ti_state or 'cleared'}) fails with ERR_CANCELED when it next runs, submitting nothing"
     if ended:
@@ -214,7 +236,18 @@ def reap(args: Namespace) -> None:
         except Exception as exc:  # one unreachable platform must not stop the others' sweeping
             rows.append({"platform": platform, "conn_id": conn_id, "job_id": None, "action": "error", "why": str(exc)})
             log.warning("%s", describe(rows[-1]))
-    _print(rows, args.output)
+    _print_reaped(rows, len(targets), args)
+
+
+def _print_reaped(rows: list[dict[str, Any]], connections: int, args: Namespace) -> None:
+    """``reap``'s decisions; none, in a table, in words (Airflow's table of nothing says only "No data found")."""
+    if rows or args.output != "table":
+        _print(rows, args.output)
+        return
+    print(
+        f"Nothing to reap: no orphaned job or machine on {connections} connection(s)"
+        + (" (dry run: nothing would be canceled)." if args.dry_run else ".")
+    )
 
 
 def _recheck(job: IndexedJob) -> str | None:

@@ -32,6 +32,13 @@ def _checked(check: Callable[..., Any], value: Any, where: str) -> None:
         raise JobValidationError(parameter, problem, "Fix the value") from exc
 
 
+def env_value_fix(value: object) -> str:
+    """How to fix an ``env`` value that is not a string: ``None`` is no value to quote."""
+    if value is None:
+        return 'Give a string ("" for an empty one), or leave the variable out'
+    return f"Quote it: {str(value)!r}"
+
+
 def check_spec_text(spec: JobSpec) -> None:
     """Refuse, naming the field, what no operating system can hand a process (NUL, lone surrogates, > 128 KiB
     strings) instead of letting it be cut short or fail in the job's exec; and environment names that are not
@@ -40,11 +47,7 @@ def check_spec_text(spec: JobSpec) -> None:
 
     for key, value in {**spec.env, **spec.secret_env}.items():
         if not isinstance(value, str):
-            raise JobValidationError(
-                f"env[{key!r}]",
-                f"{value!r} is not a string",
-                f"Quote it: {str(value)!r}",
-            )
+            raise JobValidationError(f"env[{key!r}]", f"{value!r} is not a string", env_value_fix(value))
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
             raise JobValidationError(
                 f"env[{key!r}]", "is not a valid environment variable name", "Use [A-Za-z_][A-Za-z0-9_]*"

@@ -32,10 +32,10 @@ from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_tao import settings
-from airflow_provider_tao.connections import get_connection
+from airflow_provider_tao.connections import get_connection, similar_conn_ids
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook, platform_for_conn_type
 from airflow_provider_tao.hooks.base import JobValidationError
-from airflow_provider_tao.hooks.validation import check_image_given
+from airflow_provider_tao.hooks.validation import check_image_given, env_value_fix
 from airflow_provider_tao.jobs import JobHandle, JobSpec
 from airflow_provider_tao.links import TAOJobLink, TAOResultsLink
 from airflow_provider_tao.operators.failover import seconds_of
@@ -197,8 +197,15 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
                 "platform", f"unknown platform {self.platform!r}", f"Use one of: {', '.join(sorted(PLATFORMS))}"
             )
         for name in ("gpu_count", "num_nodes"):
-            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
-                raise JobValidationError(name, f"{getattr(self, name)!r} is not an integer", "Pass a whole number")
+            value = getattr(self, name)
+            if isinstance(value, str) and "{{" in value:
+                raise JobValidationError(
+                    name,
+                    f"{value!r} is a template, but {name} is not a templated field",
+                    f"Pass a whole number; to vary it, map the task: .partial(...).expand({name}=...) takes XComs",
+                )
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise JobValidationError(name, f"{value!r} is not an integer", "Pass a whole number")
         if self.gpu_count < -1:
             raise JobValidationError(
                 "gpu_count", f"{self.gpu_count} is not allowed", "Use 0 for none, N for N GPUs, or -1 for all visible"
@@ -220,7 +227,7 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
         if isinstance(self.env, dict):
             for key, value in self.env.items():
                 if value is None or isinstance(value, (bool, int, float)):
-                    raise JobValidationError(f"env[{key!r}]", f"{value!r} is not a string", f"Quote it: {str(value)!r}")
+                    raise JobValidationError(f"env[{key!r}]", f"{value!r} is not a string", env_value_fix(value))
         elif isinstance(self.env, (str, list, tuple, int, float)) and "{{" not in str(self.env):
             raise JobValidationError("env", f"{self.env!r} is not a mapping", "Pass a dict of strings")
         if isinstance(self.image, str) and "{{" not in self.image:
@@ -270,7 +277,8 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
             except AirflowNotFoundException as exc:
                 raise JobValidationError(
                     parameter,
-                    f"there is no Airflow connection {conn_id!r}",
+                    f"there is no Airflow connection {conn_id!r}"
+                    + "".join(f" (did you mean {near!r}?)" for near in similar_conn_ids(conn_id)),
                     "Create it (Admin > Connections, `airflow connections add`, or an AIRFLOW_CONN_* variable) "
                     "or fix the id"
                     + ("; the local platform also runs with conn_id=None" if platform == "local" else ""),
