@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tests.kubefake.cluster import Cluster
+from tests.kubefake.rbac import Rbac
 from tests.kubefake.store import RESOURCES, ApiError, Store, not_found, quota_refusal
 
 VERSION = {
@@ -51,6 +52,8 @@ class FakeApiServer(ThreadingHTTPServer):
         #: OwnerReferencesPermissionEnforcement on, for a user without ``update`` on any ``<owner>/finalizers`` (the
         #: usual job-submitting role): a new blocking owner reference is refused (403), as on OpenShift.
         self.owner_references_enforcement = False
+        #: RBAC: when set, the rules of the Roles bound to the user, applied to every resource request (``/fake/role``).
+        self.rbac: Rbac | None = None
         #: The options and size of every log read (``/fake/stats``).
         self.log_reads: list[dict[str, Any]] = []
 
@@ -157,6 +160,7 @@ class _Handler(BaseHTTPRequestHandler):
         if parts[: len(expected_prefix)] != expected_prefix:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         ns = (namespace or "") if namespaced else ""
+        self._authorize(method, resource, name=name, sub=sub, ns=ns, query=query)
         with self.server.stats_lock:
             self.server.requests[f"{method} {resource}{'/' + sub if sub else ''}{'' if name else ' (list)'}"] += 1
         store = self.server.store
@@ -196,6 +200,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(202 if result.get("kind") != "Status" and resource != "pods" else 200, result)
         else:
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+
+    def _authorize(self, method: str, resource: str, *, name: str, sub: str, ns: str, query: dict[str, str]) -> None:
+        """RBAC, before the request is looked at (the body read off the connection, kept alive)."""
+        if self.server.rbac is None:
+            return
+        try:
+            self.server.rbac.authorize(method, resource, name=name, sub=sub, namespace=ns, query=query)
+        except ApiError:
+            self._body()
+            raise
 
     def _admit_owner_references(self, resource: str, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
         """The OwnerReferencesPermissionEnforcement admission plugin (k8s.io/kubernetes
@@ -272,6 +286,10 @@ class _Handler(BaseHTTPRequestHandler):
                     if resource not in ("events", "nodes", "namespaces"):
                         found.setdefault(resource, []).append(name)
             self._send(200, {k: sorted(v) for k, v in found.items()})
+        elif parts == ["role"] and method == "POST":  # {"rules": [...]} of the Roles bound to the user, or null
+            rules = self._json_body().get("rules")
+            server.rbac = None if rules is None else Rbac(rules)
+            self._send(200, {"rules": rules})
         elif parts == ["created"]:
             with server.store.lock:
                 history = [dict(entry) for entry in server.store.created]
