@@ -64,3 +64,30 @@ def test_the_package_points_to_the_hosted_docs_built_by_read_the_docs() -> None:
     rtd = yaml.safe_load((DOCS.parent / ".readthedocs.yaml").read_text())
     assert rtd["version"] == 2 and rtd["sphinx"]["configuration"] == "docs/conf.py"
     assert rtd["sphinx"]["fail_on_warning"] is True
+
+
+def test_the_slurm_how_to_has_the_admins_checklist() -> None:
+    text = (DOCS / "howto" / "slurm.md").read_text()
+    checklist = text[text.index("## What the cluster needs") : text.index("## Connection")]
+    for item in (
+        "`python3` >= 3.8 where the job runs",
+        "the login nodes **and** every compute node",
+        "~/.config/enroot/.credentials",
+        "machine nvcr.io login $oauthtoken password <NGC API key>",
+        "Pyxis and enroot on the compute nodes",
+    ):
+        assert item in checklist, item
+
+
+def test_the_slurm_example_runs_one_gpu_on_one_node_with_the_operators_own_inputs() -> None:
+    import ast
+
+    tree = ast.parse((DOCS.parent / "example_dags" / "tao_slurm_train.py").read_text())
+    (call,) = [
+        n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "TAOSubmitOperator"
+    ]
+    kwargs = {k.arg: k.value for k in call.keywords}
+    assert "inputs" in kwargs and "num_nodes" not in kwargs  # one node: the default
+    assert "inputs" not in ast.unparse(kwargs["backend_details"])  # not backend_details={"inputs": ...}
+    gpus = next(n for n in ast.walk(tree) if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "GPUS")
+    assert "'TAO_SLURM_GPUS', '1'" in ast.unparse(gpus.value)
