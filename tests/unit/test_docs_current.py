@@ -91,3 +91,15 @@ def test_the_slurm_example_runs_one_gpu_on_one_node_with_the_operators_own_input
     assert "inputs" not in ast.unparse(kwargs["backend_details"])  # not backend_details={"inputs": ...}
     gpus = next(n for n in ast.walk(tree) if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "GPUS")
     assert "'TAO_SLURM_GPUS', '1'" in ast.unparse(gpus.value)
+
+
+def test_the_readme_keeps_to_what_a_user_does() -> None:
+    """Issue 36 point 7: internals (Brev's ssh config, OpenShift's admission, the runner's packaging, the triggerer's
+    heap) live in the how-tos and the architecture page; the README links each how-to."""
+    readme = (DOCS.parent / "README.md").read_text()
+    assert len(readme.splitlines()) < 400
+    for internal in ("OpenShift", "ssh_config", "~/.ssh/config", "runner.pyz", "freeze_triggerer_heap", "asyncssh"):
+        assert internal not in readme, internal
+    for platform in ("local", "slurm", "docker", "kubernetes", "lepton", "brev"):
+        assert f"docs/howto/{platform}.md" in readme
+    assert "docs/development.md" in readme and (DOCS / "development.md").is_file()
