@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_tao.jobs import JobStatus
 from airflow_provider_tao.records import CHAIN_KEY, STATE_KEY, SUBMITTED, XCOM_RECORD, JobRecord
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ class IndexedJob:
     :param current: this is the task instance's latest job (False: an earlier try's).
     :param ti_exists: the task instance's row exists (False: its DAG run was deleted). A row with no state is a task
         that was cleared and waits to be scheduled again.
+    :param live: what the job's platform said of it lately, for a job whose record has not seen it end
+        (:mod:`airflow_provider_tao.livestate`); None: not asked, or the platform did not answer.
     """
 
     record: JobRecord
@@ -53,6 +56,7 @@ class IndexedJob:
     ti_end: float | None
     current: bool
     ti_exists: bool = True
+    live: JobStatus | None = None
 
     @property
     def job_id(self) -> str:
@@ -77,6 +81,8 @@ class IndexedJob:
         ``Unknown`` (its task ended without seeing the job end: a killed worker, a job left running on purpose)."""
         if self.record.state != SUBMITTED:
             return self.record.state
+        if self.live is not None and not self.live.not_found:  # the platform's word now, not a guess
+            return self.live.state.value
         if self.current and self.ti_state in WAITING_TI_STATES | {"queued", "scheduled", "up_for_retry"}:
             return "Running"
         return "Unknown"
@@ -85,6 +91,8 @@ class IndexedJob:
     def ended_at(self) -> float | None:
         if self.record.ended_at:
             return self.record.ended_at
+        if self.live is not None and not self.live.not_found and not self.live.state.is_terminal:
+            return None  # still on the platform: no end, its runtime grows
         return None if self.state == "Running" else self.ti_end
 
     def runtime_seconds(self, now: float | None = None) -> float:
@@ -124,6 +132,9 @@ class IndexedJob:
             "name": self.record.handle.get("name"),
             "backend_job_id": self.record.handle.get("backend_job_id"),
             "results_dir": self.record.handle.get("results_dir"),
+            "state_from": "platform" if self.live is not None and self.record.state == SUBMITTED else "records",
+            "exit_code": self.live.exit_code if self.live is not None else None,
+            "message": self.live.message if self.live is not None else None,
         }
 
 

@@ -32,6 +32,7 @@ from airflow_provider_tao.jobindex import (
 )
 from airflow_provider_tao.joblog import readable_log
 from airflow_provider_tao.jobs import JobHandle
+from airflow_provider_tao.livestate import LiveStates
 from airflow_provider_tao.person_cancel import record_cancel
 from airflow_provider_tao.received_secrets import job_secrets
 from airflow_provider_tao.sweeper import describe, recorded_jobs, sweep_connection, sweep_machines, task_resumes
@@ -101,6 +102,7 @@ def list_jobs(args: Namespace) -> None:
     """``airflow tao jobs``."""
     with create_session() as session:
         jobs = load_jobs(session, dag_ids={args.dag_id} if args.dag_id else None, run_id=args.run_id)
+    jobs = LiveStates().apply(jobs)  # the jobs not seen ending: their platforms' word now, one call per connection
     now = time.time()
     rows = [
         job.row(now)

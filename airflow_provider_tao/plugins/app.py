@@ -19,12 +19,15 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
 from airflow_provider_tao.jobindex import IndexedJob, gpu_hours_by_dag_and_day, load_jobs
 from airflow_provider_tao.joblog import readable_log
+from airflow_provider_tao.livestate import LiveStates, failure_facts
 from airflow_provider_tao.plugins import pages
 from airflow_provider_tao.received_secrets import job_secrets
 
 if TYPE_CHECKING:
     from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 
+#: The platforms' answers about running jobs, shared by every request (one batched call per connection per TTL).
+LIVE = LiveStates()
 #: Lines of the job's log the job page shows.
 LOG_TAIL_LINES = 200
 #: Seconds the job page waits for the platform (log, location) before it says the platform did not answer.
@@ -90,7 +93,7 @@ def create_app() -> FastAPI:
     def jobs_json(request: Request, dags: ReadableDags) -> JSONResponse:
         now = time.time()
         filters = pages.as_filters(request.query_params)
-        jobs = _selected(_load(dags), filters, now)
+        jobs = _selected(LIVE.apply(_load(dags)), filters, now)
         return JSONResponse(
             {
                 "jobs": [job.row(now) for job in jobs],
@@ -103,7 +106,7 @@ def create_app() -> FastAPI:
     def jobs_view(request: Request, dags: ReadableDags) -> HTMLResponse:
         now = time.time()
         filters = pages.as_filters(request.query_params)
-        everything = _load(dags)
+        everything = LIVE.apply(_load(dags))  # jobs not seen ending: their platforms' word now (cached)
         jobs = _selected(everything, filters, now)
         return HTMLResponse(
             pages.jobs_view(
@@ -129,6 +132,7 @@ def create_app() -> FastAPI:
         current = next((job for job in jobs if job.current), None)
         if current is None:
             raise HTTPException(404, "no such job")
+        current, failure = await _live_view(current)
         try:
             view = await asyncio.wait_for(asyncio.to_thread(_platform_view, current), PLATFORM_TIMEOUT)
         except TimeoutError:
@@ -152,6 +156,7 @@ def create_app() -> FastAPI:
                 log_note=note,
                 results=files,
                 history=[job for job in jobs if not job.current],
+                failure=failure,
             )
         )
 
@@ -162,6 +167,16 @@ def create_app() -> FastAPI:
         return HTMLResponse(pages.error_page(exc.status_code, str(exc.detail)), status_code=exc.status_code)
 
     return app
+
+
+async def _live_view(job: IndexedJob) -> tuple[IndexedJob, dict[str, str]]:
+    """The job with its platform's state now, and a failed job's exit code and failure words (nothing when the
+    platform does not answer in time: the page still shows what the records say)."""
+    try:
+        (job,) = await asyncio.wait_for(asyncio.to_thread(LIVE.apply, [job]), PLATFORM_TIMEOUT)
+        return job, await asyncio.wait_for(asyncio.to_thread(failure_facts, job), PLATFORM_TIMEOUT)
+    except Exception as exc:  # the records' word stays
+        return job, {"Failure": f"the {job.platform} platform did not say: {exc}"} if job.state == "Error" else {}
 
 
 def _platform_view(job: IndexedJob) -> tuple[dict[str, str], str, str, str, str, list[str]]:
