@@ -17,11 +17,11 @@ from airflow.utils import cli as cli_utils
 from airflow.utils.providers_configuration_loader import providers_configuration_loaded
 from airflow.utils.session import create_session
 
+from airflow_provider_tao.canceling import cancel_as_person
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.hooks.shared.secrets import redact
 from airflow_provider_tao.jobindex import (
-    WAITING_TI_STATES,
     WANTED_TI_STATES,
     IndexedJob,
     find_job,
@@ -33,9 +33,8 @@ from airflow_provider_tao.jobindex import (
 from airflow_provider_tao.joblog import readable_log
 from airflow_provider_tao.jobs import JobHandle
 from airflow_provider_tao.livestate import LiveStates
-from airflow_provider_tao.person_cancel import record_cancel
 from airflow_provider_tao.received_secrets import job_secrets
-from airflow_provider_tao.sweeper import describe, recorded_jobs, sweep_connection, sweep_machines, task_resumes
+from airflow_provider_tao.sweeper import describe, recorded_jobs, sweep_connection, sweep_machines
 
 log = logging.getLogger(__name__)
 
@@ -165,40 +164,8 @@ def _tail(hook: TAOPlatformHook, handle: JobHandle, lines: int, secrets: list[st
 @providers_configuration_loaded
 def cancel_job(args: Namespace) -> None:
     """``airflow tao cancel JOB``: the one cancel routine, as a person (the task then fails with ERR_CANCELED)."""
-    job, handle, hook = _job_on_platform(args.job_id)
-    by = f"cli:{getpass.getuser()}"
-    before = hook.get_job_status(handle).state
-    # Kept first: the task's next try reads it before submitting, even if the platform refuses the cancel now.
-    ti_state = record_cancel(job, by)
-    stopped = hook.cancel_job(handle, requested_by=by)
-    # Canceled only if the routine itself found the job running and marked it (its task then fails ERR_CANCELED
-    # even if the job ends by itself meanwhile); one that ended since `before` keeps its verdict, and its task too.
-    canceled = stopped and not before.is_terminal and bool(hook.canceled_by(handle))
-    if stopped and not before.is_terminal and not task_resumes(job):
-        hook.cleanup_job(handle)  # no task will resume to clean up after it
-    after = hook.get_job_status(handle)
-    row = {
-        "job_id": job.job_id,
-        "platform": job.platform,
-        "dag_id": job.dag_id,
-        "task_id": job.task_id,
-        "run_id": job.run_id,
-        "was": before.value,
-        "canceled": canceled,
-        "state": after.state.value,
-        "note": _cancel_note(not canceled, ti_state),
-    }
-    _print([row], args.output)
-
-
-def _cancel_note(ended: bool, ti_state: str | None) -> str:
-    if ti_state in ("queued", "scheduled"):
-        return f"its task ({ti_state}) fails with ERR_CANCELED as it starts, submitting nothing"
-    if ti_state is not None and ti_state not in WAITING_TI_STATES:
-        return f"its task ({ti_state or 'cleared'}) fails with ERR_CANCELED when it next runs, submitting nothing"
-    if ended:
-        return "already ended: left as it was"
-    return "its task fails with ERR_CANCELED"
+    job, _, hook = _job_on_platform(args.job_id)
+    _print([cancel_as_person(job, hook, f"cli:{getpass.getuser()}")], args.output)
 
 
 @cli_utils.action_cli(check_db=False)

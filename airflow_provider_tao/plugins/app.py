@@ -12,6 +12,7 @@ import asyncio
 import os
 import time
 from typing import TYPE_CHECKING, Annotated, Any
+from urllib.parse import parse_qs
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -19,8 +20,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
 from airflow_provider_tao.jobindex import IndexedJob, gpu_hours_by_dag_and_day, load_jobs
 from airflow_provider_tao.joblog import readable_log
+from airflow_provider_tao.links import job_page_path
 from airflow_provider_tao.livestate import LiveStates, failure_facts
-from airflow_provider_tao.plugins import pages
+from airflow_provider_tao.plugins import cancel, pages
 from airflow_provider_tao.received_secrets import job_secrets
 
 if TYPE_CHECKING:
@@ -44,6 +46,7 @@ async def readable_dags(request: Request) -> set[str]:
 
 
 ReadableDags = Annotated[set[str], Depends(readable_dags)]
+CurrentUser = Annotated[Any, Depends(cancel.current_user)]
 
 
 def _base_url() -> str:
@@ -121,17 +124,10 @@ def create_app() -> FastAPI:
         )
 
     @app.get("/jobs/{dag_id}/{run_id}/{task_id}", response_class=HTMLResponse)
-    async def job_page(dag_id: str, run_id: str, task_id: str, dags: ReadableDags, map_index: int = -1) -> HTMLResponse:
-        if dag_id not in dags:
-            raise HTTPException(404, "no such job")  # the same answer as for a job that does not exist
-        jobs = [
-            job
-            for job in await asyncio.to_thread(_load, {dag_id}, run_id=run_id)
-            if job.task_id == task_id and job.map_index == map_index
-        ]
-        current = next((job for job in jobs if job.current), None)
-        if current is None:
-            raise HTTPException(404, "no such job")
+    async def job_page(
+        *, dag_id: str, run_id: str, task_id: str, dags: ReadableDags, user: CurrentUser, map_index: int = -1
+    ) -> HTMLResponse:
+        current, jobs = await _task_jobs(dags, dag_id, run_id, task_id, map_index)
         current, failure = await _live_view(current)
         try:
             view = await asyncio.wait_for(asyncio.to_thread(_platform_view, current), PLATFORM_TIMEOUT)
@@ -157,8 +153,28 @@ def create_app() -> FastAPI:
                 results=files,
                 history=[job for job in jobs if not job.current],
                 failure=failure,
+                actions=await asyncio.to_thread(cancel.form, user, current),
             )
         )
+
+    @app.post("/jobs/{dag_id}/{run_id}/{task_id}/cancel", response_class=HTMLResponse)
+    async def cancel_job(
+        *, request: Request, dag_id: str, run_id: str, task_id: str, dags: ReadableDags, user: CurrentUser,
+        map_index: int = -1,
+    ) -> HTMLResponse:  # fmt: skip
+        """The Cancel button: for users who may edit the DAG, with the token of their job page (403 otherwise)."""
+        current, _ = await _task_jobs(dags, dag_id, run_id, task_id, map_index)
+        given = parse_qs((await request.body()).decode(errors="replace")).get("token", [""])[0]
+        await asyncio.to_thread(cancel.check, user, current, given)
+        row = await asyncio.to_thread(cancel.cancel, user, current)
+        words = f"Canceled by {row['by']}" if row["canceled"] else "Not canceled"
+        back = job_page_path(dag_id, run_id, task_id, map_index)
+        body = (
+            f"<h1>{pages.e(words)}: TAO job {pages.e(row['job_id'])}</h1>"
+            f"<p>It was {pages.e(row['was'])}, it is {pages.e(row['state'])}: {pages.e(row['note'])}.</p>"
+            f'<p><a href="{pages.e(back)}">Back to the job</a></p>'
+        )
+        return HTMLResponse(pages.page(f"TAO job {row['job_id']}", body))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
@@ -167,6 +183,23 @@ def create_app() -> FastAPI:
         return HTMLResponse(pages.error_page(exc.status_code, str(exc.detail)), status_code=exc.status_code)
 
     return app
+
+
+async def _task_jobs(
+    dags: set[str], dag_id: str, run_id: str, task_id: str, map_index: int
+) -> tuple[IndexedJob, list[IndexedJob]]:
+    """The task instance's current job and all its jobs (404 for a DAG the user may not read, as for no job)."""
+    if dag_id not in dags:
+        raise HTTPException(404, "no such job")  # the same answer as for a job that does not exist
+    jobs = [
+        job
+        for job in await asyncio.to_thread(_load, {dag_id}, run_id=run_id)
+        if job.task_id == task_id and job.map_index == map_index
+    ]
+    current = next((job for job in jobs if job.current), None)
+    if current is None:
+        raise HTTPException(404, "no such job")
+    return current, jobs
 
 
 async def _live_view(job: IndexedJob) -> tuple[IndexedJob, dict[str, str]]:

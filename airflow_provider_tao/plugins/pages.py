@@ -221,9 +221,11 @@ def job_page(
     history: Sequence[IndexedJob],
     now: float | None = None,
     failure: Mapping[str, str] | None = None,
+    actions: str = "",
 ) -> str:
     """One task instance's job: where it is on its platform, its live log (opened at its newest lines), its results
-    and its earlier jobs; a failed job's exit code and failure words (``failure``)."""
+    and its earlier jobs; a failed job's exit code and failure words (``failure``); ``actions``: HTML of the buttons
+    the user may press (:func:`airflow_provider_tao.plugins.cancel.form`, escaped there)."""
     now = now or time.time()
     handle = job.record.handle
     hours = job.gpu_hours(now)
@@ -262,7 +264,7 @@ def job_page(
         f'<p><a href="{PLUGIN_URL_PREFIX}/jobs?{e(query)}">&larr; TAO jobs</a> &middot; '
         f'<a data-airflow href="{e(task_url(base, job))}">task {e(job.dag_id)} / {e(job.task_id)}</a></p>'
         f"<h1>TAO job {e(job.job_id)}</h1><p class=sub>{e(job.run_id)}</p>"
-        f"<div class=card><dl>{dl}</dl>{console}</div>"
+        f"<div class=card><dl>{dl}</dl>{console}{actions}</div>"
         f"<h2>Log</h2><p class=sub>{e(log_note)}</p><div class=logbox><pre class=log>{e(log)}</pre></div>"
         f"{results_html}" + (f"<h2>Earlier jobs of this task</h2><ul>{earlier}</ul>" if earlier else "")
     )
