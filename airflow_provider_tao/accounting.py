@@ -163,6 +163,10 @@ def total_gpu_hours(attempts: list[Attempt]) -> float | None:
     return None if any(h is None for h in hours) else round(sum(h for h in hours if h is not None), 6)
 
 
+#: What a platform's own job id is, in :func:`describe`'s words.
+_BACKEND_ID_WORDS = {"local": "pid", "slurm": "Slurm job", "docker": "container", "kubernetes": "Job"}
+
+
 def describe(number: int, attempt: Attempt) -> str:
     """One line of the task log per attempt; grep-able for ``GPU-hours``."""
     gpus = (
@@ -172,9 +176,10 @@ def describe(number: int, attempt: Attempt) -> str:
     )
     kind = f" {attempt.gpu_type}" if attempt.gpu_type else ""
     hours = "unknown" if attempt.gpu_hours is None else f"{attempt.gpu_hours:.4f}"
-    where = f"{attempt.platform} (connection {attempt.conn_id})"
-    backend = f", {attempt.backend_job_id}" if attempt.backend_job_id else ""
-    why = f" -- {attempt.reason}" if attempt.reason else ""
+    where = attempt.platform + (f" (connection {attempt.conn_id})" if attempt.conn_id else "")
+    backend = f" ({_BACKEND_ID_WORDS.get(attempt.platform, attempt.platform + ' id')} {attempt.backend_job_id})"
+    backend = backend if attempt.backend_job_id else ""
+    why = f" -- {attempt.reason.rstrip('. ')}" if attempt.reason else ""
     return (
         f"Attempt {number} (try {attempt.try_number}) on {where}: job {attempt.job_id}{backend} {attempt.outcome}"
         f"{why}; queued {attempt.queued_seconds:.1f} s, ran {attempt.run_seconds:.1f} s on {gpus}{kind}: "

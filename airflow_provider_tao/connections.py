@@ -116,3 +116,36 @@ def _sdk_connection(conn_id: str, found: Any) -> Connection:
         if secret:
             mask_secret(secret)
     return conn
+
+
+def console_safe(message: str) -> str:
+    """A Test button's message as ``airflow connections test`` must hand it to its console: that command prints it
+    as Rich markup, which eats ``[slurm]`` of ``pip install 'airflow-provider-tao[slurm]'``; the UI shows the text
+    as it is, so only that command gets it escaped."""
+    import sys
+
+    if sys.argv[1:3] != ["connections", "test"]:
+        return message
+    from rich.markup import escape
+
+    return escape(message)
+
+
+def similar_conn_ids(conn_id: str) -> list[str]:
+    """Connection ids one typo away from ``conn_id`` that this process can see: ``AIRFLOW_CONN_*`` variables, and
+    the metadata database's outside a task (a task may not read it)."""
+    import difflib
+    import os
+
+    seen = {name[len("AIRFLOW_CONN_") :].lower() for name in os.environ if name.startswith("AIRFLOW_CONN_")}
+    if _no_task_supervisor():
+        try:
+            from airflow.models.connection import Connection as Stored
+            from airflow.utils.session import create_session
+            from sqlalchemy import select
+
+            with create_session() as session:
+                seen |= set(session.scalars(select(Stored.conn_id)).all())
+        except Exception as exc:  # a hint only: no database, no hint from it
+            log.debug("Listing connections for a hint failed: %s", exc)
+    return difflib.get_close_matches(conn_id, sorted(seen - {conn_id}), n=1, cutoff=0.8)

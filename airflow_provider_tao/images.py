@@ -7,6 +7,7 @@ dotted key -- an absolute URI (``nvcr.io/nvidia/tao/tao-toolkit:6.26.3-pyt``) or
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from functools import lru_cache
@@ -72,10 +73,12 @@ def _lookup(tree_name: str, key: str, path: Path | None) -> str:
     for part in dotted.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     if not isinstance(node, str):
-        known = ", ".join(sorted(_leaf_keys(tree))) or "(none)"
+        keys = sorted(f"{tree_name}.{k}" if key.startswith(f"{tree_name}.") else k for k in _leaf_keys(tree))
+        close = difflib.get_close_matches(key, keys, n=1, cutoff=0.8)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
         raise UnknownVersionKeyError(
-            f"{key!r} is not a key of the '{tree_name}:' tree in {path or versions_file()}. Known keys: {known}. "
-            f"Use one of them, or give an absolute image URI."
+            f"{key!r} is not a key of the '{tree_name}:' tree in {path or versions_file()}.{hint} "
+            f"Known keys: {', '.join(keys) or '(none)'}. Use one of them, or give an absolute image URI."
         )
     return node
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_tao.jobs import JobStatus
 from airflow_provider_tao.record_checks import record_problem
 from airflow_provider_tao.records import (
     CHAIN_KEY,
@@ -59,6 +60,8 @@ class IndexedJob:
     :param verified: the record is the task's own (from its ``task_state_store``, which only the task and the
         DAG's task-instance editors write); False: only its XCom names the job, which any task and the DAG's XCom
         editors may write -- shown, but no platform is asked about it and the sweeper never acts on it.
+    :param live: what the job's platform said of it lately, for a job whose record has not seen it end
+        (:mod:`airflow_provider_tao.livestate`); None: not asked, or the platform did not answer.
     """
 
     record: JobRecord
@@ -72,6 +75,7 @@ class IndexedJob:
     current: bool
     ti_exists: bool = True
     verified: bool = True
+    live: JobStatus | None = None
 
     @property
     def job_id(self) -> str:
@@ -96,6 +100,8 @@ class IndexedJob:
         ``Unknown`` (its task ended without seeing the job end: a killed worker, a job left running on purpose)."""
         if self.record.state != SUBMITTED:
             return self.record.state
+        if self.live is not None and not self.live.not_found:  # the platform's word now, not a guess
+            return self.live.state.value
         if self.current and self.ti_state in WAITING_TI_STATES | {"queued", "scheduled", "up_for_retry"}:
             return "Running"
         return "Unknown"
@@ -104,6 +110,8 @@ class IndexedJob:
     def ended_at(self) -> float | None:
         if self.record.ended_at:
             return self.record.ended_at
+        if self.live is not None and not self.live.not_found and not self.live.state.is_terminal:
+            return None  # still on the platform: no end, its runtime grows
         return None if self.state == "Running" else self.ti_end
 
     def runtime_seconds(self, now: float | None = None) -> float:
@@ -144,6 +152,9 @@ class IndexedJob:
             "backend_job_id": self.record.handle.get("backend_job_id"),
             "results_dir": self.record.handle.get("results_dir"),
             "verified": self.verified,
+            "state_from": "platform" if self.live is not None and self.record.state == SUBMITTED else "records",
+            "exit_code": self.live.exit_code if self.live is not None else None,
+            "message": self.live.message if self.live is not None else None,
         }
 
 

@@ -238,7 +238,8 @@ def describe(row: Mapping[str, Any]) -> str:
     why."""
     what = f"job {row['job_id']}" if row.get("job_id") else f"{row.get('kind') or 'machine'} {row.get('name')}"
     task = f" of {row['dag_id']}.{row['task_id']}" if row.get("dag_id") else ""
-    return f"{row['action']}: {row['platform']} {what} on {row.get('conn_id')}{task} -- {row['why']}"
+    where = f" on {row['conn_id']}" if row.get("conn_id") else ""
+    return f"{row['action']}: {row['platform']} {what}{where}{task} -- {row['why']}"
 
 
 #: The connection the ``tao_orphan_sweeper`` DAG reads Airflow's metadata database through.

@@ -1,4 +1,5 @@
-"""Train a TAO model on a SLURM cluster: data on the shared filesystem, 2 nodes x 8 GPUs, watched from the triggerer.
+"""Train a TAO model on a SLURM cluster: one node, one GPU, the data set on the shared filesystem, watched from the
+triggerer.
 
 Needs an Airflow connection of type ``tao_slurm`` (Admin > Connections, or an ``AIRFLOW_CONN_*`` variable), e.g.::
 
@@ -7,16 +8,19 @@ Needs an Airflow connection of type ``tao_slurm`` (Admin > Connections, or an ``
       "partition": "polar,polar3", "account": "my-account", "results_root": "/lustre/fsw/my-project/alice",
       "container_runtime": "pyxis"}}'
 
-``check_data`` fails fast (before any GPU is asked for) when the data set is not on the cluster; ``train`` stages
-the job under ``<results_root>/jobs/<job_id>`` over ONE SSH connection, submits it with ``sbatch`` and defers;
-every job of the connection is then polled with one ``squeue`` per interval over one shared SSH connection, and
-the job's ``main.out`` / ``main.err`` lines appear in the task log. An infrastructure failure (node fault, GPU
-that fell off the bus, preemption) is requeued on the cluster up to the connection's ``max_resubmits``; a CUDA
-out-of-memory error fails the task at once with ``ERR_OOM``. ``report`` lists what the job wrote.
+and a cluster its admin set up as docs/howto/slurm.md's checklist says (python3 in the image, ``results_root`` seen
+by the login and compute nodes, pyxis/enroot credentials for nvcr.io).
+
+``train`` declares its data with the operator's own ``inputs=``: the spec's ``dataset.train_data_path`` is checked
+to exist on the cluster (over SSH) before anything is submitted, so a missing data set fails the task before any GPU
+is asked for. The job is staged under ``<results_root>/jobs/<job_id>`` over ONE SSH connection, submitted with
+``sbatch`` and deferred; every job of the connection is polled with one ``squeue`` per interval, and the job's
+output appears in the task log. The spec is written to a file whose path replaces ``{config_path}``; the output
+``train.results_dir`` is filled in with a folder of the job's results. ``report`` lists what the job wrote.
 
 Every value below can be overridden with an environment variable of the same name (e.g. to try the DAG on the CI
 cluster of ``scripts/slurm-up.sh``: ``TAO_SLURM_CONN_ID=tao_slurm_ci TAO_SLURM_IMAGE=$SLURM_CI_OCI_BUNDLE_PY
-TAO_SLURM_GPUS=0 TAO_SLURM_DATA=lustre://$SLURM_CI_RESULTS_ROOT``).
+TAO_SLURM_GPUS=0 TAO_SLURM_DATA=$SLURM_CI_RESULTS_ROOT``).
 """
 
 from __future__ import annotations
@@ -30,23 +34,18 @@ from airflow_provider_tao.operators.submit import TAOSubmitOperator
 
 CONN_ID = os.environ.get("TAO_SLURM_CONN_ID", "tao_slurm_default")
 IMAGE = os.environ.get("TAO_SLURM_IMAGE", "tao_toolkit.pyt")  # a versions.yaml key, or an image URI / bundle
-GPUS = int(os.environ.get("TAO_SLURM_GPUS", "8"))
-NODES = int(os.environ.get("TAO_SLURM_NODES", "2"))
-DATA = os.environ.get("TAO_SLURM_DATA", "lustre:///lustre/fsw/my-project/datasets/coco-mini")
+GPUS = int(os.environ.get("TAO_SLURM_GPUS", "1"))
+DATA = os.environ.get("TAO_SLURM_DATA", "/lustre/fsw/my-project/datasets/coco-mini")  # a path on the cluster
 POLL = float(os.environ.get("TAO_SLURM_POLL", "30"))
 
-# One task per node. Multi-node jobs get WORLD_SIZE (= nodes, TAO's convention), NNODES, NODE_RANK,
-# NUM_GPU_PER_NODE, MASTER_ADDR and MASTER_PORT in every task; single-node jobs get none of them (a launcher that
-# spawns one rank per GPU must not see WORLD_SIZE=1). Results go to $TAO_RESULTS_ROOT/$TAO_JOB_ID (= results_dir).
+# {config_path} and {results_dir} are replaced by the spec file's path and the job's results folder.
 TRAIN = r"""
 set -euo pipefail
-out="$TAO_RESULTS_ROOT/$TAO_JOB_ID"
-echo "node ${NODE_RANK:-0} of ${NNODES:-1}, rendezvous ${MASTER_ADDR:-local}:${MASTER_PORT:--}"
 if command -v tao >/dev/null 2>&1; then
-  tao model classification_pyt train -e "$SPEC" results_dir="$out" dataset.train_data_path="$DATA"
+  tao model classification_pyt train -e {config_path}
 else
   echo "no tao CLI in this image: writing a placeholder model"
-  [ "${NODE_RANK:-0}" != 0 ] || echo '{"model": "placeholder"}' > "$out/model.json"
+  echo '{"model": "placeholder"}' > {results_dir}/model.json
 fi
 """
 
@@ -60,27 +59,22 @@ fi
     tags=["tao", "slurm", "example"],
 )
 def tao_slurm_train():
-    @task
-    def check_data() -> str:
-        """Fail before asking for GPUs when the data set is not on the cluster's shared filesystem."""
-        from airflow_provider_tao.hooks.slurm import SlurmHook
-
-        if not SlurmHook(conn_id=CONN_ID).check_path(DATA):
-            raise FileNotFoundError(f"{DATA} is not on the cluster; stage it on the shared filesystem first")
-        return DATA
-
     train = TAOSubmitOperator(
         task_id="train",
         conn_id=CONN_ID,
         image=IMAGE,
         command=TRAIN,
-        gpu_count=GPUS,
-        num_nodes=NODES,
-        env={"DATA": DATA.removeprefix("lustre://"), "SPEC": "/workspace/specs/train.yaml"},
-        backend_details={"time_hours": 4, "inputs": [DATA]},
+        gpu_count=GPUS,  # one GPU on one node (num_nodes=1, the default)
+        specs={
+            "dataset": {"train_data_path": DATA},
+            "train": {"num_epochs": 10, "results_dir": ""},  # filled in: a folder of the job's results
+        },
+        inputs=["dataset.train_data_path"],  # checked on the cluster before submission
+        outputs=["train.results_dir"],
+        backend_details={"time_hours": 2},
         deferrable=True,
         poll_interval=POLL,
-        execution_timeout=timedelta(hours=5),
+        execution_timeout=timedelta(hours=3),
     )
 
     @task
@@ -92,7 +86,6 @@ def tao_slurm_train():
         print(f"Slurm job {result['backend_job_id']} ({result['job_id']}) wrote {files} to {result['results_dir']}")
         return files
 
-    check_data() >> train
     report(train.output)
 
 

@@ -18,11 +18,11 @@ from airflow.utils import cli as cli_utils
 from airflow.utils.providers_configuration_loader import providers_configuration_loaded
 from airflow.utils.session import create_session
 
+from airflow_provider_tao.canceling import cancel_as_person
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.hooks.shared.secrets import redact
 from airflow_provider_tao.jobindex import (
-    WAITING_TI_STATES,
     WANTED_TI_STATES,
     IndexedJob,
     find_job,
@@ -33,16 +33,9 @@ from airflow_provider_tao.jobindex import (
 )
 from airflow_provider_tao.joblog import readable_log
 from airflow_provider_tao.jobs import JobHandle
-from airflow_provider_tao.person_cancel import record_cancel, void_cancel
+from airflow_provider_tao.livestate import LiveStates
 from airflow_provider_tao.received_secrets import job_secrets
-from airflow_provider_tao.sweeper import (
-    describe,
-    known_jobs,
-    recorded_jobs,
-    sweep_connection,
-    sweep_machines,
-    task_resumes,
-)
+from airflow_provider_tao.sweeper import describe, known_jobs, recorded_jobs, sweep_connection, sweep_machines
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +102,7 @@ def list_jobs(args: Namespace) -> None:
     """``airflow tao jobs``."""
     with create_session() as session:
         jobs = load_jobs(session, dag_ids={args.dag_id} if args.dag_id else None, run_id=args.run_id)
+    jobs = LiveStates().apply(jobs)  # the jobs not seen ending: their platforms' word now, one call per connection
     now = time.time()
     rows = [
         job.row(now)
@@ -127,7 +121,11 @@ def list_jobs(args: Namespace) -> None:
 def job_logs(args: Namespace) -> None:
     """``airflow tao logs JOB``."""
     job, handle, hook = _job_on_platform(args.job_id)
-    if args.tail is not None:
+    people = args.output not in ("json", "yaml")
+    secrets = job_secrets(job.record.secret_conn_ids, job.conn_id, job.platform)  # no task-log masker out here
+    if args.tail is not None and people:
+        text = _tail(hook, handle, max(1, args.tail), secrets)
+    elif args.tail is not None:
         text, cursor = hook.get_job_logs(handle, "", tail=max(1, args.tail))
     else:
         parts, cursor, size = [], "", 0
@@ -139,52 +137,36 @@ def job_logs(args: Namespace) -> None:
             size += len(chunk)
             cursor = next_cursor
         text = "".join(parts)
-    secrets = job_secrets(job.record.secret_conn_ids, job.conn_id, job.platform)  # no task-log masker out here
-    if args.output in ("json", "yaml"):  # for machines: the log as the job wrote it
+    if not people:  # for machines: the log as the job wrote it
         _print([{"job_id": job.job_id, "platform": job.platform, "log": redact(text, secrets)}], args.output)
     else:  # for people: progress bars at their last state, the runner's heartbeats collapsed into words
-        text = readable_log(text, secrets)
+        text = text if args.tail is not None else readable_log(text, secrets)
         sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
+
+
+#: Most raw lines ``logs --tail N`` reads to find N readable ones (progress bars and heartbeats collapse).
+MAX_TAIL_LINES = 100_000
+
+
+def _tail(hook: TAOPlatformHook, handle: JobHandle, lines: int, secrets: list[str]) -> str:
+    """The last ``lines`` lines of the job's log as people read them: progress lines that collapse into one do not
+    count, so more raw lines are read (four times as many each round) until ``lines`` readable ones are there or
+    the log has no more."""
+    asked = lines
+    while True:
+        raw, _ = hook.get_job_logs(handle, "", tail=asked)
+        shown = readable_log(raw, secrets).rstrip("\n").split("\n")
+        if len(shown) >= lines or raw.count("\n") < asked or asked >= MAX_TAIL_LINES:
+            return "\n".join(shown[-lines:])
+        asked = min(asked * 4, MAX_TAIL_LINES)
 
 
 @cli_utils.action_cli(check_db=False)
 @providers_configuration_loaded
 def cancel_job(args: Namespace) -> None:
     """``airflow tao cancel JOB``: the one cancel routine, as a person (the task then fails with ERR_CANCELED)."""
-    job, handle, hook = _job_on_platform(args.job_id)
-    by = f"cli:{getpass.getuser()}"
-    before = hook.get_job_status(handle).state
-    # Kept first: the task's next try reads it before submitting, even if the platform refuses the cancel now.
-    ti_state = record_cancel(job, by)
-    stopped = hook.cancel_job(handle, requested_by=by)
-    # Canceled only if the routine itself found the job running and marked it (its task then fails ERR_CANCELED
-    # even if the job ends by itself meanwhile); one that ended since `before` keeps its verdict, and its task too.
-    canceled = stopped and not before.is_terminal and bool(hook.canceled_by(handle))
-    if not canceled and ti_state in WAITING_TI_STATES:
-        void_cancel(job, log)  # its waiting try takes the job's own verdict, as the person is told below
-    if stopped and not before.is_terminal and not task_resumes(job):
-        hook.cleanup_job(handle)  # no task will resume to clean up after it
-    after = hook.get_job_status(handle)
-    row = {
-        "job_id": job.job_id,
-        "platform": job.platform,
-        "dag_id": job.dag_id,
-        "task_id": job.task_id,
-        "run_id": job.run_id,
-        "was": before.value,
-        "canceled": canceled,
-        "state": after.state.value,
-        "note": _cancel_note(not canceled, ti_state),
-    }
-    _print([row], args.output)
-
-
-def _cancel_note(ended: bool, ti_state: str | None) -> str:
-    if ti_state is not None and ti_state not in WAITING_TI_STATES:
-        return f"its task ({ti_state or 'cleared'}) fails with ERR_CANCELED when it next runs, submitting nothing"
-    if ended:
-        return "already ended: left as it was"
-    return "its task fails with ERR_CANCELED"
+    job, _, hook = _job_on_platform(args.job_id)
+    _print([cancel_as_person(job, hook, f"cli:{getpass.getuser()}")], args.output)
 
 
 @cli_utils.action_cli(check_db=False)
@@ -195,11 +177,11 @@ def reap(args: Namespace) -> None:
     service beside the scheduler: the sweep reads the database outside task code)."""
     every = getattr(args, "every", None)
     if every is None:
-        _print(_sweep(args), args.output)
+        _sweep(args)
         return
     if every <= 0:
         _fail(f"--every {every}: give the minutes between sweeps, more than 0")
-    run_every(every * 60, lambda: _print(_sweep(args), args.output))
+    run_every(every * 60, lambda: _sweep(args))
 
 
 def run_every(seconds: float, sweep: Callable[[], None], sleep: Callable[[float], None] = time.sleep) -> None:
@@ -214,7 +196,8 @@ def run_every(seconds: float, sweep: Callable[[], None], sleep: Callable[[float]
         sleep(seconds)
 
 
-def _sweep(args: Namespace) -> list[dict[str, Any]]:
+def _sweep(args: Namespace) -> None:
+    """One sweep of every connection, its decisions printed."""
     from airflow.models.connection import Connection
     from sqlalchemy import select
 
@@ -245,7 +228,18 @@ def _sweep(args: Namespace) -> list[dict[str, Any]]:
         except Exception as exc:  # one unreachable platform must not stop the others' sweeping
             rows.append({"platform": platform, "conn_id": conn_id, "job_id": None, "action": "error", "why": str(exc)})
             log.warning("%s", describe(rows[-1]))
-    return rows
+    _print_reaped(rows, len(targets), args)
+
+
+def _print_reaped(rows: list[dict[str, Any]], connections: int, args: Namespace) -> None:
+    """``reap``'s decisions; none, in a table, in words (Airflow's table of nothing says only "No data found")."""
+    if rows or args.output != "table":
+        _print(rows, args.output)
+        return
+    print(
+        f"Nothing to reap: no orphaned job or machine on {connections} connection(s)"
+        + (" (dry run: nothing would be canceled)." if args.dry_run else ".")
+    )
 
 
 def _recheck(job: IndexedJob) -> str | None:

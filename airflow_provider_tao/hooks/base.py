@@ -46,7 +46,7 @@ from airflow_provider_tao.hooks.ownership import (  # noqa: F401
 )
 from airflow_provider_tao.hooks.shared.results import RESULT_FILE_LIMIT, read_local_result
 from airflow_provider_tao.hooks.shared.secrets import connection_secrets, redact
-from airflow_provider_tao.hooks.validation import check_spec_text
+from airflow_provider_tao.hooks.validation import check_spec_text, image_required_words
 from airflow_provider_tao.jobs import FailureAnalysis, JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.links import results_link
 
@@ -205,7 +205,7 @@ class TAOPlatformHook(OwnershipMixin, BaseHook):
             message = f"{_KIND_WORDS['config']}: {exc}"
         except Exception as exc:  # the contract: a message, never an exception in the UI
             message = f"Unexpected error from the {self.platform} platform: {type(exc).__name__}: {exc}"
-        return False, self._redact(message)
+        return False, connections.console_safe(self._redact(message))
 
     def probe_connection(self) -> str:
         """One cheap, real, read-only round trip with the connection's credentials (SSH + ``sinfo``, a Docker
@@ -287,7 +287,7 @@ class TAOPlatformHook(OwnershipMixin, BaseHook):
 
     def image_required(self, spec: JobSpec) -> str | None:
         """Why ``spec`` needs a container image here (the error's words), or None when it runs without one."""
-        return f"is required on the {self.platform} platform"
+        return image_required_words(self.platform)
 
     @staticmethod
     def platform_details(spec: JobSpec) -> dict[str, Any]:

@@ -31,9 +31,10 @@ from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_tao import settings
-from airflow_provider_tao.connections import get_connection
+from airflow_provider_tao.connections import get_connection, similar_conn_ids
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook, platform_for_conn_type
 from airflow_provider_tao.hooks.base import JobValidationError
+from airflow_provider_tao.hooks.validation import check_image_given, env_value_fix
 from airflow_provider_tao.jobs import JobHandle, JobSpec
 from airflow_provider_tao.links import TAOJobLink, TAOResultsLink
 from airflow_provider_tao.operators.failover import seconds_of
@@ -207,8 +208,15 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
                 "platform", f"unknown platform {self.platform!r}", f"Use one of: {', '.join(sorted(PLATFORMS))}"
             )
         for name in ("gpu_count", "num_nodes"):
-            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
-                raise JobValidationError(name, f"{getattr(self, name)!r} is not an integer", "Pass a whole number")
+            value = getattr(self, name)
+            if isinstance(value, str) and "{{" in value:
+                raise JobValidationError(
+                    name,
+                    f"{value!r} is a template, but {name} is not a templated field",
+                    f"Pass a whole number; to vary it, map the task: .partial(...).expand({name}=...) takes XComs",
+                )
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise JobValidationError(name, f"{value!r} is not an integer", "Pass a whole number")
         if self.gpu_count < -1:
             raise JobValidationError(
                 "gpu_count", f"{self.gpu_count} is not allowed", "Use 0 for none, N for N GPUs, or -1 for all visible"
@@ -231,11 +239,12 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
         if isinstance(self.env, dict):
             for key, value in self.env.items():
                 if value is None or isinstance(value, (bool, int, float)):
-                    raise JobValidationError(f"env[{key!r}]", f"{value!r} is not a string", f"Quote it: {str(value)!r}")
+                    raise JobValidationError(f"env[{key!r}]", f"{value!r} is not a string", env_value_fix(value))
         elif isinstance(self.env, (str, list, tuple, int, float)) and "{{" not in str(self.env):
             raise JobValidationError("env", f"{self.env!r} is not a mapping", "Pass a dict of strings")
         if isinstance(self.image, str) and "{{" not in self.image:
             self._resolved_image()
+        check_image_given(self.platform, self.image)  # as the platform name: no daemon asked
 
     def _resolved_image(self) -> str | None:
         """``image`` as an image reference (a versions.yaml key resolved); a key that does not exist is bad input."""
@@ -280,7 +289,8 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
             except AirflowNotFoundException as exc:
                 raise JobValidationError(
                     parameter,
-                    f"there is no Airflow connection {conn_id!r}",
+                    f"there is no Airflow connection {conn_id!r}"
+                    + "".join(f" (did you mean {near!r}?)" for near in similar_conn_ids(conn_id)),
                     "Create it (Admin > Connections, `airflow connections add`, or an AIRFLOW_CONN_* variable) "
                     "or fix the id"
                     + ("; the local platform also runs with conn_id=None" if platform == "local" else ""),
@@ -306,6 +316,7 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
                 "neither conn_id nor platform is given",
                 "Pass conn_id=<a tao_* connection> or platform='local'",
             )
+        check_image_given(platform, self.image)  # before the connection is read: a daemon may not answer
         hook = get_platform_hook(platform, conn_id)
         hook.load_connection()
         return hook

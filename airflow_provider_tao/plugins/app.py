@@ -12,19 +12,27 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
+from urllib.parse import parse_qs
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
 from airflow_provider_tao.jobindex import IndexedJob, gpu_hours_by_dag_and_day, load_jobs
 from airflow_provider_tao.joblog import readable_log
-from airflow_provider_tao.plugins import pages
+from airflow_provider_tao.links import job_page_path
+from airflow_provider_tao.livestate import LiveStates, failure_facts
+from airflow_provider_tao.plugins import cancel, pages
 from airflow_provider_tao.plugins.permissions import CurrentViewer, Viewer
 from airflow_provider_tao.plugins.results import results_files
 from airflow_provider_tao.received_secrets import job_secrets
 
+if TYPE_CHECKING:
+    from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
+
+#: The platforms' answers about running jobs, shared by every request (one batched call per connection per TTL).
+LIVE = LiveStates()
 #: Lines of the job's log the job page shows.
 LOG_TAIL_LINES = 200
 #: What the job page says instead of a log the viewer may not read.
@@ -36,6 +44,8 @@ RECORD_ONLY_IN_XCOM = (
 )
 #: Seconds the job page waits for the platform (log, location) before it says the platform did not answer.
 PLATFORM_TIMEOUT = 10.0
+
+CurrentUser = Annotated["BaseUser", Depends(cancel.current_user)]
 
 
 def _base_url() -> str:
@@ -86,7 +96,7 @@ def create_app() -> FastAPI:
         now = time.time()
         filters = pages.as_filters(request.query_params)
         rejected: list[dict[str, Any]] = []
-        jobs = _selected(_load(viewer.dags, rejected), filters, now)
+        jobs = _selected(LIVE.apply(_load(viewer.dags, rejected)), filters, now)
         return JSONResponse(
             {
                 "jobs": [viewer.shown(job).row(now) for job in jobs],
@@ -101,7 +111,7 @@ def create_app() -> FastAPI:
         now = time.time()
         filters = pages.as_filters(request.query_params)
         rejected: list[dict[str, Any]] = []
-        everything = _load(viewer.dags, rejected)
+        everything = LIVE.apply(_load(viewer.dags, rejected))  # jobs not seen ending: their platforms' word now
         jobs = [viewer.shown(job) for job in _selected(everything, filters, now)]
         return HTMLResponse(
             pages.jobs_view(
@@ -118,18 +128,10 @@ def create_app() -> FastAPI:
 
     @app.get("/jobs/{dag_id}/{run_id}/{task_id}", response_class=HTMLResponse)
     async def job_page(
-        dag_id: str, run_id: str, task_id: str, viewer: CurrentViewer, map_index: int = -1
+        *, dag_id: str, run_id: str, task_id: str, viewer: CurrentViewer, user: CurrentUser, map_index: int = -1
     ) -> HTMLResponse:
-        if dag_id not in viewer.dags:
-            raise HTTPException(404, "no such job")  # the same answer as for a job that does not exist
-        jobs = [
-            job
-            for job in await asyncio.to_thread(_load, {dag_id}, run_id=run_id)
-            if job.task_id == task_id and job.map_index == map_index
-        ]
-        current = next((job for job in jobs if job.current), None)
-        if current is None:
-            raise HTTPException(404, "no such job")
+        current, jobs = await _task_jobs(viewer.dags, dag_id, run_id, task_id, map_index)
+        current, failure = await _live_view(current)
         try:
             view = await asyncio.wait_for(asyncio.to_thread(_platform_view, current, viewer), PLATFORM_TIMEOUT)
         except TimeoutError:
@@ -153,8 +155,31 @@ def create_app() -> FastAPI:
                 log_note=note,
                 results=files,
                 history=[viewer.shown(job) for job in jobs if not job.current],
+                failure=failure,
+                actions=await asyncio.to_thread(cancel.form, user, current) if current.verified else "",
             )
         )
+
+    @app.post("/jobs/{dag_id}/{run_id}/{task_id}/cancel", response_class=HTMLResponse)
+    async def cancel_job(
+        *, request: Request, dag_id: str, run_id: str, task_id: str, viewer: CurrentViewer, user: CurrentUser,
+        map_index: int = -1,
+    ) -> HTMLResponse:  # fmt: skip
+        """The Cancel button: for users who may edit the DAG, with the token of their job page (403 otherwise)."""
+        current, _ = await _task_jobs(viewer.dags, dag_id, run_id, task_id, map_index)
+        if not current.verified:
+            raise HTTPException(403, RECORD_ONLY_IN_XCOM)
+        given = parse_qs((await request.body()).decode(errors="replace")).get("token", [""])[0]
+        await asyncio.to_thread(cancel.check, user, current, given)
+        row = await asyncio.to_thread(cancel.cancel, user, current)
+        words = f"Canceled by {row['by']}" if row["canceled"] else "Not canceled"
+        back = job_page_path(dag_id, run_id, task_id, map_index)
+        body = (
+            f"<h1>{pages.e(words)}: TAO job {pages.e(row['job_id'])}</h1>"
+            f"<p>It was {pages.e(row['was'])}, it is {pages.e(row['state'])}: {pages.e(row['note'])}.</p>"
+            f'<p><a href="{pages.e(back)}">Back to the job</a></p>'
+        )
+        return HTMLResponse(pages.page(f"TAO job {row['job_id']}", body))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
@@ -163,6 +188,36 @@ def create_app() -> FastAPI:
         return HTMLResponse(pages.error_page(exc.status_code, str(exc.detail)), status_code=exc.status_code)
 
     return app
+
+
+async def _task_jobs(
+    dags: set[str], dag_id: str, run_id: str, task_id: str, map_index: int
+) -> tuple[IndexedJob, list[IndexedJob]]:
+    """The task instance's current job and all its jobs (404 for a DAG the user may not read, as for no job)."""
+    if dag_id not in dags:
+        raise HTTPException(404, "no such job")  # the same answer as for a job that does not exist
+    jobs = [
+        job
+        for job in await asyncio.to_thread(_load, {dag_id}, run_id=run_id)
+        if job.task_id == task_id and job.map_index == map_index
+    ]
+    current = next((job for job in jobs if job.current), None)
+    if current is None:
+        raise HTTPException(404, "no such job")
+    return current, jobs
+
+
+async def _live_view(job: IndexedJob) -> tuple[IndexedJob, dict[str, str]]:
+    """The job with its platform's state now, and a failed job's exit code and failure words (nothing when the
+    platform does not answer in time: the page still shows what the records say). Only a task's own record leads
+    to the platform."""
+    if not job.verified:
+        return job, {}
+    try:
+        (job,) = await asyncio.wait_for(asyncio.to_thread(LIVE.apply, [job]), PLATFORM_TIMEOUT)
+        return job, await asyncio.wait_for(asyncio.to_thread(failure_facts, job), PLATFORM_TIMEOUT)
+    except Exception as exc:  # the records' word stays
+        return job, {"Failure": f"the {job.platform} platform did not say: {exc}"} if job.state == "Error" else {}
 
 
 def _platform_view(job: IndexedJob, viewer: Viewer) -> tuple[dict[str, str], str, str, str, str, list[str]]:

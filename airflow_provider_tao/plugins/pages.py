@@ -44,6 +44,8 @@ a { color: var(--brand); text-decoration: none; } a:hover { text-decoration: und
 .legend i { width: 10px; height: 10px; border-radius: 2px; display: inline-block; }
 dl { display: grid; grid-template-columns: max-content auto; gap: 4px 16px; margin: 0; }
 dt { color: var(--muted); } dd { margin: 0; font-family: ui-monospace, "DejaVu Sans Mono", monospace; }
+.logbox { display: flex; flex-direction: column-reverse; max-height: 420px; overflow: auto; } /* opens at the end */
+.logbox pre.log { max-height: none; overflow: visible; margin: 0; }
 pre.log { background: #0f172a; color: #e2e8f0; padding: 10px; border-radius: 6px; max-height: 420px; overflow: auto;
           font: 12px/1.4 ui-monospace, "DejaVu Sans Mono", monospace; white-space: pre-wrap; }
 .empty { color: var(--muted); padding: 20px 0; }
@@ -233,8 +235,12 @@ def job_page(
     results: Sequence[str],
     history: Sequence[IndexedJob],
     now: float | None = None,
+    failure: Mapping[str, str] | None = None,
+    actions: str = "",
 ) -> str:
-    """One task instance's job: where it is on its platform, its live log, its results and its earlier jobs."""
+    """One task instance's job: where it is on its platform, its live log (opened at its newest lines), its results
+    and its earlier jobs; a failed job's exit code and failure words (``failure``); ``actions``: HTML of the buttons
+    the user may press (:func:`airflow_provider_tao.plugins.cancel.form`, escaped there)."""
     now = now or time.time()
     handle = job.record.handle
     hours = job.gpu_hours(now)
@@ -243,6 +249,7 @@ def job_page(
         ("Name", str(handle.get("name", ""))),
         ("Platform", f"{job.platform} (connection {job.conn_id or 'default'})"),
         ("State", job.state + (f" ({job.record.err_class})" if job.record.err_class else "")),
+        *(failure or {}).items(),
         ("Task", f"{job.dag_id} / {job.task_id} ({job.ti_state or 'gone'})"),
         ("GPUs x nodes", f"{'all' if job.record.gpu_count < 0 else job.record.gpu_count} x {job.record.num_nodes}"),
         ("Submitted (UTC)", _when(job.started_at)),
@@ -272,11 +279,13 @@ def job_page(
         f'<p><a href="{PLUGIN_URL_PREFIX}/jobs?{e(query)}">&larr; TAO jobs</a> &middot; '
         f'<a data-airflow href="{e(task_url(base, job))}">task {e(job.dag_id)} / {e(job.task_id)}</a></p>'
         f"<h1>TAO job {e(job.job_id)}</h1><p class=sub>{e(job.run_id)}</p>"
-        f"<div class=card><dl>{dl}</dl>{console}</div>"
-        f"<h2>Log</h2><p class=sub>{e(log_note)}</p><pre class=log>{e(log)}</pre>"
+        f"<div class=card><dl>{dl}</dl>{console}{actions}</div>"
+        f"<h2>Log</h2><p class=sub>{e(log_note)}</p><div class=logbox><pre class=log>{e(log)}</pre></div>"
         f"{results_html}" + (f"<h2>Earlier jobs of this task</h2><ul>{earlier}</ul>" if earlier else "")
     )
-    return page(f"TAO job {job.job_id}", body, refresh_seconds=10 if job.state == "Running" else 0)
+    return page(
+        f"TAO job {job.job_id}", body, refresh_seconds=0 if job.state in ("Complete", "Error", "Canceled") else 10
+    )
 
 
 def _out_link(url: str, text: str) -> str:

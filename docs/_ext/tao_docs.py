@@ -67,6 +67,13 @@ FIXES: dict[str, str] = {
     "matches several jobs": "Give more digits of the job id.",
     "no such job": "The job page of a task that never submitted a job, or of a DAG you may not read: open it from the "
     "task's 'TAO job' link.",
+    # the job page's Cancel button
+    "to protect the Cancel button with": "Set [api] secret_key (AIRFLOW__API__SECRET_KEY) on the API servers, the same "
+    "on all of them, and restart them.",
+    "so you may not cancel its jobs": "Ask for edit rights on the DAG (the auth manager's PUT on it), or ask someone "
+    "who has them to cancel the job.",
+    "did not come from this job's page": "Open the job's page again (its Cancel button carries a token of your login) "
+    "and press Cancel; a form from another site cannot cancel jobs.",
     # settings
     "log_reads_per_interval must be a whole number": "Set `[tao] log_reads_per_interval` to a whole number (8 by "
     "default), e.g. `AIRFLOW__TAO__LOG_READS_PER_INTERVAL=20`, and restart the triggerer.",

@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from tests.kubefake.authz import Authorizer
 from tests.kubefake.cluster import Cluster
+from tests.kubefake.rbac import Rbac
 from tests.kubefake.store import RESOURCES, ApiError, Store, not_found, quota_refusal
 
 VERSION = {
@@ -54,6 +55,8 @@ class FakeApiServer(ThreadingHTTPServer):
         self.owner_references_enforcement = False
         #: What the user may do (every verb on every resource, less a deny list: tests/kubefake/authz.py).
         self.authorizer = Authorizer()
+        #: RBAC: when set, the rules of the Roles bound to the user, applied to every resource request (``/fake/role``).
+        self.rbac: Rbac | None = None
         #: The options and size of every log read (``/fake/stats``).
         self.log_reads: list[dict[str, Any]] = []
 
@@ -163,6 +166,7 @@ class _Handler(BaseHTTPRequestHandler):
         if parts[: len(expected_prefix)] != expected_prefix:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         ns = (namespace or "") if namespaced else ""
+        self._authorize(method, resource, name=name, sub=sub, ns=ns, query=query)
         with self.server.stats_lock:
             self.server.requests[f"{method} {resource}{'/' + sub if sub else ''}{'' if name else ' (list)'}"] += 1
         self.server.authorizer.check(method, resource, sub, name, ns)
@@ -204,6 +208,24 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
 
+    def _authorize(self, method: str, resource: str, *, name: str, sub: str, ns: str, query: dict[str, str]) -> None:
+        """RBAC, before the request is looked at (the body read off the connection, kept alive)."""
+        if self.server.rbac is None:
+            return
+        try:
+            self.server.rbac.authorize(method, resource, name=name, sub=sub, namespace=ns, query=query)
+        except ApiError:
+            self._body()
+            raise
+
+    def _may_delete(self, resource: str) -> bool:
+        """Both authorizers of the fake (the deny list and, when set, the Roles) allow ``delete`` on ``resource``."""
+        rbac = self.server.rbac
+        group = "batch" if resource == "jobs" else ""
+        return self.server.authorizer.allows("delete", resource) and (
+            rbac is None or rbac.allows("delete", group, resource)
+        )
+
     def _admit_owner_references(self, resource: str, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
         """The OwnerReferencesPermissionEnforcement admission plugin (k8s.io/kubernetes
         plugin/pkg/admission/gc/gc_admission.go ``gcPermissionsEnforcement.Admit``): first, changing the owner
@@ -214,7 +236,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         refs_before = ((old or {}).get("metadata") or {}).get("ownerReferences") or []
         refs_after = (new.get("metadata") or {}).get("ownerReferences") or []
-        if refs_after != refs_before and not self.server.authorizer.allows("delete", resource):
+        if refs_after != refs_before and not self._may_delete(resource):
             name = (new.get("metadata") or {}).get("name", "")
             raise ApiError(
                 403,
@@ -291,6 +313,10 @@ class _Handler(BaseHTTPRequestHandler):
                     if resource not in ("events", "nodes", "namespaces"):
                         found.setdefault(resource, []).append(name)
             self._send(200, {k: sorted(v) for k, v in found.items()})
+        elif parts == ["role"] and method == "POST":  # {"rules": [...]} of the Roles bound to the user, or null
+            rules = self._json_body().get("rules")
+            server.rbac = None if rules is None else Rbac(rules)
+            self._send(200, {"rules": rules})
         elif parts == ["created"]:
             with server.store.lock:
                 history = [dict(entry) for entry in server.store.created]

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
+from airflow_provider_tao import canceling
 from airflow_provider_tao.hooks.base import MARK_CONSUMED, JobValidationError
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
@@ -444,7 +445,7 @@ def test_issue_22_a_persons_cancel_is_final_when_the_job_ends_by_itself_inside_i
         return "deferred"
 
     monkeypatch.setattr(FakeHook, "write_mark", write_mark)
-    monkeypatch.setattr(commands, "record_cancel", record_cancel)
+    monkeypatch.setattr(canceling, "record_cancel", record_cancel)  # the routine `airflow tao cancel` runs
     indexed = IndexedJob(
         record=JobRecord.from_json(store.data[STATE_KEY]),  # type: ignore[arg-type]
         dag_id="dag", run_id="manual__1", task_id="train", map_index=-1,

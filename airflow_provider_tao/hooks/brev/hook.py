@@ -161,9 +161,6 @@ class BrevHook(BrevInstancesHook, BrevLaunchHook, BrevReapHook):
 
     # ----------------------------------------------------------------- validation
 
-    def image_required(self, spec: JobSpec) -> str | None:
-        return "is required on the brev platform: every job is a container on the instance"
-
     def validate_spec(self, spec: JobSpec) -> None:
         super().validate_spec(spec)
         details = self.platform_details(spec)

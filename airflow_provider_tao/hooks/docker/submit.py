@@ -26,9 +26,6 @@ DEFAULT_REGISTRY_LOGIN = "$oauthtoken"
 class DockerSubmitHook(DockerClientHook):
     """Validates a job and creates and starts its container."""
 
-    def image_required(self, spec: JobSpec) -> str | None:
-        return "is required on the docker platform: every job is a container"
-
     def validate_spec(self, spec: JobSpec) -> None:
         super().validate_spec(spec)
         ct.check_container_details(spec, self.platform_details(spec), ct.CONTAINER_DETAIL_KEYS, self.platform)

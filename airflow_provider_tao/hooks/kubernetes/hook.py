@@ -217,9 +217,6 @@ class TAOKubernetesHook(KubernetesSpecHook, KubernetesMarksHook):
 
     # ----------------------------------------------------------------- validation
 
-    def image_required(self, spec: JobSpec) -> str | None:
-        return "is required on the kubernetes platform: every job is a pod"
-
     def validate_spec(self, spec: JobSpec) -> None:
         super().validate_spec(spec)
         if spec.gpu_count == -1:

@@ -151,9 +151,6 @@ class LeptonHook(LeptonPlacementHook, LeptonStagingHook, LeptonMarksHook, Lepton
 
     # ----------------------------------------------------------------- validation (before submission)
 
-    def image_required(self, spec: JobSpec) -> str | None:
-        return "is required on the lepton platform: every job is a container"
-
     def validate_spec(self, spec: JobSpec) -> None:
         """Everything is checked before anything is created: the details, the placement (shape, node group, mounts,
         storage permissions: API reads), and that the job's files and environment fit."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -244,3 +246,71 @@ def test_a_deferred_training_task_in_the_ui(
     _shot(page, shots, "10-task-from-view")
     print(f"screenshots in {shots}: {sorted(p.name for p in shots.glob('*.png'))}")
     time.sleep(0)  # nothing to wait for: the run finishes on its own (the next module may reuse the instance)
+
+
+def _token_of(instance: AirflowStandalone, username: str, role: str) -> str:
+    """A login of the standalone's auth manager for ``username`` with ``role`` (its JWT, signed with the instance's
+    secret): a read-only ``viewer`` or an editing ``user``. An explicit bearer header wins over the harness's
+    all-admins login (the middleware only appends its own)."""
+    code = (
+        "import sys\n"
+        "from airflow.api_fastapi.app import create_auth_manager\n"
+        "from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser\n"
+        "user = SimpleAuthManagerUser(username=sys.argv[1], role=sys.argv[2])\n"
+        "print(create_auth_manager().generate_jwt(user))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, username, role], env=instance.env, cwd=instance.home,
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def test_the_cancel_button_is_for_editors_only(
+    browser: Any, shots: Path, airflow_standalone: AirflowStandalone, ui_dags: AirflowClient
+) -> None:
+    """Issue 36 point 4: a read-only user sees the running job's page without a Cancel button and is refused when
+    posting one; an editing user cancels from the page, recorded as theirs, and the task fails with ERR_CANCELED."""
+    from airflow_provider_tao.links import job_page_path
+
+    url = airflow_standalone.api_url
+    run_id = ui_dags.trigger_dag_run("tao_ui_cancel")
+    ui_dags.wait_for_task_instance("tao_ui_cancel", run_id, "train", ["deferred"], timeout=120)
+    job_id = ui_dags.get_xcom("tao_ui_cancel", run_id, "train", key="tao_job_id")
+    job_page = url + job_page_path("tao_ui_cancel", run_id, "train")
+
+    def as_user(name: str, role: str) -> Any:
+        headers = {"Authorization": f"Bearer {_token_of(airflow_standalone, name, role)}"}
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, extra_http_headers=headers)
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        return context, page
+
+    viewer, viewer_page = as_user("ada", "viewer")
+    editor, editor_page = as_user("bob", "user")
+    try:
+        viewer_page.goto(job_page)
+        viewer_page.get_by_role("heading", name=f"TAO job {job_id}").wait_for()
+        assert "Running" in viewer_page.locator("dl").first.inner_text()  # the platform's word, asked now
+        assert viewer_page.get_by_role("button", name="Cancel this job").count() == 0
+        _shot(viewer_page, shots, "11-job-page-read-only")
+
+        editor_page.goto(job_page)
+        button = editor_page.get_by_role("button", name="Cancel this job")
+        button.wait_for()
+        _shot(editor_page, shots, "12-job-page-editor")
+        token = editor_page.locator("form.cancel input[name='token']").get_attribute("value")
+        refused = viewer_page.request.post(f"{job_page}/cancel", form={"token": token})  # even with a real token
+        assert refused.status == 403, refused.text()
+        assert ui_dags.get_task_instance_state("tao_ui_cancel", run_id, "train") == "deferred"
+
+        button.click()
+        editor_page.get_by_role("heading", name=f"Canceled by ui:bob: TAO job {job_id}").wait_for()
+        _shot(editor_page, shots, "13-canceled-by-the-editor")
+    finally:
+        viewer.close()
+        editor.close()
+    ui_dags.wait_for_task_instance("tao_ui_cancel", run_id, "train", ["failed"], timeout=60)
+    log = ui_dags.get_task_log("tao_ui_cancel", run_id, "train", 1)
+    assert "ERR_CANCELED" in log and "canceled by ui:bob" in log, log[-3000:]

@@ -88,6 +88,8 @@ def test_reap_cancels_the_job_of_a_killed_worker(airflow_standalone: AirflowStan
     (row,) = cli_json(airflow_standalone, "tao", "jobs", "--run-id", run_id)
     pid = int(row["backend_job_id"])
     assert row["task_state"] == "failed" and _alive(pid)  # the orphan
+    # the platform says it runs (not "Unknown" with an end time and a frozen runtime: issue 36 point 4)
+    assert (row["state"], row["state_from"], row["ended"]) == ("Running", "platform", None), row
 
     dry = cli_json(airflow_standalone, "tao", "reap", "--dry-run", "--min-age-minutes", "0")
     verdicts = {r["job_id"]: (r["action"], r["why"]) for r in dry}
@@ -99,6 +101,8 @@ def test_reap_cancels_the_job_of_a_killed_worker(airflow_standalone: AirflowStan
     reaped = cli_json(airflow_standalone, "tao", "reap", "--min-age-minutes", "0")
     assert {r["job_id"]: r["action"] for r in reaped}[job_id] == "canceled", reaped
     wait_until(lambda: not _alive(pid), timeout=30, message=f"orphan {pid} still runs")
+    (row,) = cli_json(airflow_standalone, "tao", "jobs", "--run-id", run_id)
+    assert row["state"] == "Canceled", row  # reaped: the platform's word, not "Unknown"
     assert ui_dags.get_task_instance_state("tao_ui_cancel", watched, "train") == "deferred"
     ui_dags.mark_task_instance_failed("tao_ui_cancel", watched, "train")  # (its job is canceled by the trigger)
     # a young orphan is left alone by default (its task may be writing its record right now)

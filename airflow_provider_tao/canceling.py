@@ -1,0 +1,61 @@
+"""A person's cancel of a job, as ``airflow tao cancel JOB`` and the job page's **Cancel** button run it: the cancel
+kept for the task instance first (:func:`~airflow_provider_tao.person_cancel.record_cancel`, so its next try submits
+nothing even if the platform refuses the cancel now), then the one cancel routine of the hook, marked with who asked
+(``cli:<user>``, ``ui:<user>``): the task fails with ``ERR_CANCELED``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from airflow_provider_tao.hooks.base import TAOPlatformHook
+from airflow_provider_tao.jobindex import WAITING_TI_STATES, IndexedJob
+from airflow_provider_tao.person_cancel import record_cancel, void_cancel
+from airflow_provider_tao.sweeper import task_resumes
+
+log = logging.getLogger(__name__)
+
+
+def cancel_as_person(job: IndexedJob, hook: TAOPlatformHook, by: str) -> dict[str, Any]:
+    """Cancel ``job`` as ``by``; what was done, as one row (``airflow tao cancel``'s output).
+
+    :param job: the job, as Airflow's records know it.
+    :param hook: its platform's hook, connection loaded.
+    :param by: who cancels (``cli:<user>``, ``ui:<user>``): kept on the job and in the task's failure.
+    """
+    handle = job.record.job
+    before = hook.get_job_status(handle).state
+    # Kept first: the task's next try reads it before submitting, even if the platform refuses the cancel now.
+    ti_state = record_cancel(job, by)
+    stopped = hook.cancel_job(handle, requested_by=by)
+    # Canceled only if the routine itself found the job running and marked it (its task then fails ERR_CANCELED
+    # even if the job ends by itself meanwhile); one that ended since `before` keeps its verdict, and its task too.
+    canceled = stopped and not before.is_terminal and bool(hook.canceled_by(handle))
+    if not canceled and ti_state in WAITING_TI_STATES:
+        void_cancel(job, log)  # its waiting try takes the job's own verdict, as the person is told below
+    if stopped and not before.is_terminal and not task_resumes(job):
+        hook.cleanup_job(handle)  # no task will resume to clean up after it
+    after = hook.get_job_status(handle)
+    return {
+        "job_id": job.job_id,
+        "platform": job.platform,
+        "dag_id": job.dag_id,
+        "task_id": job.task_id,
+        "run_id": job.run_id,
+        "was": before.value,
+        "canceled": canceled,
+        "state": after.state.value,
+        "by": by,
+        "note": cancel_note(not canceled, ti_state),
+    }
+
+
+def cancel_note(ended: bool, ti_state: str | None) -> str:
+    """What happens to the task of a canceled job, in words."""
+    if ti_state in ("queued", "scheduled"):
+        return f"its task ({ti_state}) fails with ERR_CANCELED as it starts, submitting nothing"
+    if ti_state is not None and ti_state not in WAITING_TI_STATES:
+        return f"its task ({ti_state or 'cleared'}) fails with ERR_CANCELED when it next runs, submitting nothing"
+    if ended:
+        return "already ended: left as it was"
+    return "its task fails with ERR_CANCELED"
