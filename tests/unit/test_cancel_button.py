@@ -16,6 +16,7 @@ from airflow_provider_tao.jobindex import IndexedJob
 from airflow_provider_tao.jobs import JobSpec, JobState
 from airflow_provider_tao.plugins import app as plugin_app
 from airflow_provider_tao.plugins import cancel
+from airflow_provider_tao.plugins.permissions import Viewer, viewer
 from airflow_provider_tao.records import JobRecord
 from tests.unit.fakes import FakeHook
 
@@ -48,13 +49,13 @@ def world(fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch) -> Ite
         JobRecord(handle=handle.to_json()), "train_dag", "manual__1", "train", -1, "deferred", 1, None, True
     )
     kept: list[str] = []
-    monkeypatch.setattr(plugin_app, "_load", lambda dags, **kwargs: [job])
+    monkeypatch.setattr(plugin_app, "_load", lambda dags, *args, **kwargs: [job])
     monkeypatch.setattr(canceling, "record_cancel", lambda indexed, by: kept.append(by) or "deferred")
     monkeypatch.setattr("airflow.api_fastapi.app.get_auth_manager", AuthManager)
     monkeypatch.setenv("AIRFLOW__API__SECRET_KEY", "unit-test-secret")
     monkeypatch.setattr(plugin_app.LIVE, "ask", lambda conn, handles: {})  # the records' word is enough here
     app = plugin_app.create_app()
-    app.dependency_overrides[plugin_app.readable_dags] = lambda: {"train_dag"}
+    app.dependency_overrides[viewer] = lambda: Viewer({"train_dag"}, lambda entity, dag_id: True)
     as_user = {"name": "viewer"}
     app.dependency_overrides[cancel.current_user] = lambda: User(as_user["name"])
     client = TestClient(app)
