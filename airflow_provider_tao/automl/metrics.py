@@ -145,7 +145,8 @@ def final_values(metrics_file: Any, names: Iterable[str]) -> dict[str, float]:
     """The wanted metrics a trial's ``metrics.json`` holds (top level, or under ``kpi``)."""
     if not isinstance(metrics_file, dict):
         return {}
-    pools = [metrics_file, metrics_file.get("kpi") if isinstance(metrics_file.get("kpi"), dict) else {}]
+    kpi = metrics_file.get("kpi")
+    pools: list[dict[str, Any]] = [metrics_file, kpi if isinstance(kpi, dict) else {}]
     found: dict[str, float] = {}
     for name in names:
         for pool in pools:

@@ -30,7 +30,9 @@ def check_search_space(space: Any, parameter: str = "search_space") -> dict[str,
     :class:`~airflow_provider_tao.hooks.errors.JobValidationError` naming the entry and the fix."""
     if not isinstance(space, Mapping) or not space:
         raise JobValidationError(
-            parameter, f"{space!r} is not a non-empty mapping", 'Pass {"name": {"type": "float", "low": .., "high": ..}}'
+            parameter,
+            f"{space!r} is not a non-empty mapping",
+            'Pass {"name": {"type": "float", "low": .., "high": ..}}',
         )
     return {str(name): _check_entry(f"{parameter}[{name!r}]", entry) for name, entry in space.items()}
 
@@ -43,7 +45,9 @@ def _check_entry(where: str, entry: Any) -> dict[str, Any]:
         raise JobValidationError(where, f"unknown type {kind!r}", f"Use one of: {', '.join(TYPES)}")
     if unknown := sorted(set(entry) - _KEYS[kind] - {"type"}):
         raise JobValidationError(
-            where, f"unknown key(s) {', '.join(unknown)} for type {kind!r}", f"Use only: {', '.join(sorted(_KEYS[kind]))}"
+            where,
+            f"unknown key(s) {', '.join(unknown)} for type {kind!r}",
+            f"Use only: {', '.join(sorted(_KEYS[kind]))}",
         )
     if kind == "categorical":
         choices = entry.get("choices")
@@ -97,7 +101,7 @@ def grid_of(space: Mapping[str, Mapping[str, Any]], parameter: str = "search_spa
                 "Give it a 'step' (without log), or make it categorical",
             )
         else:
-            count = int(math.floor((entry["high"] - entry["low"]) / entry["step"] + 1e-9)) + 1  # 0.2/0.1 is 1.999...
+            count = math.floor((entry["high"] - entry["low"]) / entry["step"] + 1e-9) + 1  # 0.2/0.1 is 1.999...
             values = [entry["low"] + i * entry["step"] for i in range(count)]
             if entry["type"] == "float":
                 values = [round(v, 12) for v in values]

@@ -10,6 +10,7 @@ or judges, and reads back what Optuna wrote. Optuna is imported only here, and o
 from __future__ import annotations
 
 import secrets
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -158,10 +159,11 @@ def check_algorithm_installed(algorithm: str) -> str | None:
     )
 
 
-def _sampler(config: SearchConfig, draws: int) -> Any:
+def _sampler(config: SearchConfig, state: SearchState) -> Any:
     """A sampler for one decision; seeded by the search's seed and how many trials exist, so a rebuilt study does
     not draw the same 'random' parameters again."""
     samplers = _optuna().samplers
+    draws = len(state.trials)
     seed = None if config.seed is None else (config.seed * 1_000_003 + draws) % (2**32)
     startup = max(2, min(10, config.max_trials // 3))
     if config.algorithm == "random":
@@ -171,7 +173,8 @@ def _sampler(config: SearchConfig, draws: int) -> Any:
 
         # the search's own seed, never one per decision: the sampler shuffles its grid with it, and a trial's
         # grid_id must name the same point in every rebuilt study
-        return samplers.GridSampler(grid_of(config.space), seed=config.seed)
+        grid_seed = config.seed if config.seed is not None else zlib.crc32(state.study_name.encode())
+        return samplers.GridSampler(grid_of(config.space), seed=grid_seed)
     if config.algorithm == "gp":
         return samplers.GPSampler(seed=seed, n_startup_trials=startup)
     if config.algorithm == "cmaes":
@@ -200,7 +203,7 @@ def build_study(config: SearchConfig, state: SearchState) -> Any:
     study = optuna.create_study(
         study_name=state.study_name,
         directions=config.directions,
-        sampler=_sampler(config, len(state.trials)),
+        sampler=_sampler(config, state),
         pruner=_pruner(config),
     )
     dists = distributions(config.space)

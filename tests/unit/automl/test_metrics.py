@@ -36,7 +36,7 @@ def test_tao_status_json_kpi_lines() -> None:
 
 
 def test_nan_and_inf_are_not_values() -> None:
-    assert reports("epoch 1 val_loss=nan\nTAO_METRIC {\"step\": 2, \"val_loss\": Infinity}\n") == []
+    assert reports('epoch 1 val_loss=nan\nTAO_METRIC {"step": 2, "val_loss": Infinity}\n') == []
 
 
 def test_chunks_split_mid_line_and_state_through_json() -> None:
@@ -47,5 +47,8 @@ def test_chunks_split_mid_line_and_state_through_json() -> None:
 
 
 def test_metrics_json_top_level_or_kpi() -> None:
-    assert final_values({"val_loss": 0.2, "kpi": {"acc": 0.9}}, ("val_loss", "acc", "x")) == {"val_loss": 0.2, "acc": 0.9}
+    assert final_values({"val_loss": 0.2, "kpi": {"acc": 0.9}}, ("val_loss", "acc", "x")) == {
+        "val_loss": 0.2,
+        "acc": 0.9,
+    }
     assert final_values(None, ("val_loss",)) == {}

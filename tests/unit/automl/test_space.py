@@ -50,8 +50,12 @@ def test_distributions_are_optunas_with_log_scale() -> None:
 def test_grid_needs_finite_values() -> None:
     with pytest.raises(JobValidationError, match="algorithm='grid' needs a finite set"):
         grid_of(check_search_space({"lr": {"type": "float", "low": 0.1, "high": 1}}))
-    grid = grid_of(check_search_space({"lr": {"type": "float", "low": 0.1, "high": 0.3, "step": 0.1}, **SPACE} | {
-        "train.optim.lr": {"type": "categorical", "choices": [0.1]}}))
+    grid = grid_of(
+        check_search_space(
+            {"lr": {"type": "float", "low": 0.1, "high": 0.3, "step": 0.1}, **SPACE}
+            | {"train.optim.lr": {"type": "categorical", "choices": [0.1]}}
+        )
+    )
     assert grid["lr"] == [0.1, 0.2, 0.3] and grid["model.depth"] == [2, 3, 4, 5, 6, 7, 8]
 
 

@@ -18,7 +18,9 @@ from airflow_provider_tao.automl.study import (
     ranked,
 )
 
-SPACE = check_search_space({"lr": {"type": "float", "low": 1e-5, "high": 1e-1, "log": True}, "d": {"type": "int", "low": 1, "high": 9}})
+SPACE = check_search_space(
+    {"lr": {"type": "float", "low": 1e-5, "high": 1e-1, "log": True}, "d": {"type": "int", "low": 1, "high": 9}}
+)
 
 
 def config(**kw: object) -> SearchConfig:
@@ -101,7 +103,9 @@ def test_several_objectives_give_a_pareto_front() -> None:
 
 
 def test_grid_search_walks_its_grid_without_repeats() -> None:
-    space = check_search_space({"d": {"type": "int", "low": 1, "high": 4}, "o": {"type": "categorical", "choices": ["a", "b"]}})
+    space = check_search_space(
+        {"d": {"type": "int", "low": 1, "high": 4}, "o": {"type": "categorical", "choices": ["a", "b"]}}
+    )
     cfg, state = SearchConfig(space=space, objectives={"l": "minimize"}, algorithm="grid", seed=0), SearchState.new()
     for _ in range(8):
         ask(cfg, state)
