@@ -1,0 +1,95 @@
+"""``TAOAutoMLOperator`` on ``local``: real trial processes, the real trigger on a triggerer loop, Optuna for real.
+
+The trainer's loss depends on its parameters and falls with its epochs, so a bad trial is behind at every rung and
+ASHA stops it; each epoch waits for a file the test writes (no sleeps: the test decides when an epoch passes)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_provider_tao.automl.trials import STATE_KEY
+from airflow_provider_tao.hooks.local.hook import LocalHook
+from airflow_provider_tao.jobs import JobHandle, JobState
+from airflow_provider_tao.operators.automl import TAOAutoMLOperator
+from tests.integration.taskrun import Triggerer, _deferred, start
+
+EPOCHS = 6
+TRAINER = """
+import json, math, os, sys, time
+spec = json.load(open(sys.argv[1]))
+lr, depth = spec["train"]["lr"], spec["model"]["depth"]
+gate = os.path.join(sys.argv[2], "epochs")
+for epoch in range(1, {epochs} + 1):
+    while not os.path.exists(gate) or int(open(gate).read() or 0) < epoch:  # the test lets each epoch pass
+        time.sleep(0.05)
+    loss = (math.log10(lr) + 2.5) ** 2 + 0.2 * abs(depth - 3) + 1.0 / epoch
+    print(f"Epoch {{epoch}}/{epochs} - loss: {{loss + 0.1:.4f}} - val_loss: {{loss:.4f}}", flush=True)
+results = os.path.join(os.environ["TAO_RESULTS_ROOT"], os.environ["TAO_JOB_ID"])
+os.makedirs(results, exist_ok=True)
+json.dump({{"val_loss": loss}}, open(os.path.join(results, "metrics.json"), "w"))
+"""
+
+
+@pytest.fixture
+def local_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AIRFLOW__TAO__LOCAL_JOBS_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("AIRFLOW__TAO__LOCAL_RESULTS_ROOT", str(tmp_path / "results"))
+    (tmp_path / "trainer.py").write_text(TRAINER.format(epochs=EPOCHS))
+    return tmp_path
+
+
+def let_epochs_pass(where: Path, epochs: int) -> None:
+    (where / "epochs").write_text(str(epochs))
+
+
+def search(where: Path, **kwargs: Any) -> TAOAutoMLOperator:
+    defaults: dict[str, Any] = {
+        "task_id": "tune", "platform": "local", "gpu_count": 0, "deferrable": True, "poll_interval": 0.5,
+        "command": f"{sys.executable} {where / 'trainer.py'} {{config_path}} {where}", "config_format": "json",
+        "specs": {"train": {"lr": 0.01}, "model": {"depth": 2}},
+        "search_space": {
+            "train.lr": {"type": "float", "low": 1e-5, "high": 1e-1, "log": True},
+            "model.depth": {"type": "int", "low": 1, "high": 6},
+        },
+        "metric": "val_loss", "direction": "minimize", "seed": 4, "algorithm": "tpe", "pruner": "asha",
+        "max_trials": 6, "max_concurrent_trials": 3,
+    }  # fmt: skip
+    return TAOAutoMLOperator(**{**defaults, **kwargs})
+
+
+def test_parallel_trials_pruned_early_and_the_best_published(local_dirs: Path, triggerer: Triggerer) -> None:
+    op = search(local_dirs)
+    run = start(triggerer, op, run_id="manual__automl_local")
+    hook = LocalHook()
+    first = [JobHandle.from_json(t["handle"]) for t in run.trigger.trials]
+    assert len(first) == 3
+    statuses = hook.get_job_statuses(first)  # three trial processes alive at once on the host
+    assert {s.state for s in statuses.values()} == {JobState.RUNNING}, statuses
+    epochs, result, runs = 0, None, [run]
+    while result is None:
+        epochs = min(epochs + 1, EPOCHS)
+        let_epochs_pass(local_dirs, epochs)
+        event = runs[-1].future.result(120)
+        try:
+            result = search(local_dirs).execute_complete(run.context, event)
+        except TaskDeferred as deferred:
+            runs.append(_deferred(triggerer, op, run.context, run.store, deferred))
+    rows = {r["trial"]: r for r in result["trials"]}
+    assert len(rows) == 6 and {r["state"] for r in rows.values()} <= {"complete", "pruned"}
+    pruned = [r for r in rows.values() if r["state"] == "pruned"]
+    assert pruned, rows  # ASHA stopped some
+    for row in pruned:  # its process is gone before its last epoch
+        handle = JobHandle.from_json(run.store.data[STATE_KEY]["trials"][row["trial"]]["handle"])
+        assert hook.get_job_status(handle).state is JobState.CANCELED
+        assert row["last_step"] < EPOCHS
+    best = result["best"]
+    complete = [r for r in rows.values() if r["state"] == "complete"]
+    assert best["value"] == min(r["value"] for r in complete)
+    metrics = json.loads(Path(best["results_dir"], "metrics.json").read_text())
+    assert metrics["val_loss"] == pytest.approx(best["value"])  # the metrics.json of the best trial's own job
