@@ -93,3 +93,65 @@ def test_parallel_trials_pruned_early_and_the_best_published(local_dirs: Path, t
     assert best["value"] == min(r["value"] for r in complete)
     metrics = json.loads(Path(best["results_dir"], "metrics.json").read_text())
     assert metrics["val_loss"] == pytest.approx(best["value"])  # the metrics.json of the best trial's own job
+
+
+WORKER = """
+import json, sys
+from pathlib import Path
+from tests.integration.taskrun import FileStore
+from tests.integration.automl.test_automl_local import search
+from tests.unit.fakes import make_context
+op = search(Path(sys.argv[1]), deferrable=False)
+op.execute(make_context(FileStore(Path(sys.argv[2])), 1, "manual__automl_kill"))
+"""
+
+
+def wait_for(predicate: Any, what: str, polls: int = 1200) -> None:
+    import time
+
+    for _ in range(polls):  # an event waited for, not a duration asserted
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"never happened: {what}")
+
+
+def test_a_worker_killed_mid_search_is_continued_by_the_retry_with_no_trial_lost_or_doubled(
+    local_dirs: Path, triggerer: Triggerer
+) -> None:
+    import signal
+    import subprocess
+
+    from tests.integration.taskrun import FileStore
+
+    store = FileStore(local_dirs / "store.json")
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(local_dirs), str(store.path)])
+
+    def running() -> list[dict[str, Any]]:
+        trials = (store.get(STATE_KEY) or {}).get("trials", [])
+        return [t for t in trials if t["state"] == "running"]
+
+    try:
+        wait_for(lambda: len(running()) == 3, "three trials running on the killed worker")
+        let_epochs_pass(local_dirs, 1)
+        wait_for(lambda: any(t["intermediate"] for t in running()), "a reported step recorded by the worker")
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    before = {t["number"]: t["job_id"] for t in running()}
+    op = search(local_dirs)
+    run = start(triggerer, op, store=store, try_number=2, run_id="manual__automl_kill")
+    adopted = {t["number"]: JobHandle.from_json(t["handle"]).job_id for t in run.trigger.trials}
+    assert {n: adopted[n] for n in before} == before  # the trials in flight were adopted, not run again
+    let_epochs_pass(local_dirs, EPOCHS)
+    result, runs = None, [run]
+    while result is None:
+        try:
+            result = search(local_dirs).execute_complete(run.context, runs[-1].future.result(120))
+        except TaskDeferred as deferred:
+            runs.append(_deferred(triggerer, op, run.context, store, deferred))
+    rows = result["trials"]
+    assert [r["trial"] for r in rows] == list(range(6))
+    jobs = [d for d in (local_dirs / "jobs").iterdir() if not d.name.startswith("_")]
+    assert sorted(d.name for d in jobs) == sorted(r["job_id"] for r in rows)  # one job per trial, none twice
+    assert all(r["state"] in ("complete", "pruned") for r in rows)
