@@ -349,7 +349,7 @@ def test_importing_imports_no_heavy_sdk(tmp_path, target):
     assert result["loaded"] == []
 
 
-@pytest.mark.parametrize("dag_file", ["tao_quickstart.py", "tao_retraining_pipeline.py"])
+@pytest.mark.parametrize("dag_file", ["tao_quickstart.py", "tao_retraining_pipeline.py", "tao_automl.py"])
 def test_parsing_the_example_dag_imports_no_heavy_sdk(tmp_path, dag_file):
     result = _fresh_import(str(REPO / "example_dags" / dag_file), tmp_path)
     assert "airflow_provider_tao.operators.submit" in result["ours"]
