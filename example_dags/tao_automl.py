@@ -19,7 +19,7 @@ from quickstart.tiny_data import TRAIN_SCRIPT
 from airflow_provider_tao.operators.automl import TAOAutoMLOperator
 
 TUNE_SCRIPT = TRAIN_SCRIPT.with_name("tune_tiny.py")
-BEST_MODEL = Asset("tao://example/tiny-model/best")
+BEST_MODEL = Asset(name="tao_tiny_tuned_model", uri="file:///tao/models/tiny-tuned")
 
 
 @dag(

@@ -11,7 +11,8 @@ import os
 import sys
 import time
 
-spec = json.load(open(sys.argv[1]))
+with open(sys.argv[1]) as spec_file:
+    spec = json.load(spec_file)
 lr, width, dropout = spec["train"]["lr"], spec["model"]["width"], spec["model"]["dropout"]
 epochs, pause = int(spec["train"]["epochs"]), float(spec["train"]["epoch_seconds"])
 best_lr, best_width = 3e-3, 64
