@@ -332,7 +332,7 @@ def _search_config(
             )
         objectives = {metric: direction}
     if not isinstance(objectives, dict) or not objectives:
-        raise JobValidationError("objectives", f"{objectives!r} is not a non-empty mapping", "")
+        raise JobValidationError("objectives", f"{objectives!r} is not a non-empty mapping", 'Give {"metric": "minimize", ...}')
     for name, way in objectives.items():
         if way not in DIRECTIONS:
             where = "direction" if metric else f"objectives[{name!r}]"
@@ -352,9 +352,9 @@ def _search_config(
         raise JobValidationError("pruner", "Optuna prunes only searches of one objective", "Use pruner=None")
     for name, value in (("max_trials", max_trials), ("max_concurrent_trials", max_concurrent_trials)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise JobValidationError(name, f"{value!r} is not a whole number >= 1", "")
+            raise JobValidationError(name, f"{value!r} is not a whole number >= 1", "Give 1 or more")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise JobValidationError("seed", f"{seed!r} is not an integer", "")
+        raise JobValidationError("seed", f"{seed!r} is not an integer", "Give an int, or None")
     if algorithm == "grid":
         points = 1
         for values in grid_of(checked).values():
