@@ -55,7 +55,9 @@ def _check_entry(where: str, entry: Any) -> dict[str, Any]:
             raise JobValidationError(where, f"choices {choices!r} is empty or not a list", "Give a list of values")
         for choice in choices:
             if choice is not None and not isinstance(choice, (bool, int, float, str)):
-                raise JobValidationError(where, f"choice {choice!r} is not a number, string, bool or None", "Use plain values")
+                raise JobValidationError(
+                    where, f"choice {choice!r} is not a number, string, bool or None", "Use plain values"
+                )
         if len(set(map(repr, choices))) != len(choices):
             raise JobValidationError(where, f"choices {list(choices)!r} repeat a value", "List each value once")
         return {"type": kind, "choices": list(choices)}
@@ -79,7 +81,9 @@ def _check_range(where: str, kind: str, entry: Mapping[str, Any]) -> dict[str, A
     step = entry.get("step")
     if step is not None:
         if not isinstance(step, number) or isinstance(step, bool) or step <= 0:
-            raise JobValidationError(f"{where}['step']", f"{step!r} is not a positive {kind}", "Give a step > 0, or none")
+            raise JobValidationError(
+                f"{where}['step']", f"{step!r} is not a positive {kind}", "Give a step > 0, or none"
+            )
         if log:
             raise JobValidationError(where, "step and log=True together", "Drop one of them (Optuna allows either)")
     elif kind == "int":

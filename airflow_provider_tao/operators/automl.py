@@ -332,7 +332,9 @@ def _search_config(
             )
         objectives = {metric: direction}
     if not isinstance(objectives, dict) or not objectives:
-        raise JobValidationError("objectives", f"{objectives!r} is not a non-empty mapping", 'Give {"metric": "minimize", ...}')
+        raise JobValidationError(
+            "objectives", f"{objectives!r} is not a non-empty mapping", 'Give {"metric": "minimize", ...}'
+        )
     for name, way in objectives.items():
         if way not in DIRECTIONS:
             where = "direction" if metric else f"objectives[{name!r}]"
