@@ -265,3 +265,32 @@ def test_several_objectives_return_a_pareto_front(fake_platform: type[FakeHook])
     assert [r["trial"] for r in result["pareto_front"]] == [0, 1]
     assert result["best"]["trial"] == 0 and result["best"]["values"] == [0.1, 9.0]
     assert {r["trial"]: r["values"] for r in result["trials"]}[2] == [0.3, 5.0]
+
+
+def test_the_best_trials_model_is_the_tasks_asset_event(fake_platform: type[FakeHook]) -> None:
+    from unittest import mock
+
+    from airflow.sdk import Asset
+
+    model = Asset(name="tuned", uri="file:///models/tuned")
+    event = mock.MagicMock(extra={})
+    context = make_context(Store())
+    context["outlet_events"] = {model: event}
+    deferred = deferral(lambda: make(max_trials=2, max_concurrent_trials=2, outlets=[model]).execute(context))
+    for number, job in trial_jobs(fake_platform).items():
+        run_epochs(fake_platform, job, [0.5 - number * 0.1], JobState.COMPLETE)
+    result = make(max_trials=2, max_concurrent_trials=2, outlets=[model]).execute_complete(context, event_of(deferred))
+    best = result["best"]
+    assert best["trial"] == 1
+    assert event.extra["job_id"] == best["job_id"] and event.extra["results_dir"] == best["results_dir"]
+    assert event.extra["metrics"] == {"val_loss": pytest.approx(0.4)} and event.extra["task_id"] == "train"
+
+
+def test_one_status_call_per_poll_for_all_trials(fake_platform: type[FakeHook]) -> None:
+    deferred = deferral(lambda: make(max_concurrent_trials=3).execute(make_context(Store())))
+    trials = {j["handle"].job_id for j in fake_platform.jobs.values()}
+    fake_platform.status_calls.clear()
+    job = next(iter(fake_platform.jobs.values()))
+    job["state"], job["exit"] = JobState.COMPLETE, 0
+    event_of(deferred)
+    assert fake_platform.status_calls and all(set(call) == trials for call in fake_platform.status_calls)
