@@ -81,6 +81,7 @@ class TrialRecord:
     results_dir: str = ""
     outputs: dict[str, str] = field(default_factory=dict)
     started_at: float | None = None
+    judged_step: int | None = None  # the last step the pruner judged
 
     @property
     def last_step(self) -> int | None:
@@ -195,8 +196,9 @@ def _pruner(config: SearchConfig) -> Any:
     return pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
 
 
-def build_study(config: SearchConfig, state: SearchState) -> Any:
-    """An in-memory Optuna study holding every trial of ``state`` (waiting and running ones as RUNNING)."""
+def build_study(config: SearchConfig, state: SearchState, unjudged_hidden: set[int] | None = None) -> Any:
+    """An in-memory Optuna study holding every trial of ``state`` (waiting and running ones as RUNNING); the trials
+    in ``unjudged_hidden`` without the steps the pruner has not judged yet (:func:`judge` reports them in order)."""
     optuna = _optuna()
     from airflow_provider_tao.automl.space import distributions
 
@@ -228,11 +230,18 @@ def build_study(config: SearchConfig, state: SearchState) -> Any:
                 values=trial.values if complete and multi else None,
                 value=trial.values[0] if complete and not multi and trial.values else None,
                 # intermediate values only for one objective (Optuna prunes only those)
-                intermediate_values={} if multi else {int(s): v for s, v in trial.intermediate.items()},
+                intermediate_values={} if multi else _intermediate(trial, trial.number in (unjudged_hidden or ())),
                 system_attrs=trial.system_attrs,
             )
         )
     return study
+
+
+def _intermediate(trial: TrialRecord, judged_only: bool) -> dict[int, float]:
+    steps = {int(s): v for s, v in trial.intermediate.items()}
+    if not judged_only:
+        return steps
+    return {s: v for s, v in steps.items() if trial.judged_step is not None and s <= trial.judged_step}
 
 
 def ask(config: SearchConfig, state: SearchState) -> TrialRecord:
@@ -247,22 +256,29 @@ def ask(config: SearchConfig, state: SearchState) -> TrialRecord:
     return record
 
 
-def judge(config: SearchConfig, state: SearchState, numbers: Iterable[int]) -> list[int]:
-    """The trials among ``numbers`` (running, with a report at a new step) the pruner condemns now. What the
-    pruner keeps with each judged trial (ASHA's rungs) is written back into ``state``."""
+def judge(config: SearchConfig, state: SearchState, numbers: Iterable[int]) -> dict[int, int]:
+    """The trials among ``numbers`` (running, with reports at new steps) the pruner condemns, and at which step.
+
+    Each new step is judged in order (as if the trial had reported it alone): steps that arrive together -- a
+    resume of the worker takes a while, the trial runs on -- are not judged only at the last one, so a trial behind
+    at a rung is caught at that rung. What the pruner keeps with each judged trial (ASHA's rungs) is written back
+    into ``state``."""
     if config.pruner is None or len(config.objectives) > 1:
-        return []
+        return {}
     optuna = _optuna()
-    study = build_study(config, state)
-    condemned = []
-    for number in numbers:
-        record = state.trial(number)
-        if record.state != RUNNING or not record.intermediate:
-            continue
-        frozen = study.trials[number]
-        live = optuna.trial.Trial(study, frozen._trial_id)
-        if live.should_prune():
-            condemned.append(number)
+    judged = {n: state.trial(n) for n in numbers if state.trial(n).state == RUNNING and state.trial(n).intermediate}
+    study = build_study(config, state, unjudged_hidden=set(judged))
+    condemned = {}
+    for number, record in judged.items():
+        live = optuna.trial.Trial(study, study.trials[number]._trial_id)
+        for step in sorted(
+            int(s) for s in record.intermediate if record.judged_step is None or int(s) > record.judged_step
+        ):
+            live.report(record.intermediate[str(step)], step)
+            record.judged_step = step
+            if live.should_prune():
+                condemned[number] = step
+                break
         record.system_attrs = _json_attrs(study.trials[number].system_attrs)
     return condemned
 

@@ -155,7 +155,11 @@ class TrialJobsMixin:
             trial.state, trial.reason = CANCELED, f"canceled by {who}" if who else "canceled outside the search"
             trial.err_class = ErrClass.ERR_CANCELED.value
         else:
-            analysis = hook.get_failure_analysis(handle)
+            try:
+                analysis = hook.get_failure_analysis(handle)
+            except Exception as exc:  # a job that vanished has nothing to analyse: the status says what is known
+                self.log.warning("No failure analysis of trial %d's job %s: %s", trial.number, handle.job_id, exc)
+                analysis = None
             err_class = analysis.err_class if analysis else ErrClass.ERR_UNKNOWN
             trial.err_class, trial.reason = err_class.value, analysis.summary() if analysis else status.message
             if err_class.retriable and trial.attempts <= max(1, getattr(self, "retries", 0) or 0):

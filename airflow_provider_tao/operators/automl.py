@@ -149,8 +149,8 @@ class TAOAutoMLOperator(TrialJobsMixin, TAOSubmitOperator):
             status = JobStatus.from_json(news["job_status"]) if news.get("job_status") else None
             if status is not None and (status.state.is_terminal or status.not_found):
                 self._end_trial(hook, state, trial, status)
-        for number in judge(self.config, state, to_judge):
-            self._stop_trial(hook, state.trial(number), PRUNED, f"pruned at step {state.trial(number).last_step}")
+        for number, step in judge(self.config, state, to_judge).items():
+            self._stop_trial(hook, state.trial(number), PRUNED, f"pruned at step {step}")
         self._keep_budget(hook, state)
         if state.failures_in_row >= FAILURES_TO_STOP:
             state.stop_reason = f"{state.failures_in_row} trials failed in a row before any completed"

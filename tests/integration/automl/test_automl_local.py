@@ -20,13 +20,19 @@ from airflow_provider_tao.operators.automl import TAOAutoMLOperator
 from tests.integration.taskrun import Triggerer, _deferred, start
 
 EPOCHS = 6
+OPEN = 1000
 TRAINER = """
 import json, math, os, sys, time
 spec = json.load(open(sys.argv[1]))
 lr, depth = spec["train"]["lr"], spec["model"]["depth"]
 gate = os.path.join(sys.argv[2], "epochs")
+OPEN = {open_gate}  # the gate at this value lets every epoch pass
+def passed():
+    return int(open(gate).read() or 0) if os.path.exists(gate) else 0
+start = passed()
+open(os.path.join(sys.argv[2], "started." + os.environ["TAO_JOB_ID"]), "w").close()  # its gate is read
 for epoch in range(1, {epochs} + 1):
-    while not os.path.exists(gate) or int(open(gate).read() or 0) < epoch:  # the test lets each epoch pass
+    while passed() < min(start + epoch, OPEN):  # the test lets each epoch pass, one per decision, for every trial
         time.sleep(0.05)
     loss = (math.log10(lr) + 2.5) ** 2 + 0.2 * abs(depth - 3) + 1.0 / epoch
     print(f"Epoch {{epoch}}/{epochs} - loss: {{loss + 0.1:.4f}} - val_loss: {{loss:.4f}}", flush=True)
@@ -40,11 +46,16 @@ json.dump({{"val_loss": loss}}, open(os.path.join(results, "metrics.json"), "w")
 def local_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("AIRFLOW__TAO__LOCAL_JOBS_DIR", str(tmp_path / "jobs"))
     monkeypatch.setenv("AIRFLOW__TAO__LOCAL_RESULTS_ROOT", str(tmp_path / "results"))
-    (tmp_path / "trainer.py").write_text(TRAINER.format(epochs=EPOCHS))
+    (tmp_path / "trainer.py").write_text(TRAINER.format(epochs=EPOCHS, open_gate=OPEN))
     return tmp_path
 
 
 def let_epochs_pass(where: Path, epochs: int) -> None:
+    """Let every trial run up to ``epochs`` more epochs than the gate's value when it started -- once every trial
+    job submitted so far has read the gate (a trainer starting late would otherwise start one epoch behind)."""
+    jobs = lambda: {d.name for d in (where / "jobs").iterdir() if not d.name.startswith("_")}  # noqa: E731
+    started = lambda: {p.name.split(".", 1)[1] for p in where.glob("started.*")}  # noqa: E731
+    wait_for(lambda: jobs() <= started(), "every trial's trainer reading its gate")
     (where / "epochs").write_text(str(epochs))
 
 
@@ -73,7 +84,7 @@ def test_parallel_trials_pruned_early_and_the_best_published(local_dirs: Path, t
     assert {s.state for s in statuses.values()} == {JobState.RUNNING}, statuses
     epochs, result, runs = 0, None, [run]
     while result is None:
-        epochs = min(epochs + 1, EPOCHS)
+        epochs += 1
         let_epochs_pass(local_dirs, epochs)
         event = runs[-1].future.result(120)
         try:
@@ -143,7 +154,7 @@ def test_a_worker_killed_mid_search_is_continued_by_the_retry_with_no_trial_lost
     run = start(triggerer, op, store=store, try_number=2, run_id="manual__automl_kill")
     adopted = {t["number"]: JobHandle.from_json(t["handle"]).job_id for t in run.trigger.trials}
     assert {n: adopted[n] for n in before} == before  # the trials in flight were adopted, not run again
-    let_epochs_pass(local_dirs, EPOCHS)
+    let_epochs_pass(local_dirs, OPEN)
     result, runs = None, [run]
     while result is None:
         try:
@@ -155,3 +166,35 @@ def test_a_worker_killed_mid_search_is_continued_by_the_retry_with_no_trial_lost
     jobs = [d for d in (local_dirs / "jobs").iterdir() if not d.name.startswith("_")]
     assert sorted(d.name for d in jobs) == sorted(r["job_id"] for r in rows)  # one job per trial, none twice
     assert all(r["state"] in ("complete", "pruned") for r in rows)
+
+
+def test_a_triggerer_restart_loses_no_report_and_no_trial(local_dirs: Path, triggerer: Triggerer) -> None:
+    """The first trigger dies (its run cancelled, no on_kill: a triggerer killed) after the trials reported; a new
+    trigger from the same kwargs reads their logs again from the last decision's cursors."""
+    import importlib
+
+    from tests.integration.taskrun import first_event
+
+    op = search(local_dirs, pruner=None, max_trials=3)
+    run = start(triggerer, op, run_id="manual__automl_restart")
+    let_epochs_pass(local_dirs, 2)
+    hook = LocalHook()
+    handles = [JobHandle.from_json(t["handle"]) for t in run.trigger.trials]
+    wait_for(lambda: all("Epoch 2/" in hook.get_job_logs(h)[0] for h in handles), "two epochs in every trial's log")
+    run.future.cancel()  # the triggerer dies; the trials run on
+    classpath, kwargs = run.deferred.trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    let_epochs_pass(local_dirs, OPEN)
+    event = triggerer.call(first_event(getattr(importlib.import_module(module), name)(**kwargs)), timeout=120)
+    result, context = None, run.context
+    while result is None:
+        try:
+            result = search(local_dirs, pruner=None, max_trials=3).execute_complete(context, event)
+        except TaskDeferred as deferred:
+            event = _deferred(triggerer, op, context, run.store, deferred).future.result(120)
+    rows = result["trials"]
+    assert [r["state"] for r in rows] == ["complete"] * 3
+    trials = run.store.data[STATE_KEY]["trials"]
+    assert all(sorted(map(int, t["intermediate"])) == list(range(1, EPOCHS + 1)) for t in trials)  # every step
+    jobs = [d for d in (local_dirs / "jobs").iterdir() if not d.name.startswith("_")]
+    assert len(jobs) == 3

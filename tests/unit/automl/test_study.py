@@ -71,9 +71,9 @@ def test_asha_condemns_a_running_trial_far_behind_the_finished_ones() -> None:
     bad.report(1, {"val_loss": 50.0}, ("val_loss",))
     good.report(1, {"val_loss": 0.2}, ("val_loss",))
     state = through_json(state)
-    assert judge(cfg, state, [bad.number, good.number]) == [bad.number]
+    assert judge(cfg, state, [bad.number, good.number]) == {bad.number: 1}
     assert any(k.startswith("completed_rung") for k in state.trial(good.number).system_attrs)  # kept for next time
-    assert judge(config(pruner=None), state, [bad.number]) == []
+    assert judge(config(pruner=None), state, [bad.number]) == {}
 
 
 def test_failed_and_pruned_trials_are_never_ranked() -> None:
@@ -99,7 +99,7 @@ def test_several_objectives_give_a_pareto_front() -> None:
         trial = ask(cfg, state)
         trial.state, trial.values = COMPLETE, values
     assert [t.number for t in pareto_front(cfg, through_json(state))] == [3, 0, 1]
-    assert judge(config(pruner="asha"), state, []) == []
+    assert judge(config(pruner="asha"), state, []) == {}
 
 
 def test_grid_search_walks_its_grid_without_repeats() -> None:
@@ -111,3 +111,19 @@ def test_grid_search_walks_its_grid_without_repeats() -> None:
         ask(cfg, state)
         state = through_json(state)
     assert len({(t.params["d"], t.params["o"]) for t in state.trials}) == 8
+
+
+def test_steps_that_arrive_together_are_judged_each_at_its_rung() -> None:
+    """A trial behind at rung 1 (step 3) but reporting steps 3..8 in one decision is condemned at step 3 -- judged only
+    at its last step it would pass (ASHA's next rung is step 9) and run to its end."""
+    cfg, state = config(seed=3, pruner="asha", max_trials=10), SearchState.new()
+    for n in range(3):
+        ask(cfg, state)
+        finish(state, n, 0.1 * (n + 1), steps=9, cfg=cfg)
+    late = ask(cfg, state)
+    late.state = RUNNING
+    late.report(1, {"val_loss": 0.1}, ("val_loss",))  # first at rung 0: promoted
+    assert judge(cfg, state, [late.number]) == {}
+    for step in range(2, 9):  # then far behind, every step in one batch
+        late.report(step, {"val_loss": 5.0}, ("val_loss",))
+    assert judge(cfg, through_json(state), [late.number]) == {late.number: 3}
