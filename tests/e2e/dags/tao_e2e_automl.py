@@ -19,7 +19,7 @@ TRAIN = (
     "p = json.loads(os.environ['TAO_TRIAL_PARAMS'])\n"
     "floor = (math.log10(p['lr']) + 2) ** 2 + 0.1 * p['depth']\n"
     "for e in range(1, 7):\n"
-    "    time.sleep(0.4)\n"
+    "    time.sleep(0.7)\n"
     "    print(f'Epoch {e}/6 - val_loss: {floor + 1 / e:.4f}', flush=True)\n"
     '"'
 )
