@@ -294,3 +294,27 @@ def test_one_status_call_per_poll_for_all_trials(fake_platform: type[FakeHook]) 
     job["state"], job["exit"] = JobState.COMPLETE, 0
     event_of(deferred)
     assert fake_platform.status_calls and all(set(call) == trials for call in fake_platform.status_calls)
+
+
+def test_marking_the_deferred_task_failed_cancels_every_trial(fake_platform: type[FakeHook]) -> None:
+    deferred = deferral(lambda: make(max_concurrent_trials=3).execute(make_context(Store())))
+    path, kwargs = deferred.trigger.serialize()
+    module, _, name = path.rpartition(".")
+    trigger = getattr(importlib.import_module(module), name)(**kwargs)
+    asyncio.run(trigger.on_kill())  # no task instance to ask: the task is not deferred any more
+    assert [j["state"] for j in fake_platform.jobs.values()] == [JobState.CANCELED] * 3
+    assert all(j["marks"]["cancel_requested_by"] == 1 for j in fake_platform.jobs.values())
+
+
+def test_a_trigger_that_only_moved_to_another_triggerer_leaves_the_trials(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_tao.triggers.automl import TAOAutoMLTrigger
+
+    async def still_deferred(self: TAOAutoMLTrigger) -> str:
+        return "deferred"
+
+    monkeypatch.setattr(TAOAutoMLTrigger, "_task_state", still_deferred)
+    deferred = deferral(lambda: make(max_concurrent_trials=2).execute(make_context(Store())))
+    asyncio.run(TAOAutoMLTrigger(**deferred.trigger.serialize()[1]).on_kill())
+    assert [j["state"] for j in fake_platform.jobs.values()] == [JobState.RUNNING] * 2
