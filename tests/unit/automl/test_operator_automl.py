@@ -318,3 +318,15 @@ def test_a_trigger_that_only_moved_to_another_triggerer_leaves_the_trials(
     deferred = deferral(lambda: make(max_concurrent_trials=2).execute(make_context(Store())))
     asyncio.run(TAOAutoMLTrigger(**deferred.trigger.serialize()[1]).on_kill())
     assert [j["state"] for j in fake_platform.jobs.values()] == [JobState.RUNNING] * 2
+
+
+def test_a_missing_extra_fails_before_the_first_trial_naming_it(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None if name in ("torch", "scipy") else object())
+    with pytest.raises(AirflowFailException, match=r"algorithm: algorithm='gp' needs torch, scipy: pip install"):
+        make(algorithm="gp").execute(make_context(Store()))
+    assert fake_platform.jobs == {}
