@@ -17,6 +17,7 @@ from airflow_provider_tao.automl.trials import STATE_KEY
 from airflow_provider_tao.hooks.local.hook import LocalHook
 from airflow_provider_tao.jobs import JobHandle, JobState
 from airflow_provider_tao.operators.automl import TAOAutoMLOperator
+from tests.integration.automl.search_run import follow_search
 from tests.integration.taskrun import Triggerer, _deferred, start
 
 EPOCHS = 6
@@ -82,15 +83,8 @@ def test_parallel_trials_pruned_early_and_the_best_published(local_dirs: Path, t
     assert len(first) == 3
     statuses = hook.get_job_statuses(first)  # three trial processes alive at once on the host
     assert {s.state for s in statuses.values()} == {JobState.RUNNING}, statuses
-    epochs, result, runs = 0, None, [run]
-    while result is None:
-        epochs += 1
-        let_epochs_pass(local_dirs, epochs)
-        event = runs[-1].future.result(120)
-        try:
-            result = search(local_dirs).execute_complete(run.context, event)
-        except TaskDeferred as deferred:
-            runs.append(_deferred(triggerer, op, run.context, run.store, deferred))
+    epochs = iter(range(1, 1000))
+    result = follow_search(run, lambda: search(local_dirs), lambda: let_epochs_pass(local_dirs, next(epochs)))
     rows = {r["trial"]: r for r in result["trials"]}
     assert len(rows) == 6 and {r["state"] for r in rows.values()} <= {"complete", "pruned"}
     pruned = [r for r in rows.values() if r["state"] == "pruned"]
@@ -155,12 +149,7 @@ def test_a_worker_killed_mid_search_is_continued_by_the_retry_with_no_trial_lost
     adopted = {t["number"]: JobHandle.from_json(t["handle"]).job_id for t in run.trigger.trials}
     assert {n: adopted[n] for n in before} == before  # the trials in flight were adopted, not run again
     let_epochs_pass(local_dirs, OPEN)
-    result, runs = None, [run]
-    while result is None:
-        try:
-            result = search(local_dirs).execute_complete(run.context, runs[-1].future.result(120))
-        except TaskDeferred as deferred:
-            runs.append(_deferred(triggerer, op, run.context, store, deferred))
+    result = follow_search(run, lambda: search(local_dirs))
     rows = result["trials"]
     assert [r["trial"] for r in rows] == list(range(6))
     jobs = [d for d in (local_dirs / "jobs").iterdir() if not d.name.startswith("_")]

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_provider_tao.hooks.slurm import SlurmHook
 from airflow_provider_tao.operators.automl import TAOAutoMLOperator
-from tests.integration.taskrun import _deferred, start
+from tests.integration.automl.search_run import follow_search
+from tests.integration.taskrun import start
 
 pytestmark = pytest.mark.integration
 
@@ -37,12 +37,7 @@ def test_trials_are_slurm_jobs_polled_together(
     run = start(triggerer, op)
     trials = {t["handle"]["job_id"] for t in run.trigger.trials}
     assert len(trials) == 3
-    result, runs = None, [run]
-    while result is None:
-        try:
-            result = op.execute_complete(run.context, runs[-1].future.result(180))
-        except TaskDeferred as deferred:
-            runs.append(_deferred(triggerer, op, run.context, run.store, deferred))
+    result = follow_search(run, lambda: op)
     assert {r["job_id"] for r in result["trials"]} == trials
     assert all(r["state"] == "complete" and r["last_step"] == 3 for r in result["trials"])
     assert result["best"]["trial"] == 0 and result["best"]["value"] == pytest.approx(0.3)
