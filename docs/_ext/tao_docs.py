@@ -56,6 +56,15 @@ KIND_FIXES = {
 
 #: Fixes of the messages that do not carry their own: static fragment of the message -> what to do.
 FIXES: dict[str, str] = {
+    # TAOAutoMLOperator
+    "Bad input, no trial was submitted": "Fix the parameter the message names (the search space, the metric, the "
+    "algorithm's extra); nothing ran.",
+    "The search's state is gone from the task's state store": "The task's state store was emptied while the search "
+    "was deferred: clear the task to start a new search.",
+    "The search ended without a completed trial": "Read the trials' rows in the task log: a program error, an OOM or "
+    "a metric never reported (the log names the line forms the search reads); fix the trainer and run again.",
+    "The search passed the task's execution_timeout": "Raise execution_timeout, lower max_trials, or use a pruner "
+    "that stops losing trials sooner; the best trial so far is in the message.",
     # airflow tao
     "is not a job id": "Copy the job id from `airflow tao jobs` or the task's XCom `job_id` (12 hex digits).",
     "in this Airflow's task records": "The job was not started by this Airflow (or its records were cleaned up): "

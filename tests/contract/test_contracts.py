@@ -31,7 +31,7 @@ from airflow_provider_tao.triggers.job import TAOJobTrigger
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 AIRFLOW = str(Path(PY).with_name("airflow"))
-HEAVY = ("leptonai", "kubernetes", "docker", "boto3", "botocore")
+HEAVY = ("leptonai", "kubernetes", "docker", "boto3", "botocore", "optuna")
 JSON_PRIMITIVES = (str, int, float, bool, type(None))
 
 
@@ -333,7 +333,13 @@ def _fresh_import(target: str, home: Path) -> dict:
 
 @pytest.mark.parametrize(
     "target",
-    ["airflow_provider_tao.operators.submit", "airflow_provider_tao.triggers.job", "airflow_provider_tao.links"],
+    [
+        "airflow_provider_tao.operators.submit",
+        "airflow_provider_tao.triggers.job",
+        "airflow_provider_tao.links",
+        "airflow_provider_tao.operators.automl",
+        "airflow_provider_tao.triggers.automl",
+    ],
 )
 def test_importing_imports_no_heavy_sdk(tmp_path, target):
     result = _fresh_import(target, tmp_path)
@@ -343,7 +349,7 @@ def test_importing_imports_no_heavy_sdk(tmp_path, target):
     assert result["loaded"] == []
 
 
-@pytest.mark.parametrize("dag_file", ["tao_quickstart.py", "tao_retraining_pipeline.py"])
+@pytest.mark.parametrize("dag_file", ["tao_quickstart.py", "tao_retraining_pipeline.py", "tao_automl.py"])
 def test_parsing_the_example_dag_imports_no_heavy_sdk(tmp_path, dag_file):
     result = _fresh_import(str(REPO / "example_dags" / dag_file), tmp_path)
     assert "airflow_provider_tao.operators.submit" in result["ours"]

@@ -29,7 +29,7 @@ def test_the_license_is_apache_2_in_spdx_form_with_its_text() -> None:
 
 def test_extras_are_for_users_and_the_tools_are_dependency_groups() -> None:
     extras = PROJECT["optional-dependencies"]
-    assert set(extras) == {"s3", "slurm", "docker", "kubernetes", "lepton", "openlineage", "all"}
+    assert set(extras) == {"s3", "slurm", "docker", "kubernetes", "lepton", "openlineage", "automl", "all"}
     published = {_name(r) for requirements in extras.values() for r in requirements}
     assert not published & DEV_TOOLS
     groups = {_name(r) for requirements in PYPROJECT["dependency-groups"].values() for r in requirements}

@@ -1,0 +1,216 @@
+"""The platform side of a search: a trial's job started, adopted, ended, canceled -- each through the same hooks and
+the same deterministic naming as :class:`~airflow_provider_tao.operators.submit.TAOSubmitOperator`'s one job.
+
+A trial's job name is ``<job_name or dag-task>-t<N>-<10 hex of sha256(dag, task, run, map index, N)>``: every try of
+the task instance finds trial N's job by it, so a worker killed between a submission and the state store's write
+adopts the job instead of running the trial twice (the state store holds the job id it was about to submit: the
+write-ahead).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_tao.accounting import attempt_of
+from airflow_provider_tao.automl.metrics import RECOGNISED_FORMS, final_values
+from airflow_provider_tao.automl.space import with_params_at_paths
+from airflow_provider_tao.automl.study import (
+    BUDGET,
+    CANCELED,
+    COMPLETE,
+    FAILED,
+    RUNNING,
+    WAITING,
+    SearchConfig,
+    SearchState,
+    TrialRecord,
+)
+from airflow_provider_tao.jobs import ErrClass, JobHandle, JobState, JobStatus
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_provider_tao.hooks.base import TAOPlatformHook
+    from airflow_provider_tao.jobs import JobSpec
+
+#: ``task_state_store`` key of a search's state (beside the single job's record key).
+STATE_KEY = "tao_automl"
+ENV_PARAMS, ENV_NUMBER = "TAO_TRIAL_PARAMS", "TAO_TRIAL_NUMBER"
+
+
+class TrialJobsMixin:
+    """Trial jobs for :class:`~airflow_provider_tao.operators.automl.TAOAutoMLOperator`; uses the submit operator's
+    building blocks (``_prepared_spec``, ``_read_metrics``) and its parameters (``specs``, ``args``, ``env``)."""
+
+    specs: dict[str, Any] | None
+    args: dict[str, Any] | None
+    env: dict[str, str]
+    job_name: str | None
+    gpu_count: int
+    num_nodes: int
+    config: SearchConfig
+    log: Any
+
+    if TYPE_CHECKING:
+
+        def _prepared_spec(
+            self, context: Context, hook: TAOPlatformHook, name: str
+        ) -> tuple[JobSpec, dict[str, str]]: ...
+
+        def _read_metrics(self, hook: TAOPlatformHook, handle: JobHandle) -> Any: ...
+
+    def _save(self, context: Context, state: SearchState) -> None:
+        context["task_state_store"].set(STATE_KEY, state.to_json())
+
+    def _trial_name(self, context: Context, hook: TAOPlatformHook, number: int) -> str:
+        ti = context["ti"]
+        identity = f"{ti.dag_id}\n{ti.task_id}\n{ti.run_id}\n{ti.map_index}\ntrial {number}"
+        digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
+        prefix = self.job_name if self.job_name is not None else f"{ti.dag_id}-{ti.task_id}"
+        return hook.job_name_for(f"{prefix}-t{number}".lower().replace("_", "-"), digest)
+
+    @contextmanager
+    def _as_trial(self, trial: TrialRecord) -> Iterator[None]:
+        """The operator's spec, args and env as trial ``trial`` sees them, while its job is built."""
+        saved = (self.specs, self.args, self.env)
+        self.env = {**self.env, ENV_PARAMS: json.dumps(trial.params), ENV_NUMBER: str(trial.number)}
+        if self.specs is not None:
+            self.specs = with_params_at_paths(self.specs, trial.params)
+        elif self.args is not None:
+            self.args = {**self.args, **trial.params}
+        try:
+            yield
+        finally:
+            self.specs, self.args, self.env = saved
+
+    def _start_trial(self, context: Context, hook: TAOPlatformHook, state: SearchState, trial: TrialRecord) -> None:
+        """Submit ``trial``'s job: its job id is stored first (the write-ahead), then the job is created."""
+        trial.name = self._trial_name(context, hook, trial.number)
+        with self._as_trial(trial):
+            spec, outputs = self._prepared_spec(context, hook, trial.name)
+        trial.job_id, trial.state, trial.outputs = spec.job_id, WAITING, outputs
+        self._save(context, state)
+        handle = hook.create_job(spec, try_number=context["ti"].try_number)
+        self._running(trial, handle)
+        self.log.info(
+            "Trial %d started: job %s (%s), params %s", trial.number, handle.job_id, handle.name, trial.params
+        )
+
+    @staticmethod
+    def _running(trial: TrialRecord, handle: JobHandle) -> None:
+        trial.handle, trial.state, trial.results_dir = handle.to_json(), RUNNING, handle.results_dir
+        trial.job_id, trial.log_cursor, trial.parser = handle.job_id, "", {}
+        trial.started_at = trial.started_at or handle.submitted_at
+
+    def _adopt(self, context: Context, hook: TAOPlatformHook, state: SearchState) -> None:
+        """A resumed or retried try takes over the trials in flight: running ones are claimed; a waiting one whose
+        job was created before its record is found by name and adopted, else it is submitted now."""
+        try_number = context["ti"].try_number
+        for trial in state.live:
+            if trial.state == RUNNING and trial.handle:
+                handle = JobHandle.from_json(trial.handle)
+                if handle.try_number != try_number:
+                    handle = handle.owned_by(try_number)
+                    hook.claim_job(handle)
+                    trial.handle = handle.to_json()
+                continue
+            found = hook.find_job(trial.name) if trial.name and trial.job_id else None
+            if found is not None and found.job_id == trial.job_id:
+                self.log.info("Trial %d: adopting job %s, created before it was recorded", trial.number, found.job_id)
+                handle = found.owned_by(try_number)
+                hook.claim_job(handle)
+                self._running(trial, handle)
+            else:
+                self._start_trial(context, hook, state, trial)
+        self._save(context, state)
+
+    def _usage_hours(self, hook: TAOPlatformHook, handle: JobHandle, now: float | None = None) -> float:
+        """The GPU-hours of ``handle`` so far, from the platform's own times (0 when they cannot be read)."""
+        try:
+            usage = hook.get_job_usage(handle)
+        except Exception as exc:  # accounting never decides a trial's fate
+            self.log.warning("No usage for job %s: %s", handle.job_id, exc)
+            return 0.0
+        attempt = attempt_of(
+            handle, usage, outcome="", reason="", try_number=handle.try_number,
+            requested_gpus=self.gpu_count, requested_nodes=self.num_nodes, now=now,
+        )  # fmt: skip
+        return attempt.gpu_hours or 0.0
+
+    def _end_trial(self, hook: TAOPlatformHook, state: SearchState, trial: TrialRecord, status: JobStatus) -> None:
+        """Record how ``trial``'s job ended: complete with its value, canceled (by a person), an infrastructure
+        failure run again, or failed (program error, OOM, no metric) -- never ranked."""
+        assert trial.handle is not None
+        handle = JobHandle.from_json(trial.handle)
+        trial.gpu_hours = round(trial.gpu_hours + self._usage_hours(hook, handle), 6)
+        if status.state is JobState.COMPLETE:
+            self._complete(hook, state, trial, handle)
+        elif status.state is JobState.CANCELED or (who := hook.canceled_by(handle)):
+            who = hook.canceled_by(handle)
+            trial.state, trial.reason = CANCELED, f"canceled by {who}" if who else "canceled outside the search"
+            trial.err_class = ErrClass.ERR_CANCELED.value
+        else:
+            try:
+                analysis = hook.get_failure_analysis(handle)
+            except Exception as exc:  # a job that vanished has nothing to analyse: the status says what is known
+                self.log.warning("No failure analysis of trial %d's job %s: %s", trial.number, handle.job_id, exc)
+                analysis = None
+            err_class = analysis.err_class if analysis else ErrClass.ERR_UNKNOWN
+            trial.err_class, trial.reason = err_class.value, analysis.summary() if analysis else status.message
+            if err_class.retriable and trial.attempts <= max(1, getattr(self, "retries", 0) or 0):
+                self.log.warning("Trial %d: %s; running it again", trial.number, trial.reason)
+                trial.attempts += 1
+                trial.state, trial.handle, trial.job_id = WAITING, None, ""
+            else:
+                self._failed(state, trial)
+        hook.cleanup_job(handle)
+
+    def _complete(self, hook: TAOPlatformHook, state: SearchState, trial: TrialRecord, handle: JobHandle) -> None:
+        final = final_values(self._read_metrics(hook, handle), self.config.metrics)
+        values = {**trial.last_values, **final}  # metrics.json wins over the last reported step
+        if missing := [m for m in self.config.metrics if m not in values]:
+            trial.reason = (
+                f"completed without reporting {', '.join(missing)}; recognised forms: {'; '.join(RECOGNISED_FORMS)}"
+            )
+            self.log.error("Trial %d (job %s) %s", trial.number, handle.job_id, trial.reason)
+            self._failed(state, trial)
+            return
+        trial.state, trial.values, trial.reason = COMPLETE, [values[m] for m in self.config.metrics], ""
+        state.failures_in_row = 0
+        self.log.info("Trial %d complete: %s", trial.number, dict(zip(self.config.metrics, trial.values, strict=True)))
+
+    def _failed(self, state: SearchState, trial: TrialRecord) -> None:
+        trial.state = FAILED
+        if not state.in_state(COMPLETE):
+            state.failures_in_row += 1
+        self.log.error("Trial %d failed: %s", trial.number, trial.reason)
+
+    def _stop_trial(self, hook: TAOPlatformHook, trial: TrialRecord, state: str, reason: str) -> None:
+        """Cancel ``trial``'s job (the one cancel routine) and record it ``state`` (pruned, budget)."""
+        trial.state, trial.reason = state, reason
+        if trial.handle is None:
+            return
+        handle = JobHandle.from_json(trial.handle)
+        try:
+            hook.cancel_job(handle)
+        except Exception as exc:  # the sweeper cancels what this could not; the verdict stands
+            self.log.error("Canceling trial %d's job %s failed: %s", trial.number, handle.job_id, exc)
+        trial.gpu_hours = round(trial.gpu_hours + self._usage_hours(hook, handle, time.time()), 6)
+        hook.cleanup_job(handle)
+        self.log.info("Trial %d %s: %s (job %s canceled)", trial.number, state, reason, handle.job_id)
+
+    def _stop_all(self, hook: TAOPlatformHook, state: SearchState, reason: str) -> None:
+        for trial in state.live:
+            self._stop_trial(hook, trial, BUDGET, reason)
+
+    def _running_hours(self, hook: TAOPlatformHook, state: SearchState) -> float:
+        """GPU-hours of the running trials' current jobs so far (the platforms' start times, now as the end)."""
+        now = time.time()
+        return sum(
+            self._usage_hours(hook, JobHandle.from_json(t.handle), now) for t in state.in_state(RUNNING) if t.handle
+        )

@@ -1,0 +1,47 @@
+"""A hyperparameter search on the local platform, driven by tests/e2e/test_tao_automl.py.
+
+Every trial waits for ``<gate_dir>/go`` (the test creates it once it has seen the first trials running at once), then
+runs ``EPOCHS`` epochs of a fraction of a second, printing ``Epoch N/M - val_loss: X`` (worse for learning rates far
+from 1e-2, falling with the epochs), so ASHA has trials to stop early.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_provider_tao.operators.automl import TAOAutoMLOperator
+
+TRAIN = (
+    'while [ ! -e "$GATE_DIR/go" ]; do sleep 0.1; done; '
+    'python3 -c "import json, math, os, time\n'
+    "p = json.loads(os.environ['TAO_TRIAL_PARAMS'])\n"
+    "floor = (math.log10(p['lr']) + 2) ** 2 + 0.1 * p['depth']\n"
+    "for e in range(1, 7):\n"
+    "    time.sleep(0.7)\n"
+    "    print(f'Epoch {e}/6 - val_loss: {floor + 1 / e:.4f}', flush=True)\n"
+    '"'
+)
+
+with DAG(dag_id="tao_e2e_automl", schedule=None, start_date=datetime(2026, 1, 1), catchup=False):
+    TAOAutoMLOperator(
+        task_id="tune",
+        conn_id="tao_e2e",
+        command=TRAIN,
+        gpu_count=0,
+        env={"GATE_DIR": "{{ dag_run.conf['gate_dir'] }}"},
+        search_space={
+            "lr": {"type": "float", "low": 1e-5, "high": 1.0, "log": True},
+            "depth": {"type": "int", "low": 1, "high": 4},
+        },
+        metric="val_loss",
+        direction="minimize",
+        algorithm="tpe",
+        pruner="asha",
+        max_trials=6,
+        max_concurrent_trials=3,
+        seed=3,
+        deferrable=True,
+        poll_interval=1,
+    )
