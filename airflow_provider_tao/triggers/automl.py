@@ -25,6 +25,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_tao.automl.metrics import MetricParser
 from airflow_provider_tao.jobindex import WANTED_TI_STATES
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobStatus
+from airflow_provider_tao.operators.decisions import UNKNOWN
 from airflow_provider_tao.triggers.job import TAOJobTrigger
 from airflow_provider_tao.triggers.log_budget import FINAL_LOG_READS
 from airflow_provider_tao.triggers.poller import StatusPoller, Watch, is_running
@@ -175,7 +176,7 @@ class TAOAutoMLTrigger(BaseTrigger):
         }
         return {"status": status, "trials": trials}
 
-    async def _task_state(self) -> str | None:
+    async def _task_state(self) -> Any:
         """The task instance's state now, asked as the single job's trigger asks it (a trigger that only moved to
         another triggerer leaves the trials alone)."""
         return await TAOJobTrigger._task_state(self)  # type: ignore[arg-type]  # reads task_instance and log only
@@ -187,7 +188,9 @@ class TAOAutoMLTrigger(BaseTrigger):
             return
         from airflow_provider_tao.hooks import get_platform_hook
 
-        adoptable = state in WANTED_TI_STATES
+        # A cleared task (no state) or one whose state could not be read keeps what its next try adopts (issue 37
+        # defect 6): only a task marked over loses its trials' leftovers.
+        adoptable = state is None or state is UNKNOWN or state in WANTED_TI_STATES
         for trial in self.trials:
             handle = JobHandle.from_json(trial["handle"])
             hook = get_platform_hook(handle.platform, handle.conn_id)
