@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Any
 from urllib.parse import parse_qs
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
@@ -27,9 +27,6 @@ from airflow_provider_tao.plugins import cancel, pages
 from airflow_provider_tao.plugins.permissions import CurrentViewer, Viewer
 from airflow_provider_tao.plugins.results import results_files
 from airflow_provider_tao.received_secrets import job_secrets
-
-if TYPE_CHECKING:
-    from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 
 #: The platforms' answers about running jobs, shared by every request (one batched call per connection per TTL).
 LIVE = LiveStates()
@@ -44,8 +41,6 @@ RECORD_ONLY_IN_XCOM = (
 )
 #: Seconds the job page waits for the platform (log, location) before it says the platform did not answer.
 PLATFORM_TIMEOUT = 10.0
-
-CurrentUser = Annotated["BaseUser", Depends(cancel.current_user)]
 
 
 def _base_url() -> str:
@@ -128,7 +123,7 @@ def create_app() -> FastAPI:
 
     @app.get("/jobs/{dag_id}/{run_id}/{task_id}", response_class=HTMLResponse)
     async def job_page(
-        *, dag_id: str, run_id: str, task_id: str, viewer: CurrentViewer, user: CurrentUser, map_index: int = -1
+        *, dag_id: str, run_id: str, task_id: str, viewer: CurrentViewer, map_index: int = -1
     ) -> HTMLResponse:
         current, jobs = await _task_jobs(viewer.dags, dag_id, run_id, task_id, map_index)
         current, failure = await _live_view(current)
@@ -156,22 +151,23 @@ def create_app() -> FastAPI:
                 results=files,
                 history=[viewer.shown(job) for job in jobs if not job.current],
                 failure=failure,
-                actions=await asyncio.to_thread(cancel.form, user, current) if current.verified else "",
+                actions=await asyncio.to_thread(cancel.form, viewer.user, current)
+                if current.verified and viewer.user is not None
+                else "",
             )
         )
 
     @app.post("/jobs/{dag_id}/{run_id}/{task_id}/cancel", response_class=HTMLResponse)
     async def cancel_job(
-        *, request: Request, dag_id: str, run_id: str, task_id: str, viewer: CurrentViewer, user: CurrentUser,
-        map_index: int = -1,
+        *, request: Request, dag_id: str, run_id: str, task_id: str, viewer: CurrentViewer, map_index: int = -1,
     ) -> HTMLResponse:  # fmt: skip
         """The Cancel button: for users who may edit the DAG, with the token of their job page (403 otherwise)."""
         current, _ = await _task_jobs(viewer.dags, dag_id, run_id, task_id, map_index)
         if not current.verified:
             raise HTTPException(403, RECORD_ONLY_IN_XCOM)
         given = parse_qs((await request.body()).decode(errors="replace")).get("token", [""])[0]
-        await asyncio.to_thread(cancel.check, user, current, given)
-        row = await asyncio.to_thread(cancel.cancel, user, current)
+        await asyncio.to_thread(cancel.check, viewer.user, current, given)
+        row = await asyncio.to_thread(cancel.cancel, viewer.user, current)
         words = f"Canceled by {row['by']}" if row["canceled"] else "Not canceled"
         back = job_page_path(dag_id, run_id, task_id, map_index)
         body = (

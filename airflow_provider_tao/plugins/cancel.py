@@ -14,7 +14,7 @@ import hmac
 import html
 from typing import TYPE_CHECKING, Any
 
-from fastapi import HTTPException, Request
+from fastapi import HTTPException
 
 from airflow_provider_tao.links import job_page_path
 
@@ -22,13 +22,6 @@ if TYPE_CHECKING:
     from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 
     from airflow_provider_tao.jobindex import IndexedJob
-
-
-async def current_user(request: Request) -> BaseUser:
-    """The request's user (401 without a valid login, as every Airflow route)."""
-    from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
-
-    return await get_user(request, None, await bearer_scheme(request))
 
 
 def may_cancel(user: BaseUser, dag_id: str) -> bool:

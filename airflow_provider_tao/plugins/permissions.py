@@ -32,10 +32,12 @@ class Viewer:
 
     :param dags: the DAGs the user may read.
     :param is_authorized: ``(access entity name, dag_id) -> bool``, the auth manager's answer.
+    :param user: the auth manager's user (what the Cancel button asks about: may they edit the DAG).
     """
 
     dags: set[str]
     is_authorized: Callable[[str, str], bool]
+    user: Any = None
     _answers: dict[tuple[str, str], bool] = field(default_factory=dict)
 
     def _may(self, entity: str, dag_id: str) -> bool:
@@ -84,7 +86,7 @@ async def viewer(request: Request) -> Viewer:
 
     user: Any = await get_user(request, None, await bearer_scheme(request))
     dags = set(get_auth_manager().get_authorized_dag_ids(user=user, method="GET"))
-    return Viewer(dags=dags, is_authorized=_auth_manager_question(user))
+    return Viewer(dags=dags, is_authorized=_auth_manager_question(user), user=user)
 
 
 CurrentViewer = Annotated[Viewer, Depends(viewer)]

@@ -15,7 +15,6 @@ from airflow_provider_tao import canceling
 from airflow_provider_tao.jobindex import IndexedJob
 from airflow_provider_tao.jobs import JobSpec, JobState
 from airflow_provider_tao.plugins import app as plugin_app
-from airflow_provider_tao.plugins import cancel
 from airflow_provider_tao.plugins.permissions import Viewer, viewer
 from airflow_provider_tao.records import JobRecord
 from tests.unit.fakes import FakeHook
@@ -55,9 +54,10 @@ def world(fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch) -> Ite
     monkeypatch.setenv("AIRFLOW__API__SECRET_KEY", "unit-test-secret")
     monkeypatch.setattr(plugin_app.LIVE, "ask", lambda conn, handles: {})  # the records' word is enough here
     app = plugin_app.create_app()
-    app.dependency_overrides[viewer] = lambda: Viewer({"train_dag"}, lambda entity, dag_id: True)
+    app.dependency_overrides[viewer] = lambda: Viewer(
+        {"train_dag"}, lambda entity, dag_id: True, user=User(as_user["name"])
+    )
     as_user = {"name": "viewer"}
-    app.dependency_overrides[cancel.current_user] = lambda: User(as_user["name"])
     client = TestClient(app)
 
     def login(name: str) -> TestClient:
