@@ -634,3 +634,15 @@ async def test_a_trigger_moved_to_another_triggerer_writes_no_line_the_new_one_w
     ticks = re.findall(r"\[job\] (tick \d+)", capsys.readouterr().out)
     assert ticks == [f"tick {n}" for n in range(1, 7)]  # each line once, in order
     assert xcom[("r", "tao_log_cursor")]["cursor"] == str(len(FakeHook.logs[handle.job_id]))
+
+
+async def test_a_trigger_started_again_keeps_the_platforms_capacity_clock(fake_platform: type[FakeHook]) -> None:
+    """A trigger that starts over (a triggerer restart) does not start the wait for capacity over: the job has waited
+    30 s by the platform's clock, the bound is 20 s, so its first status ends the wait (counted in status calls, the
+    e2e failover test no longer times it, issue 35)."""
+    handle = _submit(fake_platform)
+    fake_platform.jobs[handle.job_id].update(state=JobState.PENDING, capacity_wait_since=time.time() - 30)
+    payload = await _first_event(_trigger(handle, capacity_timeout=20.0, poll_interval=5.0))
+    assert payload["status"] == "capacity"
+    assert int(re.search(r"waited (\d+) s for resources", payload["message"]).group(1)) >= 30  # type: ignore[union-attr]
+    assert len(fake_platform.status_calls) == 1
