@@ -94,12 +94,19 @@ def backends_held(item: pytest.Item) -> Iterator[None]:
     if not reaches_backends(item.path):
         yield
         return
-    alone = item.get_closest_marker(STOPS_SHARED_BACKEND) is not None
+    with holding(alone=item.get_closest_marker(STOPS_SHARED_BACKEND) is not None):
+        yield
+
+
+@contextlib.contextmanager
+def holding(*, alone: bool, lock: Path | None = None) -> Iterator[None]:
+    """Hold ``lock`` (:data:`BACKENDS_LOCK`) shared, or ``alone``."""
+    lock = lock or BACKENDS_LOCK
     # The turnstile: taken briefly by everyone, held by the one who stops a backend until it holds the lock alone, so
     # new tests queue behind it instead of keeping the shared lock busy forever.
-    turnstile = _flock(BACKENDS_LOCK.with_suffix(".turnstile"), fcntl.LOCK_EX)
+    turnstile = _flock(lock.with_suffix(".turnstile"), fcntl.LOCK_EX)
     try:
-        held = _flock(BACKENDS_LOCK, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        held = _flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
     finally:
         _release(turnstile)
     try:
