@@ -27,8 +27,7 @@ t0=$(date +%s)
 set +e
 if [ "${1:-}" = "--pytest" ]; then
   shift
-  python -m pytest -p no:cacheprovider -ra --durations=15 -n "${TAO_TEST_WORKERS:-3}" --dist loadgroup \
-    --no-loadscope-reorder "$@"
+  python -m pytest -p no:cacheprovider -ra --durations=15 -n "${TAO_TEST_WORKERS:-3}" "$@"
 else
   bash scripts/test.sh "$@"
 fi

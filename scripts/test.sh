@@ -92,7 +92,7 @@ step "pytest (${TAO_TEST_WORKERS:=3} lanes side by side, tests/lanes.py)"
 # The end-to-end folders, the explorer and each backend's integration tests are lanes that run beside each other
 # (they wait on Airflow and on jobs most of the time); a test that stops a shared backend runs alone.
 set +e
-python -m pytest -p no:cacheprovider -ra --durations=15 -n "$TAO_TEST_WORKERS" --dist loadgroup --no-loadscope-reorder "$@"
+python -m pytest -p no:cacheprovider -ra --durations=15 -n "$TAO_TEST_WORKERS" "$@"
 rc=$?
 set -e
 step "pytest exit code $rc"

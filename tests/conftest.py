@@ -22,9 +22,12 @@ settings.register_profile("tao", deadline=None, suppress_health_check=[HealthChe
 settings.load_profile("tao")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (it names each item by its group)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    lanes.assign_lanes(config, items)
+    lanes.order_for_lanes(items)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    return lanes.make_scheduler(config, log)
 
 
 @pytest.hookimpl(wrapper=True)

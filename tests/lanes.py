@@ -1,7 +1,9 @@
-"""How the suite runs side by side (``pytest -n N --dist loadgroup``, as ``scripts/test.sh`` runs it): the lane rule
-and the lock around the shared backends.
+"""How the suite runs side by side (``pytest -n N``, as ``scripts/test.sh`` runs it): the lane rule and the lock
+around the shared backends.
 
-Lanes. Every test gets an ``xdist_group`` from its path, so a new test inherits its lane from where it lives:
+Lanes. Under pytest-xdist every test runs in the lane of its path (:class:`LaneScheduling`, the scheduler of every
+distributed run), so a new test inherits its lane from where it lives (not ``xdist_group`` marks: pytest 9.2 names
+its items in a way xdist 3.8's ``loadgroup`` no longer changes, and the groups were silently ignored):
 
 * ``tests/e2e/<dir>/...`` -> ``e2e-<dir>``; ``tests/e2e/test_*.py`` -> ``e2e``: one group per folder of end-to-end
   tests, so each folder's tests run one after another in one process and share that process's ``airflow
@@ -30,6 +32,7 @@ import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,7 +46,7 @@ _LANE_ORDER = ("e2e", "explorer", "integration")
 
 
 def lane(path: Path) -> str:
-    """The ``xdist_group`` of a test module at ``path``."""
+    """The lane of a test module at ``path``."""
     parts = path.resolve().relative_to(TESTS).parts
     top = parts[0]
     if top == "e2e":
@@ -59,12 +62,10 @@ def reaches_backends(path: Path) -> bool:
     return path.resolve().relative_to(TESTS).parts[0] in _LANE_ORDER
 
 
-def assign_lanes(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each item with its lane; under xdist, order them so the long lanes start first."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(lane(item.path)))
-    if getattr(config.option, "dist", "no") == "no":
-        return
+def order_for_lanes(items: list[pytest.Item]) -> None:
+    """In a worker of a distributed run: the long lanes first (every worker sorts alike, as xdist requires)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # a plain run keeps the collection order
 
     def start_order(item: pytest.Item) -> tuple[int, int]:
         parts = item.path.resolve().relative_to(TESTS).parts
@@ -74,6 +75,19 @@ def assign_lanes(config: pytest.Config, items: list[pytest.Item]) -> None:
         return rank, 1 if top == "e2e" and len(parts) == 2 else 0
 
     items.sort(key=start_order)  # stable: the order within a lane is the collection order
+
+
+def make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """The scheduler of a distributed run: xdist's scope scheduling with the lane as the scope, in the order the
+    workers collected (the long lanes first)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane(config.rootpath / nodeid.split("::", 1)[0])
+
+    config.option.loadscopereorder = False  # not by test count: the order above
+    return LaneScheduling(config, log)
 
 
 def _flock(path: Path, mode: int) -> int:
