@@ -299,34 +299,17 @@ class TAOJobTrigger(BaseTrigger):
         moved to another triggerer keeps running in its old one (a triggerer that missed its heartbeats wakes up) until
         that one cancels it, and it must not write the lines this one writes again."""
         self.log_cursor = await self._stored_cursor() or self.log_cursor
-        target = self._xcom_target()
-        if target is None:
-            return
-        from airflow.sdk.bases.xcom import BaseXCom
-
-        self._writer_id = uuid.uuid4().hex
-        try:
-            await BaseXCom.aset(key=XCOM_LOG_WRITER, value={"job_id": self.handle.job_id, "writer": self._writer_id},
-                                **target)  # fmt: skip
-        except Exception as exc:
-            self.log.debug("Claiming the job's log failed: %s", exc)
+        if self._xcom_target() is not None:
+            self._writer_id = uuid.uuid4().hex
+            await self._xcom_put(XCOM_LOG_WRITER, "writer", self._writer_id)
 
     async def _still_the_writer(self) -> bool:
         """False once a trigger started later for the task has claimed the job's log (read right before the lines
         would be written; an unreadable claim keeps this one writing)."""
-        target = self._xcom_target()
-        if target is None or not self._writer_id:
+        if not self._writer_id:
             return True
-        from airflow.sdk.bases.xcom import BaseXCom
-
-        try:
-            claim = await BaseXCom.aget_one(key=XCOM_LOG_WRITER, **target)
-        except Exception as exc:
-            self.log.debug("Reading the job log's claim failed: %s", exc)
-            return True
-        if isinstance(claim, dict) and claim.get("job_id") == self.handle.job_id and claim.get("writer") not in (
-            None, self._writer_id,
-        ):  # fmt: skip
+        claim = await self._xcom_job_value(XCOM_LOG_WRITER)
+        if claim is not None and claim.get("writer") not in (None, self._writer_id):
             self._superseded = True
             self.log.info(
                 "Another trigger of this task writes job %s's log lines now: this one stops", self.handle.job_id
@@ -334,30 +317,37 @@ class TAOJobTrigger(BaseTrigger):
         return not self._superseded
 
     async def _stored_cursor(self) -> str | None:
+        value = await self._xcom_job_value(XCOM_LOG_CURSOR)
+        return None if value is None else str(value.get("cursor") or "") or None
+
+    async def _store_cursor(self, cursor: str) -> None:
+        await self._xcom_put(XCOM_LOG_CURSOR, "cursor", cursor)
+
+    async def _xcom_job_value(self, key: str) -> dict[str, Any] | None:
+        """The task instance's XCom ``key`` when it is this job's (None: another job's, none, or unreadable)."""
         target = self._xcom_target()
         if target is None:
             return None
         from airflow.sdk.bases.xcom import BaseXCom
 
         try:
-            value = await BaseXCom.aget_one(key=XCOM_LOG_CURSOR, **target)
+            value = await BaseXCom.aget_one(key=key, **target)
         except Exception as exc:
-            self.log.debug("Reading the stored log cursor failed: %s", exc)
+            self.log.debug("Reading the XCom %s failed: %s", key, exc)
             return None
-        if isinstance(value, dict) and value.get("job_id") == self.handle.job_id:
-            return str(value.get("cursor") or "") or None
-        return None
+        return value if isinstance(value, dict) and value.get("job_id") == self.handle.job_id else None
 
-    async def _store_cursor(self, cursor: str) -> None:
+    async def _xcom_put(self, key: str, field: str, value: str) -> None:
+        """Keep ``{job_id, field: value}`` as the task instance's XCom ``key`` (best effort)."""
         target = self._xcom_target()
         if target is None:
             return
         from airflow.sdk.bases.xcom import BaseXCom
 
         try:
-            await BaseXCom.aset(key=XCOM_LOG_CURSOR, value={"job_id": self.handle.job_id, "cursor": cursor}, **target)
+            await BaseXCom.aset(key=key, value={"job_id": self.handle.job_id, field: value}, **target)
         except Exception as exc:
-            self.log.debug("Storing the log cursor failed: %s", exc)
+            self.log.debug("Storing the XCom %s failed: %s", key, exc)
 
     async def _mask_secrets(self) -> None:
         """Mask every secret the job received -- found again here, never carried in the kwargs (see
