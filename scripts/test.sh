@@ -2,7 +2,8 @@
 # Run the whole test suite on a fresh Debian machine with Python 3.11 and pip (run as root).
 # Installs the Debian and Python packages the tests need, starts the backends they talk to (a private
 # Docker engine, the SLURM cluster; moto S3 and `airflow standalone` are started by the test fixtures
-# themselves), runs the linters and type checker, then pytest; meanwhile, in the background, the unit tests and the
+# themselves), runs the linters and type checker, then pytest (TAO_TEST_WORKERS lanes at once, 3 by default; 0 = one
+# process); meanwhile, in the background, the unit tests and the
 # quickstart on Python 3.12 (PYTHON312, else pyenv's, else python3.12 on PATH; none is an error). Extra arguments go
 # to pytest.
 set -euo pipefail
@@ -87,9 +88,11 @@ mypy airflow_provider_tao
 step "docs (Sphinx, warnings are errors)"
 python -m sphinx -W --keep-going -q -b html docs build/docs
 
-step "pytest"
+step "pytest (${TAO_TEST_WORKERS:=3} lanes side by side, tests/lanes.py)"
+# The end-to-end folders, the explorer and each backend's integration tests are lanes that run beside each other
+# (they wait on Airflow and on jobs most of the time); a test that stops a shared backend runs alone.
 set +e
-python -m pytest -p no:cacheprovider -ra --durations=15 "$@"
+python -m pytest -p no:cacheprovider -ra --durations=15 -n "$TAO_TEST_WORKERS" "$@"
 rc=$?
 set -e
 step "pytest exit code $rc"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
@@ -40,6 +41,8 @@ from airflow_provider_tao.waiting import WaitLog
 
 #: XCom key of the log cursor (kept with the task instance: survives triggerer restarts, cleared by a new try).
 XCOM_LOG_CURSOR = "tao_log_cursor"
+#: XCom key naming the trigger that writes the job's log lines: the one of the task instance that started last.
+XCOM_LOG_WRITER = "tao_log_writer"
 #: How long a trigger's on_kill keeps asking a failing platform to cancel the job (it runs on past on_kill's own
 #: timeout, as a task of the triggerer's loop).
 CANCEL_RETRY_SECONDS = 300.0
@@ -114,6 +117,8 @@ class TAOJobTrigger(BaseTrigger):
         # walks): the triggerer routes a trigger's lines to its task's log by context variables, not by logger.
         self._log = _class_logger(self._create_logger_name(type(self), self._log_config_logger_name, self._logger_name))
         self._event_hold = 0.0  # [tao] trigger_event_hold_seconds, from the poller before the first event
+        self._writer_id = ""  # this trigger's claim to write the job's log lines (see _take_over_log)
+        self._superseded = False  # a trigger started later for the task writes the lines now
 
     @property
     def writer(self) -> JobLogWriter:
@@ -145,7 +150,7 @@ class TAOJobTrigger(BaseTrigger):
         poller = await StatusPoller.for_connection(self.handle.platform, self.handle.conn_id)
         hook = poller.hook
         if self.stream_logs:
-            self.log_cursor = await self._stored_cursor() or self.log_cursor
+            await self._take_over_log()
         self.log.info("Watching %s job %s (%s)", hook.platform, self.handle.job_id, self.handle.name)
         status = JobStatus.unknown("no status yet")
         self._event_hold = poller.event_hold
@@ -262,6 +267,8 @@ class TAOJobTrigger(BaseTrigger):
         or for the end of an ended job's log (``final``: returns True when this read reached it). The new cursor is
         stored before the lines are written: a triggerer dying in between loses lines rather than writing them
         twice."""
+        if self._superseded:
+            return True  # the trigger that took over writes the rest
         try:
             text, cursor = await hook.aget_job_logs(self.handle, self.log_cursor)
         except asyncio.CancelledError:
@@ -269,6 +276,8 @@ class TAOJobTrigger(BaseTrigger):
         except Exception as exc:  # logs are best effort: never fail the watch over them
             self.log.debug("Reading the job log failed: %s", exc)
             return False
+        if cursor != self.log_cursor and not await self._still_the_writer():
+            return True
         at_end = final and (cursor == self.log_cursor or hook.log_read_reached_end(text))
         lines = self.writer.feed(text, at_end) if text or self._writer is not None else []
         try:
@@ -290,31 +299,60 @@ class TAOJobTrigger(BaseTrigger):
             return None  # run outside a triggerer (tests, the worker): the cursor lives in memory only
         return {"dag_id": ti.dag_id, "task_id": ti.task_id, "run_id": ti.run_id, "map_index": ti.map_index}
 
+    async def _take_over_log(self) -> None:
+        """Continue the job's log from the cursor stored by the task's last trigger, and claim the writing: a trigger
+        moved to another triggerer keeps running in its old one (a triggerer that missed its heartbeats wakes up) until
+        that one cancels it, and it must not write the lines this one writes again."""
+        self.log_cursor = await self._stored_cursor() or self.log_cursor
+        if self._xcom_target() is not None:
+            self._writer_id = uuid.uuid4().hex
+            await self._xcom_put(XCOM_LOG_WRITER, "writer", self._writer_id)
+
+    async def _still_the_writer(self) -> bool:
+        """False once a trigger started later for the task has claimed the job's log (read right before the lines
+        would be written; an unreadable claim keeps this one writing)."""
+        if not self._writer_id:
+            return True
+        claim = await self._xcom_job_value(XCOM_LOG_WRITER)
+        if claim is not None and claim.get("writer") not in (None, self._writer_id):
+            self._superseded = True
+            self.log.info(
+                "Another trigger of this task writes job %s's log lines now: this one stops", self.handle.job_id
+            )
+        return not self._superseded
+
     async def _stored_cursor(self) -> str | None:
+        value = await self._xcom_job_value(XCOM_LOG_CURSOR)
+        return None if value is None else str(value.get("cursor") or "") or None
+
+    async def _store_cursor(self, cursor: str) -> None:
+        await self._xcom_put(XCOM_LOG_CURSOR, "cursor", cursor)
+
+    async def _xcom_job_value(self, key: str) -> dict[str, Any] | None:
+        """The task instance's XCom ``key`` when it is this job's (None: another job's, none, or unreadable)."""
         target = self._xcom_target()
         if target is None:
             return None
         from airflow.sdk.bases.xcom import BaseXCom
 
         try:
-            value = await BaseXCom.aget_one(key=XCOM_LOG_CURSOR, **target)
+            value = await BaseXCom.aget_one(key=key, **target)
         except Exception as exc:
-            self.log.debug("Reading the stored log cursor failed: %s", exc)
+            self.log.debug("Reading the XCom %s failed: %s", key, exc)
             return None
-        if isinstance(value, dict) and value.get("job_id") == self.handle.job_id:
-            return str(value.get("cursor") or "") or None
-        return None
+        return value if isinstance(value, dict) and value.get("job_id") == self.handle.job_id else None
 
-    async def _store_cursor(self, cursor: str) -> None:
+    async def _xcom_put(self, key: str, field: str, value: str) -> None:
+        """Keep ``{job_id, field: value}`` as the task instance's XCom ``key`` (best effort)."""
         target = self._xcom_target()
         if target is None:
             return
         from airflow.sdk.bases.xcom import BaseXCom
 
         try:
-            await BaseXCom.aset(key=XCOM_LOG_CURSOR, value={"job_id": self.handle.job_id, "cursor": cursor}, **target)
+            await BaseXCom.aset(key=key, value={"job_id": self.handle.job_id, field: value}, **target)
         except Exception as exc:
-            self.log.debug("Storing the log cursor failed: %s", exc)
+            self.log.debug("Storing the XCom %s failed: %s", key, exc)
 
     async def _mask_secrets(self) -> None:
         """Mask every secret the job received -- found again here, never carried in the kwargs (see

@@ -146,27 +146,22 @@ def test_the_wait_for_capacity_survives_a_triggerer_restart(
     slurm_cluster: SlurmCluster,  # noqa: F811
     marks: Path,
 ) -> None:
-    """The triggerer is restarted during a 20 s wait. Had the new trigger started the wait over, the job would have
-    waited 20 s more than the restart's offset into it; it moves once Slurm's own clock says 20 s."""
+    """The triggerer is restarted during a 20 s wait for capacity; the new trigger goes on with it and fails over
+    once Slurm's own clock says 20 s. That the clock is Slurm's (a trigger started again does not start the wait over)
+    is shown without timing it by ``tests/unit/test_trigger_job.py::test_a_trigger_started_again_keeps_the_platforms_
+    capacity_clock``; here no duration is asserted (a loaded machine polls late, issue 35)."""
     run_id = start_run(client, SLOW_DAG_ID, marks, seconds=2)
     _watching(client, run_id, "slurm", 1, dag_id=SLOW_DAG_ID)
-    time.sleep(10)
-    restarted_at = time.time()
     _, new_triggerer = airflow_standalone.restart_triggerer(signal.SIGTERM)
+    # still deferred when the new triggerer holds the trigger (else this raises): the restart came during the wait
     client.wait_for_trigger_owner(SLOW_DAG_ID, run_id, TASK, new_triggerer, timeout=90)
     client.wait_for_dag_run(SLOW_DAG_ID, run_id, ["success"], timeout=300)
 
     name = _slurm_name(run_id, SLOW_DAG_ID)
-    submit = slurm_cluster.ssh(
-        f"SLURM_TIME_FORMAT=%s sacct -X -n -P -S now-2hours --name={shlex.quote(name)} -o Submit"
-    ).stdout.split()
-    (submitted,) = [float(t) for t in submit]
-    offset = restarted_at - submitted
-    assert offset < 20, f"the restart came {offset:.0f} s into the wait, after it ended: nothing proven"
     log = client.get_task_log(SLOW_DAG_ID, run_id, TASK, 1)
     waited = re.search(r"Failing over from slurm job .* waited (\d+) s for resources \(capacity_timeout 20 s\)", log)
     assert waited is not None, log[-3000:]
-    assert 20 <= int(waited.group(1)) < offset + 20, offset  # Slurm's clock, not the new trigger's
+    assert int(waited.group(1)) >= 20  # Slurm's clock reached the bound: the wait did end, it was not cut short
     assert len(job_ids(marks, "done")) == 1
     states, queued = _slurm_jobs(slurm_cluster, name)
     assert states == ["CANCELLED"] and queued == []

@@ -581,3 +581,69 @@ async def test_a_waiting_trigger_keeps_few_objects_for_the_garbage_collector(
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     assert per_trigger <= WAITING_TRIGGER_OBJECTS
+
+
+async def test_a_trigger_moved_to_another_triggerer_writes_no_line_the_new_one_writes(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 35: a trigger moved off a triggerer that missed its heartbeats keeps running there when that triggerer
+    wakes up, until its supervisor cancels it; reading on from its own cursor, it wrote again the lines the new
+    trigger had written (the e2e test of defect 5 saw ticks twice under load). Both triggers of the one task run in
+    one event loop here, on the task's XCom held in a dict: the old one stops at the new one's claim."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.bases.xcom import BaseXCom
+
+    xcom: dict[tuple[str, str], Any] = {}
+
+    async def aset(key: str, value: Any, *, run_id: str, **target: Any) -> None:
+        xcom[(run_id, key)] = value
+
+    async def aget_one(*, key: str, run_id: str, **target: Any) -> Any:
+        return xcom.get((run_id, key))
+
+    monkeypatch.setattr(BaseXCom, "aset", aset)
+    monkeypatch.setattr(BaseXCom, "aget_one", aget_one)
+    ti = SimpleNamespace(dag_id="d", task_id="train", run_id="r", map_index=-1)
+    handle = _submit(fake_platform)
+    hook = FakeHook(conn_id="fake_conn")
+
+    def tick(n: int) -> None:
+        FakeHook.logs[handle.job_id] = FakeHook.logs.get(handle.job_id, "") + f"tick {n}\n"
+
+    def moved_trigger() -> TAOJobTrigger:
+        trigger = _trigger(handle)
+        trigger.task_instance = ti
+        return trigger
+
+    old = moved_trigger()
+    await old._take_over_log()  # as run() starts
+    for n in (1, 2, 3):
+        tick(n)
+    await old._stream_logs(hook)
+    # the old triggerer freezes; the task's trigger starts on another one from the stored cursor
+    for n in (4, 5):
+        tick(n)
+    new = moved_trigger()
+    await new._take_over_log()
+    await new._stream_logs(hook)
+    tick(6)
+    await old._stream_logs(hook)  # the old triggerer wakes up before its supervisor cancels the trigger
+    await new._stream_logs(hook)
+    await old._stream_logs(hook, final=True)
+
+    ticks = re.findall(r"\[job\] (tick \d+)", capsys.readouterr().out)
+    assert ticks == [f"tick {n}" for n in range(1, 7)]  # each line once, in order
+    assert xcom[("r", "tao_log_cursor")]["cursor"] == str(len(FakeHook.logs[handle.job_id]))
+
+
+async def test_a_trigger_started_again_keeps_the_platforms_capacity_clock(fake_platform: type[FakeHook]) -> None:
+    """A trigger that starts over (a triggerer restart) does not start the wait for capacity over: the job has waited
+    30 s by the platform's clock, the bound is 20 s, so its first status ends the wait (counted in status calls, the
+    e2e failover test no longer times it, issue 35)."""
+    handle = _submit(fake_platform)
+    fake_platform.jobs[handle.job_id].update(state=JobState.PENDING, capacity_wait_since=time.time() - 30)
+    payload = await _first_event(_trigger(handle, capacity_timeout=20.0, poll_interval=5.0))
+    assert payload["status"] == "capacity"
+    assert int(re.search(r"waited (\d+) s for resources", payload["message"]).group(1)) >= 30  # type: ignore[union-attr]
+    assert len(fake_platform.status_calls) == 1

@@ -47,15 +47,24 @@ async def test_a_waiting_job_says_why_again_and_again_and_names_it_in_the_timeou
     job = fake_platform.jobs[handle.job_id]
     job.update(state=JobState.PENDING, message="Job is waiting for its pods")
 
-    async def schedule_fails() -> None:
+    seen = ""
+
+    async def schedule_fails_then_time_out() -> None:
+        nonlocal seen
         await _polls(fake_platform, 2)  # the trigger has seen the first reason, however slowly a loaded machine runs
         job["message"] = UNSCHEDULABLE
+        # the deadline passes once two reminders are out: a poll count, not a wall-clock time (a loaded machine
+        # polled too few times within a fixed 1.2 s for a second reminder, issue 35)
+        while seen.count("is still pending after") < 2:
+            seen += capsys.readouterr().out
+            await asyncio.sleep(0.01)
+        trigger.deadline = time.time()
 
-    asyncio.get_running_loop().create_task(schedule_fails())
-    trigger = TAOJobTrigger(handle=handle.to_json(), poll_interval=0.05, deadline=time.time() + 1.2)
-    payload = (await asyncio.wait_for(trigger.run().__anext__(), 10)).payload
+    trigger = TAOJobTrigger(handle=handle.to_json(), poll_interval=0.05, deadline=time.time() + 600)
+    asyncio.get_running_loop().create_task(schedule_fails_then_time_out())
+    payload = (await asyncio.wait_for(trigger.run().__anext__(), 60)).payload
 
-    out = capsys.readouterr().out
+    out = seen + capsys.readouterr().out
     assert f"Job {handle.job_id} is pending: Job is waiting for its pods" in out  # each change, with its reason
     assert f"Job {handle.job_id} is pending: {UNSCHEDULABLE}" in out
     assert out.count("is still pending after") >= 2  # the reminder while it lasts, not one line per poll

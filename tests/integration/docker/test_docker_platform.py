@@ -425,6 +425,7 @@ def test_clear_while_deferred_runs_exactly_one_container_to_completion(
 # --------------------------------------------------------------------------- outages and surprises
 
 
+@pytest.mark.stops_shared_backend  # the engine every lane uses: run alone (tests/lanes.py)
 def test_dockerd_restart_while_deferred_neither_fails_nor_duplicates(
     docker_engine: DockerEngine, triggerer: Triggerer
 ) -> None:

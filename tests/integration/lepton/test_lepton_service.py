@@ -157,11 +157,17 @@ def test_a_running_job_whose_ready_dips_is_never_a_start_failure_nor_deleted(
                 seen.append((status.state.value, int(job.status.ready or 0)))
             if job.status.state.value == "Running" and int(job.status.ready or 0) < 2:
                 LeptonHook(SIM_CONN).cleanup_job(handle)
-                assert client.job.get(backend_id).status.state.value == "Running", "cleanup deleted a live job"
+                # the job may complete between the read above and the cleanup (a loaded machine, issue 35): then
+                # deleting it is right; a live one never goes (the fake records a completion only for a job that
+                # ran to its end)
+                if client.job.get(backend_id).status.state.value != "Running":
+                    assert fake.job_named(name)[-1]["completion_time"] is not None, "cleanup deleted a live job"
+                    break
             time.sleep(0.3)
-        assert seen[-1][0] == "Complete"
+        ended = seen[-1][0] == "Complete" or fake.job_named(name)[-1]["completion_time"] is not None
+        assert ended, seen
         assert any(state == "Running" and ready < 2 for state, ready in seen), f"no dip was seen: {seen}"
-    wait_for(lambda: fake.job_named(name)[-1]["state"] == "Completed", "the job completed")
+    wait_for(lambda: fake.job_named(name)[-1]["completion_time"] is not None, "the job completed")
 
 
 # ----------------------------------------------------------------------------- 13, 14: events and the server's verdict

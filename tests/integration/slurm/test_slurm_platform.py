@@ -481,6 +481,7 @@ def test_timeout_on_the_short_partition(timeout_run: Any, slurm_cluster: Any) ->
 # --------------------------------------------------------------------------- outage: sshd 60 s, slurmctld restart
 
 
+@pytest.mark.stops_shared_backend  # the cluster every lane uses: run alone (tests/lanes.py)
 def test_sshd_outage_and_slurmctld_restart_neither_fail_nor_duplicate_jobs(
     slurm_cluster: Any, triggerer: Any, hook: SlurmHook
 ) -> None:
