@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import shlex
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,7 +55,8 @@ def _file(path: str, *options: str) -> str:
         if key in wanted:
             last = next(i for i in range(first + 1, len(lines)) if wanted[key] in lines[i]) + keep
     language = {".py": "python", ".yaml": "yaml", ".yml": "yaml", ".sh": "bash"}.get(Path(path).suffix, "")
-    return _fence("\n".join(lines[first:last]), language)
+    # dedented: a part of a block reads (and formats, ruff formats Markdown's code blocks) as code of its own
+    return _fence(textwrap.dedent("\n".join(lines[first:last])), language)
 
 
 def _section(path: str, start: str, end: str) -> str:
