@@ -250,7 +250,7 @@ def job_page(
         ("Platform", f"{job.platform} (connection {job.conn_id or 'default'})"),
         ("State", job.state + (f" ({job.record.err_class})" if job.record.err_class else "")),
         *(failure or {}).items(),
-        ("Task", f"{job.dag_id} / {job.task_id} ({job.ti_state or 'gone'})"),
+        ("Task", f"{job.dag_id} / {job.task_id} ({task_state_words(job)})"),
         ("GPUs x nodes", f"{'all' if job.record.gpu_count < 0 else job.record.gpu_count} x {job.record.num_nodes}"),
         ("Submitted (UTC)", _when(job.started_at)),
         ("Runtime", _duration(job.runtime_seconds(now))),
@@ -308,3 +308,11 @@ def error_page(status: int, message: str) -> str:
 
 def as_filters(params: Mapping[str, Any]) -> dict[str, str]:
     return {key: str(params.get(key) or "") for key in ("dag_id", "platform", "state", "days", "q")}
+
+
+def task_state_words(job: IndexedJob) -> str:
+    """The task instance's state in words: a row with no state is a cleared task waiting to be scheduled again (or
+    one not scheduled yet), not a task that is gone; only a deleted DAG run's task is gone."""
+    if job.ti_state:
+        return job.ti_state
+    return "no state: cleared, waiting to be scheduled" if job.ti_exists else "gone: its DAG run was deleted"

@@ -4,6 +4,7 @@ row --; the job page opens its log at the newest lines and shows a failed job's 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -121,3 +122,21 @@ def test_failure_facts_come_from_the_platform(fake_platform: Any) -> None:
     job = IndexedJob(JobRecord(handle=handle.to_json(), state="Error"), "d", "r", "t", -1, "failed", 1, None, True)
     facts = failure_facts(job)
     assert facts["Exit code"] == "3" and "exited with 3" in facts["Failure"]
+
+
+@pytest.mark.parametrize(
+    ("ti_state", "ti_exists", "words"),
+    [
+        ("running", True, "train_dag / train (running)"),
+        (None, True, "train_dag / train (no state: cleared, waiting to be scheduled)"),
+        (None, False, "train_dag / train (gone: its DAG run was deleted)"),
+    ],
+)
+def test_the_job_page_says_a_cleared_task_waits_and_only_a_deleted_runs_task_is_gone(
+    ti_state: str | None, ti_exists: bool, words: str
+) -> None:
+    job = dataclasses.replace(_job("a00000000000", "conn_a", ti_state=ti_state), ti_exists=ti_exists)
+    html = pages.job_page(
+        job, base="", location={}, job_url="", results_url="", log="", log_note="", results=[], history=[], now=NOW
+    )
+    assert words in html
