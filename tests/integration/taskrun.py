@@ -179,8 +179,14 @@ def follow(run: TaskRun, timeout: float = 120) -> tuple[Any, list[TaskRun]]:
 
 
 def kill(run: TaskRun) -> None:
-    """The task is marked failed while deferred: the triggerer cancels ``run()`` and calls ``on_kill()``."""
+    """The task is marked failed while deferred: the triggerer cancels ``run()`` and calls ``on_kill()``, which
+    reads the task's state as a triggerer's supervisor answers it then (``failed``)."""
+
+    async def marked_failed() -> str:
+        return "failed"
+
     run.future.cancel()
+    run.trigger._task_state = marked_failed  # type: ignore[method-assign]
     run.triggerer.call(run.trigger.on_kill(), timeout=60)
 
 
