@@ -164,9 +164,7 @@ class TAOJobTrigger(BaseTrigger):
                 event = self._event(TriggerOutcome.MISPLACED, JobStatus.unknown(problem), problem)
             else:
                 while True:
-                    wait = self.poll_interval * 4
-                    if self.deadline is not None:
-                        wait = min(wait, max(0.0, self.deadline - time.time()))
+                    wait = self._next_wait()
                     watch.begin_wait(wait)
                     while (waiter := watch.waiter_needed()) is not None:
                         await waiter
@@ -186,16 +184,8 @@ class TAOJobTrigger(BaseTrigger):
                     # An ended job's log is read by the final reads below; a live one when the poller grants it a turn.
                     if self.stream_logs and is_running(status) and watch.take_log_turn():
                         await self._live_log(poller)
-                    if self.deadline is not None and time.time() >= self.deadline:
-                        event = self._event(TriggerOutcome.TIMEOUT, status, "the task's execution_timeout passed")
-                        event.payload["waiting"] = waiting.summary()  # why the job had not run yet, if it had not
-                        break
-                    if not_found >= NOT_FOUND_POLLS:
-                        message = f"job {self.handle.job_id} no longer exists on the {hook.platform} platform"
-                        event = self._event(TriggerOutcome.ERROR, status, f"{message} ({status.message})")
-                        break
-                    if reason := status.capacity_wait_over(self.capacity_timeout, time.time()):
-                        event = self._event(TriggerOutcome.CAPACITY, status, reason)
+                    if (limit := self._limit_event(status, not_found, waiting, hook.platform)) is not None:
+                        event = limit
                         break
                     if status.state is not JobState.ERROR and status.state is not JobState.UNKNOWN:
                         unanswered = 0  # "in a row": a read that shows the rerun ended the run of lost answers
@@ -216,6 +206,26 @@ class TAOJobTrigger(BaseTrigger):
             yield event
         finally:  # also when run() is closed or cancelled: the poller's watch ends with it
             await poller.remove(watch)
+
+    def _next_wait(self) -> float:
+        """How long this poll waits for a status: four intervals, never past the task's deadline."""
+        wait = self.poll_interval * 4
+        if self.deadline is not None:
+            wait = min(wait, max(0.0, self.deadline - time.time()))
+        return wait
+
+    def _limit_event(self, status: JobStatus, not_found: int, waiting: WaitLog, platform: str) -> TriggerEvent | None:
+        """The event of a wait that ends by a limit (the task's deadline, a job gone, capacity waited out), if any."""
+        if self.deadline is not None and time.time() >= self.deadline:
+            event = self._event(TriggerOutcome.TIMEOUT, status, "the task's execution_timeout passed")
+            event.payload["waiting"] = waiting.summary()  # why the job had not run yet, if it had not
+            return event
+        if not_found >= NOT_FOUND_POLLS:
+            message = f"job {self.handle.job_id} no longer exists on the {platform} platform"
+            return self._event(TriggerOutcome.ERROR, status, f"{message} ({status.message})")
+        if reason := status.capacity_wait_over(self.capacity_timeout, time.time()):
+            return self._event(TriggerOutcome.CAPACITY, status, reason)
+        return None
 
     async def _resubmitted(self, hook: TAOPlatformHook, status: JobStatus) -> tuple[str | None, bool]:
         """The platform's note on a rerun of the failed job in place (None: it stays failed), and whether it
