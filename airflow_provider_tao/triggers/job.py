@@ -168,13 +168,7 @@ class TAOJobTrigger(BaseTrigger):
                     watch.begin_wait(wait)
                     while (waiter := watch.waiter_needed()) is not None:
                         await waiter
-                    if (fresh := watch.take_status()) is not None:
-                        status = fresh
-                    else:
-                        poller.ensure_running()
-                        # No fresh answer (the poller is backing off): keep the last failure's reason.
-                        if status.state is not JobState.UNKNOWN:
-                            status = JobStatus.unknown(f"no status from the {hook.platform} platform for {wait:.1f} s")
+                    status = _status_after_wait(watch, poller, status, wait)
                     if outage is None and status.state is JobState.UNKNOWN:
                         outage = OutageLog(self.log, hook.platform, poller.outage_report)
                     if outage is not None:
@@ -490,3 +484,14 @@ def _on_kill_timeout() -> float:
     from airflow.configuration import conf
 
     return float(conf.getint("triggerer", "on_kill_timeout", fallback=30))
+
+
+def _status_after_wait(watch: Watch, poller: StatusPoller, last: JobStatus, wait: float) -> JobStatus:
+    """The status the poller brought for ``watch``; with none (the poller is backing off), the last failure's
+    reason, or that the platform gave no status for ``wait`` seconds."""
+    if (fresh := watch.take_status()) is not None:
+        return fresh
+    poller.ensure_running()
+    if last.state is not JobState.UNKNOWN:
+        return JobStatus.unknown(f"no status from the {poller.hook.platform} platform for {wait:.1f} s")
+    return last
