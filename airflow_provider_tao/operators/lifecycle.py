@@ -410,7 +410,8 @@ class JobLifecycleMixin(JobOutcomeMixin):
             elif verdict.clean_up:
                 self._clean_up(hook, handle)
             self._fail_canceled(context, handle, verdict.why)
-        if verdict.err_class is ErrClass.ERR_TIMEOUT:
+        if verdict.err_class is ErrClass.ERR_TIMEOUT and verdict.act is Act.RETRY:
+            # the task's deadline; a job that hit its own time limit fails for good below, as its class says
             return self._time_out(context, hook, handle, waiting)
         if verdict.act is Act.RESUBMIT:
             self.log.warning("Job %s: %s, while try %s still wants it; submitting a new one",

@@ -81,8 +81,11 @@ def test_parallel_trials_pruned_early_and_the_best_published(local_dirs: Path, t
     hook = LocalHook()
     first = [JobHandle.from_json(t["handle"]) for t in run.trigger.trials]
     assert len(first) == 3
-    statuses = hook.get_job_statuses(first)  # three trial processes alive at once on the host
-    assert {s.state for s in statuses.values()} == {JobState.RUNNING}, statuses
+    # three trial processes alive at once on the host (each waits at its first epoch's gate until let through)
+    wait_for(
+        lambda: {s.state for s in hook.get_job_statuses(first).values()} == {JobState.RUNNING},
+        "three trials running at once",
+    )
     epochs = iter(range(1, 1000))
     result = follow_search(run, lambda: search(local_dirs), lambda: let_epochs_pass(local_dirs, next(epochs)))
     rows = {r["trial"]: r for r in result["trials"]}
