@@ -374,6 +374,10 @@ def test_a_launch_run_twice_makes_and_starts_one_container(instance: Instance) -
     assert (instance.docker_root / "login-stdin").read_text() == "ngc-key-42"
     assert all("ngc-key-42" not in " ".join(c) and "s3cr3t" not in " ".join(c) for c in calls)
     job = instance.home / ".tao-brev" / "jobs" / "a1b2c3"
+    deadline = time.monotonic() + 120
+    while not (job / "exit").exists():  # the waiter writes the container's exit code when `docker wait` returns
+        assert time.monotonic() < deadline, "the waiter never wrote the exit code"
+        time.sleep(0.05)
     assert sorted(p.name for p in job.iterdir() if not p.name.startswith(".")) == [
         "exit", "launch.sh", "marks", "name", "waiter.pid"
     ]  # fmt: skip

@@ -54,7 +54,7 @@ def browser() -> Iterator[Any]:
 def page(browser: Any) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1440, "height": 960})
     page = context.new_page()
-    page.set_default_timeout(30_000)
+    page.set_default_timeout(120_000)
     try:
         yield page
     finally:
@@ -105,7 +105,7 @@ def _settled(page: Any, toast: Any) -> None:
     height = page.viewport_size["height"]
     wait_until(
         lambda: (box := toast.bounding_box()) is not None and box["y"] + box["height"] <= height,
-        timeout=10,
+        timeout=180,
         interval=0.1,
         message="the notification never came fully into view",
     )
@@ -179,7 +179,7 @@ def test_a_deferred_training_task_in_the_ui(
             ),
             None,
         ),
-        timeout=60,
+        timeout=180,
         message="the trigger form started no run with our parameters",
     )
     ui_dags.wait_for_task_instance("tao_quickstart", run_id, "train", ["deferred"], timeout=120)
@@ -189,11 +189,11 @@ def test_a_deferred_training_task_in_the_ui(
     page.goto(f"{url}/dags/tao_quickstart/runs/{run_id}/tasks/train")
     page.get_by_text("Deferred", exact=True).first.wait_for()
     epochs = page.get_by_text(re.compile(r"\[job\] Epoch \d+/60"))
-    wait_until(lambda: epochs.count() >= 2, timeout=60, message="no job log lines in the task log")
+    wait_until(lambda: epochs.count() >= 2, timeout=180, message="no job log lines in the task log")
     first = epochs.count()
     _shot(page, shots, "04-deferred-task-log")
     wait_until(
-        lambda: epochs.count() >= first + 3, timeout=60, message=f"no new log lines after {first} (no live updates)"
+        lambda: epochs.count() >= first + 3, timeout=180, message=f"no new log lines after {first} (no live updates)"
     )
     assert ui_dags.get_task_instance_state("tao_quickstart", run_id, "train") == "deferred"
     _shot(page, shots, "05-deferred-task-log-later")
@@ -232,7 +232,7 @@ def test_a_deferred_training_task_in_the_ui(
     view.get_by_role("button", name="Filter").click()
     wait_until(
         lambda: view.locator("tr", has_text="tao_ui_two_platforms").count() == 0,
-        timeout=30,
+        timeout=180,
         message="the DAG filter did not narrow the view",
     )
     view.locator("tr", has_text=job_id).wait_for()
@@ -240,7 +240,7 @@ def test_a_deferred_training_task_in_the_ui(
 
     # a task link in the view opens the task in the Airflow UI itself
     view.locator("tr", has_text=job_id).get_by_role("link", name="tao_quickstart / train").click()
-    wait_until(lambda: "/tasks/train" in page.url, timeout=30, message=f"still at {page.url}")
+    wait_until(lambda: "/tasks/train" in page.url, timeout=180, message=f"still at {page.url}")
     assert "/plugin/" not in page.url
     page.get_by_text("TAOSubmitOperator").first.wait_for()
     _shot(page, shots, "10-task-from-view")
@@ -284,7 +284,7 @@ def test_the_cancel_button_is_for_editors_only(
         headers = {"Authorization": f"Bearer {_token_of(airflow_standalone, name, role)}"}
         context = browser.new_context(viewport={"width": 1280, "height": 900}, extra_http_headers=headers)
         page = context.new_page()
-        page.set_default_timeout(30_000)
+        page.set_default_timeout(120_000)
         return context, page
 
     viewer, viewer_page = as_user("ada", "viewer")
@@ -311,6 +311,6 @@ def test_the_cancel_button_is_for_editors_only(
     finally:
         viewer.close()
         editor.close()
-    ui_dags.wait_for_task_instance("tao_ui_cancel", run_id, "train", ["failed"], timeout=60)
+    ui_dags.wait_for_task_instance("tao_ui_cancel", run_id, "train", ["failed"], timeout=180)
     log = ui_dags.get_task_log("tao_ui_cancel", run_id, "train", 1)
     assert "ERR_CANCELED" in log and "canceled by ui:bob" in log, log[-3000:]
