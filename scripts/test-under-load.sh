@@ -27,7 +27,7 @@ t0=$(date +%s)
 set +e
 if [ "${1:-}" = "--pytest" ]; then
   shift
-  python -m pytest -p no:cacheprovider -ra --durations=15 -n "${TAO_TEST_WORKERS:-3}" "$@"
+  python -m pytest -p no:cacheprovider -ra --durations=15 -n "${TAO_TEST_WORKERS:-2}" "$@"
 else
   bash scripts/test.sh "$@"
 fi

@@ -2,7 +2,7 @@
 # Run the whole test suite on a fresh Debian machine with Python 3.11 and pip (run as root).
 # Installs the Debian and Python packages the tests need, starts the backends they talk to (a private
 # Docker engine, the SLURM cluster; moto S3 and `airflow standalone` are started by the test fixtures
-# themselves), runs the linters and type checker, then pytest (TAO_TEST_WORKERS lanes at once, 0 by default = one
+# themselves), runs the linters and type checker, then pytest (TAO_TEST_WORKERS lanes at once, 2 by default; 0 = one
 # process); meanwhile, in the background, the unit tests and the
 # quickstart on Python 3.12 (PYTHON312, else pyenv's, else python3.12 on PATH; none is an error). Extra arguments go
 # to pytest.
@@ -88,11 +88,10 @@ mypy airflow_provider_tao
 step "docs (Sphinx, warnings are errors)"
 python -m sphinx -W --keep-going -q -b html docs build/docs
 
-step "pytest (TAO_TEST_WORKERS=${TAO_TEST_WORKERS:=0} lanes side by side, tests/lanes.py; 0: one process)"
-# TAO_TEST_WORKERS=3: the end-to-end folders, the explorer and each backend's integration tests are lanes that run
-# beside each other (they wait on Airflow and on jobs most of the time); a test that stops a shared backend runs
-# alone. One process by default: on 2 cores, 3 lanes took 26 min instead of ~45 but 2-10 timing-bound tests failed
-# (docs/reliability.md, "The suite on a busy machine").
+step "pytest (TAO_TEST_WORKERS=${TAO_TEST_WORKERS:=2} lanes side by side, tests/lanes.py; 0: one process)"
+# Two lanes: the end-to-end folders, the explorer and each backend's integration tests wait on Airflow and on jobs
+# most of the time, so two of them fit two cores (measured: ~27 min against ~41 in one process; 3 lanes loaded the
+# machine past what its timing-bound tests held, docs/reliability.md "The suite on a busy machine").
 set +e
 python -m pytest -p no:cacheprovider -ra --durations=15 -n "$TAO_TEST_WORKERS" "$@"
 rc=$?
