@@ -105,6 +105,8 @@ class JobLifecycleMixin(JobOutcomeMixin):
                 "Reattached to job %s (%s), submitted by try %s", handle.job_id, handle.name, previous.try_number
             )
         else:
+            if reattach:  # the earlier job may have ended since the first look (its old try's kill canceled it)
+                self._close_left_behind(context, stored)
             self._start_attempts(context, previous_run_used=isinstance(stored, dict) and bool(stored.get("consumed")))
             try:
                 prepared = self._validated_chain(context, hook, name)  # every connection of the chain, up front

@@ -369,3 +369,23 @@ def test_a_job_that_ended_while_no_try_watched_it_is_accounted_by_the_next_try(c
     assert (closed["job_id"], closed["outcome"], closed["try_number"]) == (first.job_id, "canceled", 2)
     assert "ended while no try watched it" in closed["reason"] and closed["run_seconds"] == 30.0
     assert second.job_id != first.job_id
+
+
+def test_a_job_canceled_between_the_first_look_and_the_reattach_is_accounted_too(
+    chain: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clear while the job waits: the new try's first look sees it pending, the old try's kill cancels it before
+    the reattach reads it again, the new try submits another job -- and the first one is still an attempt."""
+    store = Store()
+    first = _handle(_defer(_op().execute, make_context(store, 1)))
+    real = FakeHook.get_job_status
+
+    def canceled_after_the_first_look(self: FakeHook, handle: JobHandle) -> Any:
+        status = real(self, handle)
+        chain.jobs[first.job_id].update(state=JobState.CANCELED)  # the old try's on_kill, right after it
+        return status
+
+    monkeypatch.setattr(FakeHook, "get_job_status", canceled_after_the_first_look)
+    second = _handle(_defer(_op().execute, make_context(store, 2)))
+    assert second.job_id != first.job_id
+    assert [(a["job_id"], a["outcome"]) for a in store.data[CHAIN_KEY]["attempts"]] == [(first.job_id, "canceled")]
