@@ -178,9 +178,7 @@ class TrialJobsMixin:
             hook.cleanup_job(handle)
 
     @staticmethod
-    def _trial_facts(
-        hook: TAOPlatformHook, handle: JobHandle, status: JobStatus, try_number: int
-    ) -> tuple[Any, Any]:
+    def _trial_facts(hook: TAOPlatformHook, handle: JobHandle, status: JobStatus, try_number: int) -> tuple[Any, Any]:
         """The facts of a trial whose job ended (``status``), read in one step as a resumed task reads its job's
         (:mod:`~airflow_provider_tao.operators.fact_reader`); a person's cancel record of the task is not one of
         them: a person cancels a trial by its job (its ``canceled_by`` mark), never the search through it."""

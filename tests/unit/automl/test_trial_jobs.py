@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_tao import canceling, sweeper
 from airflow_provider_tao.automl.trials import STATE_KEY
-from airflow_provider_tao.jobindex import IndexedJob, search_jobs
+from airflow_provider_tao.jobindex import search_jobs
 from airflow_provider_tao.jobs import JobHandle, JobState
 from tests.unit.automl.test_operator_automl import deferral, event_of, make, trial_jobs
 from tests.unit.fakes import FakeHook, Store, make_context
@@ -28,8 +28,8 @@ def test_every_trial_with_a_job_is_a_job_of_the_search_task(fake_platform: type[
     store = Store()
     started_search(store, gpu_count=2)
     jobs = search_jobs({KEY: store.data[STATE_KEY]}, {KEY: DEFERRED})
-    assert sorted((j.trial, j.job_id) for j in jobs) == sorted((n, j["handle"].job_id)
-                                                               for n, j in trial_jobs(fake_platform).items())  # fmt: skip
+    expected = sorted((n, j["handle"].job_id) for n, j in trial_jobs(fake_platform).items())
+    assert sorted((j.trial, j.job_id) for j in jobs) == expected
     assert all(j.current and j.verified and j.state == "Running" and j.record.gpu_count == 2 for j in jobs)
     assert {(j.dag_id, j.run_id, j.task_id, j.map_index) for j in jobs} == {KEY}
     # a trial's job named as another task instance's (a copied or forged state) is refused
@@ -53,7 +53,8 @@ def test_a_persons_cancel_of_a_trial_by_its_job_stops_it_alone_and_the_search_go
     victim = next(j for j in search_jobs({KEY: store.data[STATE_KEY]}, {KEY: DEFERRED}) if j.trial == 0)
     row = canceling.cancel_as_person(victim, FakeHook(), "cli:jdoe")
     assert row["canceled"] and row["state"] == "Canceled" and "the search goes on" in row["note"]
-    deferred = deferral(lambda: make(max_trials=4, max_concurrent_trials=2).execute_complete(context, event_of(deferred)))
+    search = make(max_trials=4, max_concurrent_trials=2)
+    deferred = deferral(lambda: search.execute_complete(context, event_of(deferred)))
     trials = store.data[STATE_KEY]["trials"]
     assert trials[0]["state"] == "canceled" and trials[0]["reason"] == "canceled by cli:jdoe"
     assert trials[0]["attempts"] == 1  # never run again
