@@ -106,3 +106,33 @@ def test_a_trial_stopped_by_an_earlier_trys_own_cancel_runs_again_in_the_next_tr
     assert trial["state"] == "running" and trial["attempts"] == 2
     rerun = trial_jobs(fake_platform)[0]
     assert rerun is not first and rerun["spec"].env["TAO_TRIAL_PARAMS"] == first["spec"].env["TAO_TRIAL_PARAMS"]
+
+
+def test_the_triggerer_canceling_the_kill_again_and_again_still_stops_every_trial(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Airflow cancels a trigger again at every state sync while its on_kill runs: each trial's cancel runs on as
+    a single job's does (TAOJobTrigger.on_kill's shielded cancel) -- was: the first cancel in flight was abandoned
+    and no trial was stopped."""
+    import asyncio
+    import contextlib
+
+    from airflow_provider_tao.triggers.automl import TAOAutoMLTrigger
+
+    async def slow_cancel(self: FakeHook, handle: JobHandle) -> bool:
+        await asyncio.sleep(0.3)  # a remote round trip (SLURM: scancel over SSH)
+        return self._cancel(handle)
+
+    monkeypatch.setattr(FakeHook, "_acancel", slow_cancel)
+    deferred = deferral(lambda: make(max_concurrent_trials=3).execute(make_context(Store())))
+
+    async def kill() -> None:
+        killing = asyncio.ensure_future(TAOAutoMLTrigger(**deferred.trigger.serialize()[1]).on_kill())
+        for _ in range(3):  # the triggerer's state syncs
+            await asyncio.sleep(0.05)
+            killing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await killing
+
+    asyncio.run(kill())
+    assert [j["state"] for j in fake_platform.jobs.values()] == [JobState.CANCELED] * 3
