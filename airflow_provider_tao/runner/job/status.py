@@ -15,9 +15,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 from typing import TYPE_CHECKING
 
+from .progress import Ticker
 from .tuning import env_float
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -37,7 +37,8 @@ _SKIP = b"\0"
 
 
 class StatusFollower:
-    """Follows the ``status.json`` files under ``root`` on a daemon thread while the command runs.
+    """Follows the ``status.json`` files under ``root`` (a :class:`~.progress.Ticker`'s thread) while the command
+    runs, and once more at its end.
 
     :param root: the job's results folder (local).
     :param reporter: where lines go.
@@ -49,8 +50,7 @@ class StatusFollower:
         self.interval = max(0.05, env_float("TAO_STATUS_INTERVAL", 2.0))
         self.offsets: dict[str, int] = {path: _size(path) for path in self.files()}  # followed from their end
         self.partial: dict[str, bytes] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="tao-status", daemon=True)
+        self._ticker = Ticker(self.interval, self.poll)  # following the file never breaks the run
 
     def files(self) -> list[str]:
         """Every ``status.json`` under the root, at most :data:`MAX_DEPTH` folders down (links not followed)."""
@@ -105,18 +105,12 @@ class StatusFollower:
             line = json.dumps({k: data[k] for k in KEPT_FIELDS if k in data}, separators=(",", ":"))
         self.r.line(STATUS_PREFIX + line)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            with contextlib.suppress(Exception):  # following the file must never break the run
-                self.poll()
-
     def __enter__(self) -> StatusFollower:
-        self._thread.start()
+        self._ticker.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        self._ticker.__exit__()
         with contextlib.suppress(Exception):
             self.poll(final=True)  # the lines of the last epoch, written as the command ended
 
