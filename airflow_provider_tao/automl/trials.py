@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 #: ``task_state_store`` key of a search's state (beside the single job's record key).
 STATE_KEY = SEARCH_KEY
 ENV_PARAMS, ENV_NUMBER = "TAO_TRIAL_PARAMS", "TAO_TRIAL_NUMBER"
+#: How the orphan sweeper signs its cancels (``canceled_by``: ``reap: <why>``).
+REAPER = "reap:"
 
 
 class TrialJobsMixin:
@@ -192,10 +194,15 @@ class TrialJobsMixin:
                 analysis = hook.get_failure_analysis(handle)
             except Exception:  # unknown: the decision waits for it
                 analysis = UNKNOWN
+        marks = mark_facts(hook, handle)  # last: a cancel that lands during the analysis counts too
+        who = marks["canceled_by"]
+        # A person cancels a trial by its job: the job's canceled_by mark is their record of it (a single job's task
+        # keeps one in its store), binding whichever try decides -- a retry that claimed the job since too. The
+        # sweeper's mark is no person's: a trial it stopped under a task over and then cleared runs again.
+        person = who if not isinstance(who, str) or not who.startswith(REAPER) else None
         facts = Facts(
-            try_number=try_number, state=job_state(hook, handle), outcome=outcome,
-            err_class=UNKNOWN if analysis is UNKNOWN else (analysis.err_class if analysis else None),
-            **mark_facts(hook, handle),
+            try_number=try_number, state=job_state(hook, handle), outcome=outcome, person_cancel=person,
+            err_class=UNKNOWN if analysis is UNKNOWN else (analysis.err_class if analysis else None), **marks,
         )  # fmt: skip
         return facts, None if analysis is UNKNOWN else analysis
 

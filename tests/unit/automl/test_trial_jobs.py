@@ -4,6 +4,7 @@ whose task is gone or over, and a trial stopped by an earlier try's own cancel i
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -136,3 +137,21 @@ def test_the_triggerer_canceling_the_kill_again_and_again_still_stops_every_tria
 
     asyncio.run(kill())
     assert [j["state"] for j in fake_platform.jobs.values()] == [JobState.CANCELED] * 3
+
+
+def test_a_persons_cancel_of_a_trial_while_no_try_waits_binds_the_retry_that_adopts_it(
+    fake_platform: type[FakeHook],
+) -> None:
+    """The search task is up for retry (its worker died) when a person cancels trial 0 by its job: try 2 adopts the
+    trials, claims trial 0's job, and records it ``canceled`` by that person -- not run again as if its own cleanup
+    had stopped it (the cancel mark names try 1)."""
+    store = Store()
+    started_search(store)
+    victim = next(j for j in search_jobs({KEY: store.data[STATE_KEY]}, {}) if j.trial == 0)
+    canceling.cancel_as_person(dataclasses.replace(victim, ti_state="up_for_retry"), FakeHook(), "ui:jdoe")
+    context = make_context(store, try_number=2)
+    deferred = deferral(lambda: make(max_trials=4, max_concurrent_trials=2).execute(context))
+    deferral(lambda: make(max_trials=4, max_concurrent_trials=2).execute_complete(context, event_of(deferred)))
+    trial = store.data[STATE_KEY]["trials"][0]
+    assert (trial["state"], trial["reason"], trial["attempts"]) == ("canceled", "canceled by ui:jdoe", 1)
+    assert len(fake_platform.jobs) == 3  # trial 2 took its place; trial 0 never ran again
