@@ -60,10 +60,16 @@ def local_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def let_epochs_pass(where: Path, epochs: int) -> None:
     """Let every trial run up to ``epochs`` more epochs than the gate's value when it started -- once every trial
     job submitted so far has read the gate (a trainer starting late would otherwise start one epoch behind)."""
-    jobs = lambda: {d.name for d in (where / "jobs").iterdir() if not d.name.startswith("_")}  # noqa: E731
+    jobs = lambda: {d.name for d in launched(where)}  # noqa: E731
     started = lambda: {p.name.split(".", 1)[1] for p in where.glob("started.*")}  # noqa: E731
     wait_for(lambda: jobs() <= started(), "every trial's trainer reading its gate")
     (where / "epochs").write_text(str(epochs))
+
+
+def launched(where: Path) -> list[Path]:
+    """The local jobs submitted: a folder with its ``meta.json`` (a worker killed early inside ``create_job`` leaves
+    one without it, which nothing runs or finds)."""
+    return [d for d in (where / "jobs").iterdir() if not d.name.startswith("_") and (d / "meta.json").exists()]
 
 
 def search(where: Path, **kwargs: Any) -> TAOAutoMLOperator:
@@ -157,12 +163,14 @@ def test_a_worker_killed_mid_search_is_continued_by_the_retry_with_no_trial_lost
     run = start(triggerer, op, store=store, try_number=2, run_id="manual__automl_kill")
     adopted = {t["number"]: JobHandle.from_json(t["handle"]).job_id for t in run.trigger.trials}
     assert {n: adopted[n] for n in before} == before  # the trials in flight were adopted, not run again
-    let_epochs_pass(local_dirs, OPEN)
+    (local_dirs / "epochs").write_text(str(OPEN))  # every epoch of every trial, whenever its trainer starts
     result = follow_search(run, lambda: search(local_dirs))
     rows = result["trials"]
     assert [r["trial"] for r in rows] == list(range(6))
-    jobs = [d for d in (local_dirs / "jobs").iterdir() if not d.name.startswith("_")]
-    assert sorted(d.name for d in jobs) == sorted(r["job_id"] for r in rows)  # one job per trial, none twice
+    # the jobs that ran (their supervisor started): one per trial, none twice. A job the killed worker was still
+    # creating never started; its trial was adopted by name and, the job never starting, run again.
+    jobs = [d for d in launched(local_dirs) if (d / "pid").exists()]
+    assert sorted(d.name for d in jobs) == sorted(r["job_id"] for r in rows)
     assert all(r["state"] in ("complete", "pruned") for r in rows)
 
 
@@ -198,7 +206,7 @@ def test_a_triggerer_restart_loses_no_report_and_no_trial(local_dirs: Path, trig
     assert [r["state"] for r in rows] == ["complete"] * 3
     trials = run.store.data[STATE_KEY]["trials"]
     assert all(sorted(map(int, t["intermediate"])) == list(range(1, EPOCHS + 1)) for t in trials)  # every step
-    jobs = [d for d in (local_dirs / "jobs").iterdir() if not d.name.startswith("_")]
+    jobs = launched(local_dirs)
     assert len(jobs) == 3
 
 
