@@ -25,13 +25,14 @@ def cancel_as_person(job: IndexedJob, hook: TAOPlatformHook, by: str) -> dict[st
     """
     handle = job.record.job
     before = hook.get_job_status(handle).state
-    # Kept first: the task's next try reads it before submitting, even if the platform refuses the cancel now.
-    ti_state = record_cancel(job, by)
+    # Kept first: the task's next try reads it before submitting, even if the platform refuses the cancel now. A
+    # search's trial keeps none: its job's canceled_by mark ends that trial alone, and the search goes on.
+    ti_state = record_cancel(job, by) if job.trial is None else job.ti_state
     stopped = hook.cancel_job(handle, requested_by=by)
     # Canceled only if the routine itself found the job running and marked it (its task then fails ERR_CANCELED
     # even if the job ends by itself meanwhile); one that ended since `before` keeps its verdict, and its task too.
     canceled = stopped and not before.is_terminal and bool(hook.canceled_by(handle))
-    if not canceled and ti_state in WAITING_TI_STATES:
+    if not canceled and ti_state in WAITING_TI_STATES and job.trial is None:
         void_cancel(job, log)  # its waiting try takes the job's own verdict, as the person is told below
     if stopped and not before.is_terminal and not task_resumes(job):
         hook.cleanup_job(handle)  # no task will resume to clean up after it
@@ -46,8 +47,15 @@ def cancel_as_person(job: IndexedJob, hook: TAOPlatformHook, by: str) -> dict[st
         "canceled": canceled,
         "state": after.state.value,
         "by": by,
-        "note": cancel_note(not canceled, ti_state),
+        "note": cancel_note(not canceled, ti_state) if job.trial is None else trial_note(canceled, job.trial),
     }
+
+
+def trial_note(canceled: bool, trial: int) -> str:
+    """What happens to the search of a canceled trial, in words."""
+    if not canceled:
+        return f"trial {trial} had already ended: left as it was"
+    return f"trial {trial} is recorded canceled (never rerun, never ranked); the search goes on"
 
 
 def cancel_note(ended: bool, ti_state: str | None) -> str:

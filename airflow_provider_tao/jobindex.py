@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_tao.automl.index import SEARCH_KEY, trial_records
 from airflow_provider_tao.jobs import JobStatus
 from airflow_provider_tao.record_checks import record_problem
 from airflow_provider_tao.records import (
@@ -62,6 +63,7 @@ class IndexedJob:
         editors may write -- shown, but no platform is asked about it and the sweeper never acts on it.
     :param live: what the job's platform said of it lately, for a job whose record has not seen it end
         (:mod:`airflow_provider_tao.livestate`); None: not asked, or the platform did not answer.
+    :param trial: the job is this trial of its task's search (``TAOAutoMLOperator``); None: the task's own job.
     """
 
     record: JobRecord
@@ -76,6 +78,7 @@ class IndexedJob:
     ti_exists: bool = True
     verified: bool = True
     live: JobStatus | None = None
+    trial: int | None = None
 
     @property
     def job_id(self) -> str:
@@ -212,20 +215,31 @@ def load_jobs(
         xcom = xcom.where(XComModel.run_id == run_id)
     collect(session.scalars(store), 0, lambda row: _loads(row.value))
     collect(session.scalars(xcom), 1, lambda row: _loads(XComModel.deserialize_value(row)))
+    searches: dict[TaskKey, list[Any]] = {}
+    search = select(TaskStateStoreModel).where(TaskStateStoreModel.key == SEARCH_KEY)
+    if run_id is not None:
+        search = search.where(TaskStateStoreModel.run_id == run_id)
+    for row in session.scalars(search):
+        if dag_ids is None or row.dag_id in dag_ids:
+            searches[(row.dag_id, row.run_id, row.task_id, int(row.map_index))] = _loads(row.value)
 
     instances: dict[TaskKey, Any] = {}  # TaskInstance rows
-    for dag_id in {key[0] for key in records}:
+    for dag_id in {key[0] for key in records} | {key[0] for key in searches}:
         query = select(TaskInstance).where(TaskInstance.dag_id == dag_id)
         if run_id is not None:
             query = query.where(TaskInstance.run_id == run_id)
         for row in session.scalars(query):
             instances[(row.dag_id, row.run_id, row.task_id, int(row.map_index))] = row
-    return join_records(
+    facts = {key: _ti_facts(row) for key, row in instances.items()}
+    jobs = join_records(
         {key: (stored, pushed) for key, (stored, pushed) in records.items()},
-        {key: _ti_facts(row) for key, row in instances.items()},
+        facts,
         include_history=include_history,
         rejected=rejected,
     )
+    jobs += search_jobs(searches, facts)
+    jobs.sort(key=lambda job: job.started_at, reverse=True)
+    return jobs
 
 
 def _ti_facts(ti: Any) -> dict[str, Any]:
@@ -260,20 +274,39 @@ def join_records(
         latest = stored or pushed
         if latest is None:
             continue
-        ti = instances.get(key)
-        common: dict[str, Any] = {
-            "dag_id": key[0],
-            "run_id": key[1],
-            "task_id": key[2],
-            "map_index": key[3],
-            "ti_state": ti["ti_state"] if ti else None,
-            "ti_try": ti["ti_try"] if ti else None,
-            "ti_end": ti["ti_end"] if ti else None,
-            "ti_exists": ti is not None,
-            "verified": stored is not None,
-        }
-        jobs += record_jobs(latest, include_history=include_history, **common)
+        common = _task_instance_fields(key, instances.get(key))
+        jobs += record_jobs(latest, include_history=include_history, verified=stored is not None, **common)
     jobs.sort(key=lambda job: job.started_at, reverse=True)
+    return jobs
+
+
+def _task_instance_fields(key: TaskKey, ti: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The :class:`IndexedJob` fields of the task instance ``key`` (``ti``: its row's facts; None: row gone)."""
+    return {
+        "dag_id": key[0],
+        "run_id": key[1],
+        "task_id": key[2],
+        "map_index": key[3],
+        "ti_state": ti["ti_state"] if ti else None,
+        "ti_try": ti["ti_try"] if ti else None,
+        "ti_end": ti["ti_end"] if ti else None,
+        "ti_exists": ti is not None,
+    }
+
+
+def search_jobs(searches: Mapping[TaskKey, Any], instances: Mapping[TaskKey, Mapping[str, Any]]) -> list[IndexedJob]:
+    """The trials' jobs of the searches (``TAOAutoMLOperator``'s state, by task instance): each one a current job
+    of its search's task instance (:mod:`airflow_provider_tao.automl.index`), so a person cancels a trial by its
+    job id and the sweeper judges it by its search task's state, as any job by its task's.
+
+    :param searches: per task instance, its ``task_state_store`` search state.
+    :param instances: per task instance, ``ti_state``, ``ti_try`` and ``ti_end`` of its row (absent: row gone).
+    """
+    jobs = []
+    for key, value in searches.items():
+        common = _task_instance_fields(key, instances.get(key))
+        for number, record in trial_records(key, value):
+            jobs.append(IndexedJob(record=record, current=True, verified=True, trial=number, **common))
     return jobs
 
 

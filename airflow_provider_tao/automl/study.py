@@ -99,13 +99,16 @@ class TrialRecord:
 
 @dataclass
 class SearchState:
-    """The whole search. ``finished``: its result was returned (a clear starts a new search)."""
+    """The whole search. ``finished``: its result was returned (a clear starts a new search). ``task``: what the
+    job index needs of every trial's job (``gpu_count``, ``num_nodes``, ``cancel_on_kill``, ``deadline``: the
+    task's, as a single job's record keeps them; :mod:`~airflow_provider_tao.automl.index`)."""
 
     study_name: str
     trials: list[TrialRecord] = field(default_factory=list)
     finished: bool = False
     stop_reason: str = ""
     failures_in_row: int = 0
+    task: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def new(cls) -> SearchState:
@@ -119,7 +122,7 @@ class SearchState:
         if not isinstance(data, dict) or "study_name" not in data:
             return None
         trials = [TrialRecord(**t) for t in data.get("trials") or []]
-        fields = {k: data[k] for k in ("finished", "stop_reason", "failures_in_row") if k in data}
+        fields = {k: data[k] for k in ("finished", "stop_reason", "failures_in_row", "task") if k in data}
         return cls(study_name=str(data["study_name"]), trials=trials, **fields)
 
     def in_state(self, *states: str) -> list[TrialRecord]:

@@ -9,7 +9,6 @@ write-ahead).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao.accounting import attempt_of
+from airflow_provider_tao.automl.index import SEARCH_KEY, trial_digest
 from airflow_provider_tao.automl.metrics import RECOGNISED_FORMS, final_values
 from airflow_provider_tao.automl.space import with_params_at_paths
 from airflow_provider_tao.automl.study import (
@@ -39,8 +39,10 @@ if TYPE_CHECKING:
     from airflow_provider_tao.jobs import JobSpec
 
 #: ``task_state_store`` key of a search's state (beside the single job's record key).
-STATE_KEY = "tao_automl"
+STATE_KEY = SEARCH_KEY
 ENV_PARAMS, ENV_NUMBER = "TAO_TRIAL_PARAMS", "TAO_TRIAL_NUMBER"
+#: How the orphan sweeper signs its cancels (``canceled_by``: ``reap: <why>``).
+REAPER = "reap:"
 
 
 class TrialJobsMixin:
@@ -69,8 +71,7 @@ class TrialJobsMixin:
 
     def _trial_name(self, context: Context, hook: TAOPlatformHook, number: int) -> str:
         ti = context["ti"]
-        identity = f"{ti.dag_id}\n{ti.task_id}\n{ti.run_id}\n{ti.map_index}\ntrial {number}"
-        digest = hashlib.sha256(identity.encode()).hexdigest()[:10]
+        digest = trial_digest(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, number)
         prefix = self.job_name if self.job_name is not None else f"{ti.dag_id}-{ti.task_id}"
         return hook.job_name_for(f"{prefix}-t{number}".lower().replace("_", "-"), digest)
 
@@ -142,33 +143,68 @@ class TrialJobsMixin:
         )  # fmt: skip
         return attempt.gpu_hours or 0.0
 
-    def _end_trial(self, hook: TAOPlatformHook, state: SearchState, trial: TrialRecord, status: JobStatus) -> None:
-        """Record how ``trial``'s job ended: complete with its value, canceled (by a person), an infrastructure
-        failure run again, or failed (program error, OOM, no metric) -- never ranked."""
+    def _end_trial(
+        self, hook: TAOPlatformHook, state: SearchState, trial: TrialRecord, status: JobStatus, try_number: int
+    ) -> None:
+        """Record how ``trial``'s job ended, as the one decision (operators/decisions.py, RESUME) says: complete
+        with its value; canceled by a person (never rerun, never ranked); our own cancel or an infrastructure
+        failure run again; failed (program error, OOM, no metric). A fact that could not be read leaves the trial
+        running: the next poll decides again."""
+        from airflow_provider_tao.operators.decisions import Act, Situation, decide
+
         assert trial.handle is not None
         handle = JobHandle.from_json(trial.handle)
+        facts, analysis = self._trial_facts(hook, handle, status, try_number)
+        verdict = decide(facts, Situation.RESUME)
+        if verdict.act is Act.LATER:
+            self.log.warning("Trial %d (job %s): %s; deciding again", trial.number, handle.job_id, verdict.why)
+            return
         trial.gpu_hours = round(trial.gpu_hours + self._usage_hours(hook, handle), 6)
-        if status.state is JobState.COMPLETE:
+        if verdict.act is Act.SUCCEED:
             self._complete(hook, state, trial, handle)
-        elif status.state is JobState.CANCELED or (who := hook.canceled_by(handle)):
-            who = hook.canceled_by(handle)
-            trial.state, trial.reason = CANCELED, f"canceled by {who}" if who else "canceled outside the search"
-            trial.err_class = ErrClass.ERR_CANCELED.value
+        elif verdict.err_class is ErrClass.ERR_CANCELED:
+            trial.state, trial.reason, trial.err_class = CANCELED, verdict.why, ErrClass.ERR_CANCELED.value
+            self.log.warning("Trial %d (job %s) %s: the search goes on", trial.number, handle.job_id, verdict.why)
         else:
-            try:
-                analysis = hook.get_failure_analysis(handle)
-            except Exception as exc:  # a job that vanished has nothing to analyse: the status says what is known
-                self.log.warning("No failure analysis of trial %d's job %s: %s", trial.number, handle.job_id, exc)
-                analysis = None
-            err_class = analysis.err_class if analysis else ErrClass.ERR_UNKNOWN
-            trial.err_class, trial.reason = err_class.value, analysis.summary() if analysis else status.message
-            if err_class.retriable and trial.attempts <= max(1, getattr(self, "retries", 0) or 0):
-                self.log.warning("Trial %d: %s; running it again", trial.number, trial.reason)
+            err_class = verdict.err_class or ErrClass.ERR_UNKNOWN
+            trial.err_class = err_class.value
+            trial.reason = analysis.summary() if analysis else status.message or verdict.why
+            rerun = verdict.act is Act.RESUBMIT or verdict.act is Act.RETRY
+            if rerun and trial.attempts <= max(1, getattr(self, "retries", 0) or 0):
+                self.log.warning("Trial %d: %s (%s); running it again", trial.number, trial.reason, verdict.why)
                 trial.attempts += 1
                 trial.state, trial.handle, trial.job_id = WAITING, None, ""
             else:
                 self._failed(state, trial)
-        hook.cleanup_job(handle)
+        if verdict.clean_up:
+            hook.cleanup_job(handle)
+
+    @staticmethod
+    def _trial_facts(hook: TAOPlatformHook, handle: JobHandle, status: JobStatus, try_number: int) -> tuple[Any, Any]:
+        """The facts of a trial whose job ended (``status``), read in one step as a resumed task reads its job's
+        (:mod:`~airflow_provider_tao.operators.fact_reader`); a person's cancel record of the task is not one of
+        them: a person cancels a trial by its job (its ``canceled_by`` mark), never the search through it."""
+        from airflow_provider_tao.operators.decisions import UNKNOWN, Facts
+        from airflow_provider_tao.operators.fact_reader import job_state, mark_facts
+
+        outcome = {JobState.COMPLETE: "complete", JobState.CANCELED: "canceled"}.get(status.state, "error")
+        analysis: Any = None
+        if outcome == "error" and not status.not_found:  # a job that vanished has nothing to analyse
+            try:
+                analysis = hook.get_failure_analysis(handle)
+            except Exception:  # unknown: the decision waits for it
+                analysis = UNKNOWN
+        marks = mark_facts(hook, handle)  # last: a cancel that lands during the analysis counts too
+        who = marks["canceled_by"]
+        # A person cancels a trial by its job: the job's canceled_by mark is their record of it (a single job's task
+        # keeps one in its store), binding whichever try decides -- a retry that claimed the job since too. The
+        # sweeper's mark is no person's: a trial it stopped under a task over and then cleared runs again.
+        person = who if not isinstance(who, str) or not who.startswith(REAPER) else None
+        facts = Facts(
+            try_number=try_number, state=job_state(hook, handle), outcome=outcome, person_cancel=person,
+            err_class=UNKNOWN if analysis is UNKNOWN else (analysis.err_class if analysis else None), **marks,
+        )  # fmt: skip
+        return facts, None if analysis is UNKNOWN else analysis
 
     def _complete(self, hook: TAOPlatformHook, state: SearchState, trial: TrialRecord, handle: JobHandle) -> None:
         final = final_values(self._read_metrics(hook, handle), self.config.metrics)

@@ -106,6 +106,7 @@ class TAOAutoMLOperator(TrialJobsMixin, TAOSubmitOperator):
             state = SearchState.new()
         else:
             self.log.info("Continuing search %s: %d trial(s) so far", state.study_name, len(state.trials))
+        self._describe_task(context, state)
         self._adopt(context, hook, state)
         return self._search(context, hook, state, {})
 
@@ -123,6 +124,7 @@ class TAOAutoMLOperator(TrialJobsMixin, TAOSubmitOperator):
     ) -> dict[str, Any]:
         """Decide, wait, decide again -- deferred (each wait a trigger) or on the worker -- until the search ends."""
         self._live_state = state  # what on_kill cancels
+        self._describe_task(context, state)
         while True:
             self._decide(context, hook, state, seen)
             if not state.live:
@@ -133,6 +135,11 @@ class TAOAutoMLOperator(TrialJobsMixin, TAOSubmitOperator):
                 return self._timed_out(context, hook, state)
             time.sleep(self.interval)
             seen = self._poll(hook, state)
+
+    def _describe_task(self, context: Context, state: SearchState) -> None:
+        """What the job index keeps of every trial's job: the task's, as a single job's record has them."""
+        state.task = {"gpu_count": self.gpu_count, "num_nodes": self.num_nodes, "cancel_on_kill": self.cancel_on_kill,
+                      "deadline": self._deadline(context)}  # fmt: skip
 
     def _decide(self, context: Context, hook: TAOPlatformHook, state: SearchState, seen: dict[str, Any]) -> None:
         """One decision on what ``seen`` brings (``{number: {"job_status", "reports", "log_cursor", "parser"}}``)."""
@@ -148,7 +155,7 @@ class TAOAutoMLOperator(TrialJobsMixin, TAOSubmitOperator):
                 to_judge.append(trial.number)
             status = JobStatus.from_json(news["job_status"]) if news.get("job_status") else None
             if status is not None and (status.state.is_terminal or status.not_found):
-                self._end_trial(hook, state, trial, status)
+                self._end_trial(hook, state, trial, status, context["ti"].try_number)
         for number, step in judge(self.config, state, to_judge).items():
             self._stop_trial(hook, state.trial(number), PRUNED, f"pruned at step {step}")
         self._keep_budget(hook, state)

@@ -23,9 +23,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tao.automl.metrics import MetricParser
-from airflow_provider_tao.jobindex import WANTED_TI_STATES
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobStatus
-from airflow_provider_tao.operators.decisions import UNKNOWN
 from airflow_provider_tao.triggers.job import TAOJobTrigger
 from airflow_provider_tao.triggers.log_budget import FINAL_LOG_READS
 from airflow_provider_tao.triggers.poller import StatusPoller, Watch, is_running
@@ -176,29 +174,16 @@ class TAOAutoMLTrigger(BaseTrigger):
         }
         return {"status": status, "trials": trials}
 
-    async def _task_state(self) -> Any:
-        """The task instance's state now, asked as the single job's trigger asks it (a trigger that only moved to
-        another triggerer leaves the trials alone)."""
-        return await TAOJobTrigger._task_state(self)  # type: ignore[arg-type]  # reads task_instance and log only
-
     async def on_kill(self) -> None:
-        """The task was marked failed/success or cleared while deferred: cancel every trial this try owns."""
-        state = await self._task_state()
-        if not self.cancel_on_kill or state == "deferred":
-            return
-        from airflow_provider_tao.hooks import get_platform_hook
-
-        # A cleared task (no state) or one whose state could not be read keeps what its next try adopts (issue 37
-        # defect 6): only a task marked over loses its trials' leftovers.
-        adoptable = state is None or state is UNKNOWN or state in WANTED_TI_STATES
+        """The task was marked failed/success or cleared while deferred: every trial's job goes as a single job
+        does (:meth:`TAOJobTrigger.on_kill`: one decision on the task's state, KILL, the cancel routine retried and
+        shielded from the triggerer's repeated cancels), all trials at once. A trigger that only moved to another
+        triggerer leaves them; a cleared task keeps what its next try adopts."""
+        watchers = []
         for trial in self.trials:
-            handle = JobHandle.from_json(trial["handle"])
-            hook = get_platform_hook(handle.platform, handle.conn_id)
-            try:
-                await hook.aload_connection()
-                if await hook.acancel_job(handle):
-                    await asyncio.to_thread(hook.cleanup_job, handle, adoptable=adoptable)
-            except Exception as exc:  # the orphan sweeper cancels what this could not
-                self.log.error("Canceling trial job %s failed: %s", handle.job_id, exc)
-            finally:
-                await hook.aclose()
+            watcher = TAOJobTrigger(
+                handle=trial["handle"], poll_interval=self.poll_interval, cancel_on_kill=self.cancel_on_kill
+            )
+            watcher.task_instance = self.task_instance  # whose state the decision asks
+            watchers.append(watcher)
+        await asyncio.gather(*(watcher.on_kill() for watcher in watchers))

@@ -20,6 +20,7 @@ from .paths import mount_mapping
 from .runfile import MODES
 from .s3 import S3
 from .specs import dumps_spec
+from .status import StatusFollower
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from collections.abc import Mapping
@@ -154,7 +155,8 @@ class Job:
         if self.config_path:
             env["TAO_CONFIG_PATH"] = self.config_path
         env.setdefault("PYTHONUNBUFFERED", "1")  # so training steps reach the log (and the step parser) live
-        return run_process(argv, env, self.r)
+        with StatusFollower(self.results_local, self.r):  # TAO's status.json lines into the log, as they come
+            return run_process(argv, env, self.r)
 
     # -- whole run ---------------------------------------------------------------------------------------------
     def cleanup(self) -> None:

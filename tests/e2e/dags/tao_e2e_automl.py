@@ -1,13 +1,15 @@
-"""A hyperparameter search on the local platform, driven by tests/e2e/test_tao_automl.py.
+"""Two hyperparameter searches on the local platform in one DAG run, driven by tests/e2e/test_tao_automl.py.
 
-Every trial waits for ``<gate_dir>/go`` (the test creates it once it has seen the first trials running at once), then
-runs ``EPOCHS`` epochs of a fraction of a second, printing ``Epoch N/M - val_loss: X`` (worse for learning rates far
-from 1e-2, falling with the epochs), so ASHA has trials to stop early.
+Every trial waits for ``<gate_dir>/go`` (the test creates it once it has seen the first trials running at once and
+has killed what it kills), then runs 6 epochs of a fraction of a second, printing ``Epoch N/M - val_loss: X`` (worse
+for learning rates far from 1e-2, falling with the epochs), so ASHA has trials to stop early. ``tune`` waits in the
+triggerer (its triggerer is restarted, a person cancels one of its trials); ``tune_sync`` waits on the worker (its
+worker is SIGKILLed, its retry adopts the trials in flight).
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
 
@@ -24,24 +26,30 @@ TRAIN = (
     '"'
 )
 
-with DAG(dag_id="tao_e2e_automl", schedule=None, start_date=datetime(2026, 1, 1), catchup=False):
+SEARCH = {
+    "conn_id": "tao_e2e",
+    "command": TRAIN,
+    "gpu_count": 0,
+    "env": {"GATE_DIR": "{{ dag_run.conf['gate_dir'] }}"},
+    "search_space": {
+        "lr": {"type": "float", "low": 1e-5, "high": 1.0, "log": True},
+        "depth": {"type": "int", "low": 1, "high": 4},
+    },
+    "metric": "val_loss",
+    "direction": "minimize",
+    "algorithm": "tpe",
+    "seed": 3,
+    "poll_interval": 1,
+}
+
+with DAG(
+    dag_id="tao_e2e_automl",
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=1)},
+):
+    TAOAutoMLOperator(task_id="tune", pruner="asha", max_trials=6, max_concurrent_trials=3, deferrable=True, **SEARCH)
     TAOAutoMLOperator(
-        task_id="tune",
-        conn_id="tao_e2e",
-        command=TRAIN,
-        gpu_count=0,
-        env={"GATE_DIR": "{{ dag_run.conf['gate_dir'] }}"},
-        search_space={
-            "lr": {"type": "float", "low": 1e-5, "high": 1.0, "log": True},
-            "depth": {"type": "int", "low": 1, "high": 4},
-        },
-        metric="val_loss",
-        direction="minimize",
-        algorithm="tpe",
-        pruner="asha",
-        max_trials=6,
-        max_concurrent_trials=3,
-        seed=3,
-        deferrable=True,
-        poll_interval=1,
+        task_id="tune_sync", pruner=None, max_trials=2, max_concurrent_trials=2, deferrable=False, **SEARCH
     )

@@ -36,7 +36,13 @@ for epoch in range(1, {epochs} + 1):
     while passed() < min(start + epoch, OPEN):  # the test lets each epoch pass, one per decision, for every trial
         time.sleep(0.05)
     loss = (math.log10(lr) + 2.5) ** 2 + 0.2 * abs(depth - 3) + 1.0 / epoch
-    print(f"Epoch {{epoch}}/{epochs} - loss: {{loss + 0.1:.4f}} - val_loss: {{loss:.4f}}", flush=True)
+    if int(os.environ["TAO_TRIAL_NUMBER"]) % 2:  # odd trials report as TAO does: status.json, followed by the runner
+        status = os.path.join(os.environ["TAO_RESULTS_DIR"], "train", "status.json")
+        os.makedirs(os.path.dirname(status), exist_ok=True)
+        with open(status, "a") as fh:
+            fh.write(json.dumps({{"epoch": epoch, "max_epoch": {epochs}, "kpi": {{"val_loss": loss}}}}) + "\\n")
+    else:
+        print(f"Epoch {{epoch}}/{epochs} - loss: {{loss + 0.1:.4f}} - val_loss: {{loss:.4f}}", flush=True)
 results = os.path.join(os.environ["TAO_RESULTS_ROOT"], os.environ["TAO_JOB_ID"])
 os.makedirs(results, exist_ok=True)
 json.dump({{"val_loss": loss}}, open(os.path.join(results, "metrics.json"), "w"))
@@ -54,10 +60,16 @@ def local_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def let_epochs_pass(where: Path, epochs: int) -> None:
     """Let every trial run up to ``epochs`` more epochs than the gate's value when it started -- once every trial
     job submitted so far has read the gate (a trainer starting late would otherwise start one epoch behind)."""
-    jobs = lambda: {d.name for d in (where / "jobs").iterdir() if not d.name.startswith("_")}  # noqa: E731
+    jobs = lambda: {d.name for d in launched(where)}  # noqa: E731
     started = lambda: {p.name.split(".", 1)[1] for p in where.glob("started.*")}  # noqa: E731
     wait_for(lambda: jobs() <= started(), "every trial's trainer reading its gate")
     (where / "epochs").write_text(str(epochs))
+
+
+def launched(where: Path) -> list[Path]:
+    """The local jobs submitted: a folder with its ``meta.json`` (a worker killed early inside ``create_job`` leaves
+    one without it, which nothing runs or finds)."""
+    return [d for d in (where / "jobs").iterdir() if not d.name.startswith("_") and (d / "meta.json").exists()]
 
 
 def search(where: Path, **kwargs: Any) -> TAOAutoMLOperator:
@@ -70,7 +82,7 @@ def search(where: Path, **kwargs: Any) -> TAOAutoMLOperator:
             "model.depth": {"type": "int", "low": 1, "high": 6},
         },
         "metric": "val_loss", "direction": "minimize", "seed": 4, "algorithm": "tpe", "pruner": "asha",
-        "max_trials": 6, "max_concurrent_trials": 3,
+        "max_trials": 6, "max_concurrent_trials": 3, "env": {"TAO_STATUS_INTERVAL": "0.1"},
     }  # fmt: skip
     return TAOAutoMLOperator(**{**defaults, **kwargs})
 
@@ -151,12 +163,14 @@ def test_a_worker_killed_mid_search_is_continued_by_the_retry_with_no_trial_lost
     run = start(triggerer, op, store=store, try_number=2, run_id="manual__automl_kill")
     adopted = {t["number"]: JobHandle.from_json(t["handle"]).job_id for t in run.trigger.trials}
     assert {n: adopted[n] for n in before} == before  # the trials in flight were adopted, not run again
-    let_epochs_pass(local_dirs, OPEN)
+    (local_dirs / "epochs").write_text(str(OPEN))  # every epoch of every trial, whenever its trainer starts
     result = follow_search(run, lambda: search(local_dirs))
     rows = result["trials"]
     assert [r["trial"] for r in rows] == list(range(6))
-    jobs = [d for d in (local_dirs / "jobs").iterdir() if not d.name.startswith("_")]
-    assert sorted(d.name for d in jobs) == sorted(r["job_id"] for r in rows)  # one job per trial, none twice
+    # the jobs that ran (their supervisor started): one per trial, none twice. A job the killed worker was still
+    # creating never started; its trial was adopted by name and, the job never starting, run again.
+    jobs = [d for d in launched(local_dirs) if (d / "pid").exists()]
+    assert sorted(d.name for d in jobs) == sorted(r["job_id"] for r in rows)
     assert all(r["state"] in ("complete", "pruned") for r in rows)
 
 
@@ -172,7 +186,11 @@ def test_a_triggerer_restart_loses_no_report_and_no_trial(local_dirs: Path, trig
     let_epochs_pass(local_dirs, 2)
     hook = LocalHook()
     handles = [JobHandle.from_json(t["handle"]) for t in run.trigger.trials]
-    wait_for(lambda: all("Epoch 2/" in hook.get_job_logs(h)[0] for h in handles), "two epochs in every trial's log")
+    epoch_2 = ("Epoch 2/", 'TAO_STATUS {"epoch": 2,')  # printed, or TAO's status.json line the runner printed
+    wait_for(
+        lambda: all(any(form in hook.get_job_logs(h)[0] for form in epoch_2) for h in handles),
+        "two epochs in every trial's log",
+    )
     run.future.cancel()  # the triggerer dies; the trials run on
     classpath, kwargs = run.deferred.trigger.serialize()
     module, _, name = classpath.rpartition(".")
@@ -188,5 +206,25 @@ def test_a_triggerer_restart_loses_no_report_and_no_trial(local_dirs: Path, trig
     assert [r["state"] for r in rows] == ["complete"] * 3
     trials = run.store.data[STATE_KEY]["trials"]
     assert all(sorted(map(int, t["intermediate"])) == list(range(1, EPOCHS + 1)) for t in trials)  # every step
-    jobs = [d for d in (local_dirs / "jobs").iterdir() if not d.name.startswith("_")]
+    jobs = launched(local_dirs)
     assert len(jobs) == 3
+
+
+def test_the_gpu_hour_budget_over_all_trials_stops_the_running_ones_and_starts_no_more(
+    local_dirs: Path, triggerer: Triggerer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``max_gpu_hours`` from the platform's own times: three trials of one GPU each pass three GPU-seconds together
+    while they wait at their first epoch; the trigger wakes at the budget, every running trial is stopped and
+    recorded ``budget``, and no fourth one starts."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")  # the local platform hands each trial one (a label here)
+    budget = 3 / 3600
+    run = start(triggerer, search(local_dirs, gpu_count=1, max_gpu_hours=budget), run_id="manual__automl_budget")
+    with pytest.raises(AirflowFailException, match=r"without a completed trial \(max_gpu_hours"):
+        follow_search(run, lambda: search(local_dirs, gpu_count=1, max_gpu_hours=budget))
+    trials = run.store.data[STATE_KEY]["trials"]
+    assert [t["state"] for t in trials] == ["budget"] * 3  # stopped when it passed; none started after it
+    assert sum(t["gpu_hours"] for t in trials) >= budget
+    hook = LocalHook()
+    assert {hook.get_job_status(JobHandle.from_json(t["handle"])).state for t in trials} == {JobState.CANCELED}

@@ -310,11 +310,12 @@ def test_a_trigger_that_only_moved_to_another_triggerer_leaves_the_trials(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from airflow_provider_tao.triggers.automl import TAOAutoMLTrigger
+    from airflow_provider_tao.triggers.job import TAOJobTrigger
 
-    async def still_deferred(self: TAOAutoMLTrigger) -> str:
+    async def still_deferred(self: TAOJobTrigger) -> str:
         return "deferred"
 
-    monkeypatch.setattr(TAOAutoMLTrigger, "_task_state", still_deferred)
+    monkeypatch.setattr(TAOJobTrigger, "_task_state", still_deferred)  # each trial's job decided as a single job
     deferred = deferral(lambda: make(max_concurrent_trials=2).execute(make_context(Store())))
     asyncio.run(TAOAutoMLTrigger(**deferred.trigger.serialize()[1]).on_kill())
     assert [j["state"] for j in fake_platform.jobs.values()] == [JobState.RUNNING] * 2

@@ -543,3 +543,33 @@ def test_work_dir_is_removed_when_the_runner_made_it(run_job: RunJob) -> None:
     assert "tao-job-" in config and not Path(config).exists()
     digest = hashlib.sha256(config.encode()).hexdigest()
     assert digest  # the path was real and is gone
+
+
+def test_tao_status_json_lines_are_followed_into_the_log_where_the_metric_parser_reads_them(
+    run_job: RunJob, tmp_path: Path
+) -> None:
+    """TAO appends JSON lines to ``status.json`` in its action's results folder; the runner prints each new one as
+    ``TAO_STATUS <line>`` (an earlier run's lines are not this run's; a huge line keeps its kpi; the last line
+    without a newline is printed too), and the AutoML metric parser finds every epoch's kpi there."""
+    from airflow_provider_tao.automl.metrics import MetricParser
+
+    results = tmp_path / "lustre" / "job-status"
+    (results / "train").mkdir(parents=True)
+    (results / "train" / "status.json").write_text('{"epoch": 9, "kpi": {"val_loss": 9.0}}\n')  # an earlier run's
+    big = "x" * 20000
+    ep = build_entrypoint(
+        "f={results_dir}/train/status.json; for e in 1 2 3; do "
+        """echo '{"epoch": '$e', "max_epoch": 5, "kpi": {"val_loss": 0.'$e'}, "status": "RUNNING"}' >> $f; """
+        "sleep 0.1; done; "
+        f"""echo '{{"epoch": 4, "graphical": "{big}", "kpi": {{"val_loss": 0.04}}}}' >> $f; """
+        """printf '{"epoch": 5, "kpi": {"val_loss": 0.05}}' >> $f""",
+        specs={"train": {"results_dir": "unused"}},
+    )
+    run = run_job(ep, job_id="job-status", env={"TAO_RESULTS_ROOT": str(tmp_path / "lustre"),
+                                                "TAO_STATUS_INTERVAL": "0.05"})  # fmt: skip
+    assert run.rc == 0, run.stdout
+    lines = [line for line in run.stdout.splitlines() if line.startswith("TAO_STATUS ")]
+    assert [json.loads(line[len("TAO_STATUS ") :])["epoch"] for line in lines] == [1, 2, 3, 4, 5]
+    assert all(len(line) < 1000 for line in lines)  # the huge line without its graphical data
+    reports = MetricParser(("val_loss",)).feed(run.stdout, final=True)
+    assert [(r.step, r.values["val_loss"]) for r in reports] == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.04), (5, 0.05)]
