@@ -70,7 +70,7 @@ def _names(world: BrevWorld) -> set[str]:
     return {i["name"] for i in world.instances()}
 
 
-def _wait_gone(world: BrevWorld, name: str, timeout: float = 30) -> None:
+def _wait_gone(world: BrevWorld, name: str, timeout: float = 180) -> None:
     """Until the world has no instance ``name`` any more (deleted: DELETING, then gone)."""
     deadline = time.monotonic() + timeout
     while name in _names(world) and world.instance(name)["status"] != "DELETING":

@@ -103,7 +103,7 @@ class KubeFake:
             time.sleep(0.2)
         raise AssertionError(f"no pod of {name} running after {timeout} s")
 
-    def wait_gone(self, job_id: str, timeout: float = 30) -> None:
+    def wait_gone(self, job_id: str, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
         while (left := self.objects_of(job_id)) and time.monotonic() < deadline:
             time.sleep(0.3)
