@@ -79,7 +79,7 @@ class Workspace:
         names = [*stored["user"], *stored["image_pull"]]
         return [n for n in names if n.startswith((la.secret_prefix(job_id), f"tao-{job_id}"))]
 
-    def wait_running(self, job_id: str, timeout: float = 60) -> dict[str, Any]:
+    def wait_running(self, job_id: str, timeout: float = 180) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = [j for j in self.fake.jobs() if j["labels"].get(ls.LABEL_JOB_ID) == job_id]
