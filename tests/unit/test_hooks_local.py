@@ -104,7 +104,7 @@ def make_spec(command, **overrides) -> JobSpec:
     return JobSpec(**values)
 
 
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
+def wait_for(predicate, timeout: float = 120.0, interval: float = 0.02):
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -115,7 +115,7 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
         time.sleep(interval)
 
 
-def wait_terminal(hook: LocalHook, handle: JobHandle, timeout: float = 10.0) -> JobStatus:
+def wait_terminal(hook: LocalHook, handle: JobHandle, timeout: float = 120.0) -> JobStatus:
     statuses: list[JobStatus] = []
 
     def done():
@@ -129,7 +129,7 @@ def wait_terminal(hook: LocalHook, handle: JobHandle, timeout: float = 10.0) -> 
     return statuses[-1]
 
 
-def wait_log(hook: LocalHook, handle: JobHandle, text: str, count: int = 1, timeout: float = 10.0) -> str:
+def wait_log(hook: LocalHook, handle: JobHandle, text: str, count: int = 1, timeout: float = 120.0) -> str:
     """The job's log once ``text`` appears in it ``count`` times."""
 
     def seen():
@@ -145,11 +145,11 @@ def whole_log(hook: LocalHook, handle: JobHandle) -> str:
 
 def pid_record(hook: LocalHook, handle: JobHandle) -> dict:
     path = hook.jobs_dir / handle.job_id / "pid"
-    wait_for(path.exists, 10)
+    wait_for(path.exists)
     return json.loads(path.read_text())
 
 
-def group_gone(pgid: int, timeout: float = 5.0) -> None:
+def group_gone(pgid: int, timeout: float = 120.0) -> None:
     try:
         wait_for(lambda: not local_supervisor.group_members(pgid), timeout)
     except AssertionError:
@@ -445,7 +445,7 @@ def test_argv_list_runs_without_a_shell(hook):
 def test_stdin_is_dev_null(hook):
     command = "readlink /proc/self/fd/0; cat; echo cat-rc=$?; readlink /proc/$PPID/fd/0"
     handle = hook.create_job(make_spec(command))
-    status = wait_terminal(hook, handle, timeout=5)  # a `cat` reading a terminal or pipe would hang
+    status = wait_terminal(hook, handle)  # a `cat` reading a terminal or pipe would hang
     assert status.state is JobState.COMPLETE
     assert whole_log(hook, handle).splitlines() == ["/dev/null", "cat-rc=0", "/dev/null"]
 
@@ -672,7 +672,7 @@ def test_vanished_supervisor_is_an_error_with_a_clear_message(hook):
     record = pid_record(hook, handle)
     os.kill(record["pid"], signal.SIGKILL)  # nobody asked for a cancel
     (hook.jobs_dir / handle.job_id / "work" / "go").touch()  # the orphaned command ends by itself
-    status = wait_terminal(hook, handle, timeout=10)  # not Running forever
+    status = wait_terminal(hook, handle)  # not Running forever
     assert status.state is JobState.ERROR
     assert "vanished" in status.message
     assert str(record["pid"]) in status.message
@@ -799,13 +799,11 @@ def test_cancel_terminates_a_running_job(local_env):
     handle = hook.create_job(make_spec("echo started; sleep 30"), try_number=2)
     wait_log(hook, handle, "started")
     pgid = pid_record(hook, handle)["pgid"]
-    start = time.monotonic()
     assert hook.cancel_job(handle) is True
-    assert time.monotonic() - start < PATIENT_GRACE / 2  # SIGTERM was enough, no SIGKILL needed
-    group_gone(pgid, timeout=1)
-    status = wait_terminal(hook, handle, timeout=2)
+    group_gone(pgid)
+    status = wait_terminal(hook, handle)
     assert status.state is JobState.CANCELED
-    assert status.exit_code == -signal.SIGTERM
+    assert status.exit_code == -signal.SIGTERM  # SIGTERM was enough, no SIGKILL needed
     assert hook.cancel_requested_by(handle) == 2
     analysis = hook.get_failure_analysis(handle)
     assert analysis.err_class is ErrClass.ERR_CANCELED
@@ -818,7 +816,7 @@ def test_issue_22_hole_5_a_job_that_exits_0_on_sigterm_reads_as_canceled(local_e
     )
     wait_log(hook, handle, "started")
     assert hook.cancel_job(handle) is True
-    status = wait_terminal(hook, handle, timeout=5)
+    status = wait_terminal(hook, handle)
     assert "checkpoint" in whole_log(hook, handle)
     assert (status.state, status.exit_code) == (JobState.CANCELED, 0)
 
@@ -829,11 +827,11 @@ def test_cancel_kills_a_term_ignoring_job_after_the_grace_period(hook):
     pgid = pid_record(hook, handle)["pgid"]
     start = time.monotonic()
     assert hook.cancel_job(handle) is True
-    elapsed = time.monotonic() - start
-    assert GRACE <= elapsed < GRACE + 5, elapsed
+    assert time.monotonic() - start >= GRACE  # the grace was given (a lower bound: load only lengthens it)
     assert local_supervisor.group_members(pgid) == []
     status = hook.get_job_status(handle)
     assert status.state is JobState.CANCELED, status
+    assert status.raw_state == "KILLED", status  # killed after the grace, TERM being ignored
 
 
 def test_cancel_is_idempotent(hook):
@@ -869,7 +867,7 @@ def test_cancel_right_after_submission_stops_the_job(hook):
     # The supervisor may not have written its pid yet: the cancel must still win.
     handle = hook.create_job(make_spec("sleep 1; echo SHOULD-NOT-RUN"))
     assert hook.cancel_job(handle) is True
-    status = wait_terminal(hook, handle, timeout=10)
+    status = wait_terminal(hook, handle)
     assert status.state is JobState.CANCELED, status
     assert "SHOULD-NOT-RUN" not in whole_log(hook, handle)
 
@@ -908,14 +906,14 @@ def test_background_children_are_gone_after_cancel(hook):
 def test_background_children_are_gone_after_normal_completion(hook):
     command = 'sleep 300 & echo "bg=$!"; (trap "" TERM; sleep 300) & echo "bg=$!"; echo main-done'
     handle = hook.create_job(make_spec(command))
-    status = wait_terminal(hook, handle, timeout=15)
+    status = wait_terminal(hook, handle)
     assert status.state is JobState.COMPLETE
     log = whole_log(hook, handle)
     children = [int(line.removeprefix("bg=")) for line in log.splitlines() if line.startswith("bg=")]
     assert len(children) == 2
     # Complete means nothing of the job is left: not the children, not the supervisor.
     assert not [pid for pid in children if _alive(pid)]
-    group_gone(pid_record(hook, handle)["pgid"], timeout=2)
+    group_gone(pid_record(hook, handle)["pgid"])
 
 
 # ----------------------------------------------------------------------------- ownership marks

@@ -281,7 +281,7 @@ def local_conn(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
             kill_local_job(job_id)
 
 
-def _wait_for(check: Any, what: str, timeout: float = 10.0) -> None:
+def _wait_for(check: Any, what: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"

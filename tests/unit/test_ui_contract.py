@@ -332,7 +332,7 @@ def test_local_active_jobs_are_its_running_process_groups(monkeypatch: pytest.Mo
     hook = LocalHook(conn_id=None)
     long = hook.create_job(JobSpec(name="reap-long", job_id="aaaaaaaaaaaa", command="sleep 60", gpu_count=0))
     short = hook.create_job(JobSpec(name="reap-short", job_id="bbbbbbbbbbbb", command="true", gpu_count=0))
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 180
     while not hook.get_job_status(short).state.is_terminal and time.monotonic() < deadline:
         time.sleep(0.1)
     try:

@@ -126,14 +126,15 @@ op.execute(make_context(FileStore(Path(sys.argv[2])), 1, "manual__automl_kill"))
 """
 
 
-def wait_for(predicate: Any, what: str, polls: int = 1200) -> None:
+def wait_for(predicate: Any, what: str, timeout: float = 240) -> None:
+    """Until ``predicate()`` holds: an event waited for, bounded generously (trainers start slowly on a loaded
+    machine), never a duration asserted."""
     import time
 
-    for _ in range(polls):  # an event waited for, not a duration asserted
-        if predicate():
-            return
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"never happened: {what}"
         time.sleep(0.05)
-    raise AssertionError(f"never happened: {what}")
 
 
 def test_a_worker_killed_mid_search_is_continued_by_the_retry_with_no_trial_lost_or_doubled(

@@ -25,12 +25,15 @@ pytestmark = [pytest.mark.integration]
 def test_a_stopping_instance_is_started_once_it_is_stopped(brev_world: BrevWorld) -> None:
     """``startStopppedWorkspace`` refuses all but STOPPED (``Instance is not stopped status=STOPPING``)."""
     brev_world.create_instance("box")
+    # STOPPING lasts until the test ends it: a loaded machine must not reach STOPPED before our refused start
+    brev_world.set_time_scale(brev_world.world.time_scale(), stop=10**6)
     hook = BrevHook(CONN_ID)
     hook.session.check(["stop", "box"], 60, "stopping box")
     listing = hook.session.instances()
     assert listing["box"]["status"] == "STOPPING", listing
     refused = hook.session.call(["start", "box", "--detached"], 60)
     assert refused.returncode == 1 and "Instance is not stopped status=STOPPING" in refused.stderr
+    brev_world.finish_transition("box")
     name, entry = hook._reused_instance("box", listing)
     assert (name, entry["status"]) == ("box", "RUNNING")
     starts = [c for c in brev_world.calls("start")]

@@ -82,7 +82,7 @@ def test_an_instance_whose_worker_died_right_after_create_is_reaped_whoever_ran_
     # What create_job does up to `brev create` -- and then its worker dies: no exec ever wrote the exec user's lease.
     hook.session.create(spec.name, ["g5.xlarge"], remote.startup_script(hook._lease(spec, {}, 1)))
     brev_world.wait_status(spec.name, "RUNNING")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 180
     while brev_world.exec_in(spec.name, "test -f /var/lib/brevfake/startup-done", user="root")[0] != 0:
         assert time.monotonic() < deadline, "the startup script did not run"
         time.sleep(0.1)

@@ -70,7 +70,7 @@ def _names(world: BrevWorld) -> set[str]:
     return {i["name"] for i in world.instances()}
 
 
-def _wait_gone(world: BrevWorld, name: str, timeout: float = 30) -> None:
+def _wait_gone(world: BrevWorld, name: str, timeout: float = 180) -> None:
     """Until the world has no instance ``name`` any more (deleted: DELETING, then gone)."""
     deadline = time.monotonic() + timeout
     while name in _names(world) and world.instance(name)["status"] != "DELETING":
@@ -83,7 +83,7 @@ def _job_containers(world: BrevWorld, job_name: str) -> list[dict[str, Any]]:
     return [c for c in world.job_containers() if (c.get("Labels") or {}).get("tao.nvidia.com/job-name") == job_name]
 
 
-def _wait_job_running(world: BrevWorld, job_name: str, timeout: float = 60) -> dict[str, Any]:
+def _wait_job_running(world: BrevWorld, job_name: str, timeout: float = 180) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while not (running := [c for c in _job_containers(world, job_name) if c.get("State") == "running"]):
         assert time.monotonic() < deadline, f"no running container of {job_name} after {timeout} s"

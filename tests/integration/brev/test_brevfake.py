@@ -601,7 +601,7 @@ def _umask() -> int:
     return mask
 
 
-def _wait(condition: Any, what: str, timeout: float = 30) -> None:
+def _wait(condition: Any, what: str, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"not true after {timeout} s: {what}"

@@ -79,7 +79,7 @@ class DockerEngine:
             time.sleep(0.2)
         return state
 
-    def wait_running(self, job_id: str, timeout: float = 30) -> None:
+    def wait_running(self, job_id: str, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
         while self.state(job_id)["Status"] != "running":
             assert time.monotonic() < deadline, f"container of {job_id} not running after {timeout} s"

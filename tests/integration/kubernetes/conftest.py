@@ -94,7 +94,7 @@ class KubeFake:
     def pods_of(self, name: str) -> list[Any]:
         return list(self.api().list_namespaced_pod(NAMESPACE, label_selector=f"job-name={name}").items)
 
-    def wait_running(self, name: str, timeout: float = 60) -> Any:
+    def wait_running(self, name: str, timeout: float = 180) -> Any:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             running = [p for p in self.pods_of(name) if p.status.phase == "Running"]
@@ -103,7 +103,7 @@ class KubeFake:
             time.sleep(0.2)
         raise AssertionError(f"no pod of {name} running after {timeout} s")
 
-    def wait_gone(self, job_id: str, timeout: float = 30) -> None:
+    def wait_gone(self, job_id: str, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
         while (left := self.objects_of(job_id)) and time.monotonic() < deadline:
             time.sleep(0.3)

@@ -44,7 +44,7 @@ def _parked_job(kubefake: KubeFake, name: str, job_id: str, annotations: dict[st
     batch = kubefake.api("batch")
     body = {"metadata": metadata, "spec": {"suspend": True, "template": template}}
     job = batch.create_namespaced_job(NAMESPACE, body)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 180
     while not [c for c in batch.read_namespaced_job(name, NAMESPACE).status.conditions or [] if c.type == "Suspended"]:
         assert time.monotonic() < deadline, f"the job controller never marked Job {name} Suspended"
         time.sleep(0.1)

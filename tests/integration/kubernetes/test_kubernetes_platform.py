@@ -176,7 +176,7 @@ def test_pods_a_quota_refuses_wait_with_the_reason_then_err_capacity_and_the_job
             backend_details={"unschedulable_timeout_seconds": 60},
         )
         handle = hook.create_job(spec)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 180
         while (
             not kubefake.api()
             .list_namespaced_event(NAMESPACE, field_selector=f"involvedObject.name={handle.name},reason=FailedCreate")

@@ -79,7 +79,7 @@ class Workspace:
         names = [*stored["user"], *stored["image_pull"]]
         return [n for n in names if n.startswith((la.secret_prefix(job_id), f"tao-{job_id}"))]
 
-    def wait_running(self, job_id: str, timeout: float = 60) -> dict[str, Any]:
+    def wait_running(self, job_id: str, timeout: float = 180) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             found = [j for j in self.fake.jobs() if j["labels"].get(ls.LABEL_JOB_ID) == job_id]
@@ -92,7 +92,7 @@ class Workspace:
             time.sleep(0.2)
         raise AssertionError(f"job {job_id} not running after {timeout} s")
 
-    def wait_gone(self, job_id: str, timeout: float = 30) -> None:
+    def wait_gone(self, job_id: str, timeout: float = 180) -> None:
         """The job deleted on the server and none of its secrets left."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -243,7 +243,7 @@ def test_an_image_that_cannot_be_pulled_is_err_image_pull_and_the_job_is_deleted
     run = start(triggerer, ws.op("local/no-such-image:1", "echo never"))
     # Queueing until the controller places it, then "Pulling image" for the fake's pull_fail_seconds (1 s)
     hook, handle, seen = hook_factory(), JobHandle.from_json(run.handle), []
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not (seen and "Queueing" not in seen[-1].message):
         seen.append(hook.get_job_status(handle))
         time.sleep(0.05)

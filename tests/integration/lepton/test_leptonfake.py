@@ -74,7 +74,7 @@ def wait_job(client: Any, job_id: str, states: tuple[str, ...], timeout: float =
     raise AssertionError(f"job {job_id} not in {states} after {timeout} s: {seen and seen.status}")
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 30) -> Any:
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 180) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if result := check():

@@ -71,7 +71,7 @@ def test_held_partition_keeps_job_pending_with_reason(slurm_cluster):
         # slurmctld hands the record to slurmdbd asynchronously: sacct may not know a job that squeue already
         # shows for a moment after sbatch. Its Reason column is only refreshed by a later state message (on a
         # freshly started cluster it stays "None"), which is why the hook takes pending reasons from squeue.
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 180
         while (rec := slurm_cluster.sacct(job)) is None and time.monotonic() < deadline:
             time.sleep(0.5)
         assert rec is not None and rec.state == "PENDING"
