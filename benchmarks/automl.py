@@ -100,11 +100,14 @@ def median(values: list[float | None]) -> float | None:
 
 def run_ours(seed: int, args: argparse.Namespace, where: Path) -> dict[str, Any]:
     """The real operator on ``local``, executing on this worker."""
+    import structlog
+
     from airflow_provider_tao.operators.automl import TAOAutoMLOperator
     from tests.integration.taskrun import FileStore
     from tests.unit.fakes import make_context
 
-    logging.disable(logging.INFO)  # the trial-by-trial log lines: the table is what this prints
+    # the trial-by-trial log lines of the operator and the hook: the table is what this prints
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     ledger = where / "ledger.jsonl"
     os.environ["AIRFLOW__TAO__LOCAL_JOBS_DIR"] = str(where / "jobs")
     os.environ["AIRFLOW__TAO__LOCAL_RESULTS_ROOT"] = str(where / "results")
