@@ -1,7 +1,7 @@
 """AutoML side by side in one run: ``TAOAutoMLOperator`` (Optuna TPE + ASHA, 4 trials at once, ``local``) against
 ``nvidia-tao-automl`` 7.2.0's ``AutoMLRunner`` (bayesian, hyperband), same trainer, search space and trial budget::
 
-    PYTHONPATH=. nice -n 10 python benchmarks/automl.py [--seeds 5] [--trials 12]   # ~15-20 min on 2 loaded CPUs
+    PYTHONPATH=. nice -n 10 python benchmarks/automl.py [--seeds 5] [--trials 12]   # ~16 min on 2 loaded CPUs
 
 The trainer is ``benchmarks/automl_trainer.py`` (27 epochs of 0.3 s; its loss depends on its parameters and falls
 with its epochs). The anchor runs in its own venv (``--anchor-python``, default ``/tmp/anchor-venv/bin/python``)
@@ -9,8 +9,9 @@ through ``benchmarks/automl_anchor_driver.py``; the provider's side runs here, t
 worker (``deferrable=False``: the same decisions, no triggerer to stand in for). Both poll every ``--poll`` seconds
 (the anchor's default is 30 s; ours is the operator's ``poll_interval``).
 
-Per seed and configuration: wall-clock from the search's start until a trial ended with a value within 2 % of the
-best value any configuration found for that seed; trial-seconds (the sum of every trial process's life, the
+Per seed, ours against each anchor configuration: wall-clock from the search's start until a trial ran to its end
+with a value within 2 % of the best value either side found for that seed (and, a finite ratio when the anchor never
+gets there, within 2 % of the anchor's own best); trial-seconds (the sum of every trial process's life, the
 GPU-hours proxy); trials run (processes started, rung jobs included); the search's own best value. Goal (issue 33):
 at least 3x less wall-clock, at most half the trial-seconds, an equal or better median best value.
 """
