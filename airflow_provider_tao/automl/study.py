@@ -106,6 +106,7 @@ class SearchState:
     finished: bool = False
     stop_reason: str = ""
     failures_in_row: int = 0
+    objectives: dict[str, str] = field(default_factory=dict)  # metric -> direction, for the UI
 
     @classmethod
     def new(cls) -> SearchState:
@@ -119,7 +120,7 @@ class SearchState:
         if not isinstance(data, dict) or "study_name" not in data:
             return None
         trials = [TrialRecord(**t) for t in data.get("trials") or []]
-        fields = {k: data[k] for k in ("finished", "stop_reason", "failures_in_row") if k in data}
+        fields = {k: data[k] for k in ("finished", "stop_reason", "failures_in_row", "objectives") if k in data}
         return cls(study_name=str(data["study_name"]), trials=trials, **fields)
 
     def in_state(self, *states: str) -> list[TrialRecord]:

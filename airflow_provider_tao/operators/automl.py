@@ -106,6 +106,7 @@ class TAOAutoMLOperator(TrialJobsMixin, TAOSubmitOperator):
             state = SearchState.new()
         else:
             self.log.info("Continuing search %s: %d trial(s) so far", state.study_name, len(state.trials))
+        state.objectives = dict(self.config.objectives)  # what the UI ranks and draws by
         self._adopt(context, hook, state)
         return self._search(context, hook, state, {})
 
