@@ -86,7 +86,8 @@ def test_a_single_jobs_page_draws_its_own_curve_from_its_log() -> None:
 
 
 def test_the_routes_serve_a_search_to_its_readers_only_and_keep_it_text(
-    serve: Callable[..., TestClient], monkeypatch: pytest.MonkeyPatch  # noqa: F811 (the fixture imported above)
+    serve: Callable[..., TestClient],  # noqa: F811 (the fixture imported above)
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     search = _search(metric=EVIL)
     search.state.trials[1].handle = JobHandle(
