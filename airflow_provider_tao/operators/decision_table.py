@@ -23,13 +23,14 @@ STATES: list[Any] = [
 #: Each situation's facts (those its fact reader reads) and every value each can take (UNKNOWN: the read failed).
 SPACE: dict[Situation, dict[str, list[Any]]] = {
     Situation.RESUME: {
-        "outcome": ["complete", "error", "canceled", "timeout", "capacity"],
+        "outcome": ["complete", "error", "canceled", "timeout", "capacity", "budget"],
         "person_cancel": [None, "cli:jdoe", UNKNOWN],
         "canceled_by": [None, "cli:jdoe", UNKNOWN],
         "cancel_try": [None, 1, 2, 3, UNKNOWN],
         "state": STATES,
         "err_class": [None, ErrClass.ERR_PROGRAM, ErrClass.ERR_INFRA, UNKNOWN],
         "cancel_on_kill": [True, False],
+        "over_budget": [False, True, UNKNOWN],
     },
     Situation.REATTACH: {
         "person_cancel": [None, "cli:jdoe", UNKNOWN],
