@@ -34,6 +34,23 @@ class BudgetGuardMixin:
 
         def _clean_up(self, hook: TAOPlatformHook, handle: JobHandle, *, adoptable: bool = False) -> None: ...
 
+    def _stop_for_limit(
+        self, context: Context, hook: TAOPlatformHook, handle: JobHandle, err_class: ErrClass, *, cancel: bool,
+        ended: bool = False,
+    ) -> None:  # fmt: skip
+        """A limit passed (the deadline, the budget): cancel the job when ``cancel`` (a failed cancel is left to
+        ``airflow tao reap``: the verdict stands), clean up after it once stopped (``ended``: it already was) --
+        a job left running keeps what it needs (SLURM's env file, Lepton's secrets) -- and record how it ended."""
+        stopped = ended
+        if cancel:
+            try:
+                stopped = hook.cancel_job(handle)
+            except Exception as exc:
+                self.log.warning("Canceling job %s failed (%s): airflow tao reap stops it", handle.job_id, exc)
+        if stopped:
+            self._clean_up(hook, handle)
+        self._keep_end(context, handle, JobState.CANCELED.value, err_class.value)
+
     def _gpu_hours(self, hook: TAOPlatformHook, handle: JobHandle) -> float:
         return job_gpu_hours(hook, handle, gpu_count=self.gpu_count, num_nodes=self.num_nodes, now=time.time())
 
@@ -59,17 +76,8 @@ class BudgetGuardMixin:
     def _stop_over_budget(
         self, context: Context, hook: TAOPlatformHook, handle: JobHandle, verdict: Verdict
     ) -> NoReturn:
-        """The job passed ``max_gpu_hours``: cancel it (a failed cancel is left to ``airflow tao reap``; the verdict
-        stands), clean up after it once stopped, record it, and fail the task for good."""
-        stopped = verdict.clean_up
-        if verdict.stop:
-            try:
-                stopped = hook.cancel_job(handle)
-            except Exception as exc:
-                self.log.warning("Canceling job %s failed (%s): airflow tao reap stops it", handle.job_id, exc)
-        if stopped:
-            self._clean_up(hook, handle)
-        self._keep_end(context, handle, JobState.CANCELED.value, ErrClass.ERR_BUDGET.value)
+        """The job passed ``max_gpu_hours``: cancel it, record it, and fail the task for good."""
+        self._stop_for_limit(context, hook, handle, ErrClass.ERR_BUDGET, cancel=verdict.stop, ended=verdict.clean_up)
         try:
             used = f"{self._gpu_hours(hook, handle):.4f}"
         except Exception:

@@ -437,17 +437,8 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
         return self._fail(context, handle, status, analysis, message)
 
     def _time_out(self, context: Context, hook: TAOPlatformHook, handle: JobHandle, waiting: str | None) -> NoReturn:
-        """The task's deadline passed: cancel the job (``cancel_on_kill``) and clean up after it once stopped --
-        a job left running keeps what it needs (SLURM's env file, Lepton's secrets)."""
-        stopped = False
-        if self.cancel_on_kill:
-            try:
-                stopped = hook.cancel_job(handle)
-            except Exception as exc:
-                self.log.warning("Canceling job %s failed (%s): airflow tao reap stops it", handle.job_id, exc)
-        if stopped:
-            self._clean_up(hook, handle)
-        self._keep_end(context, handle, JobState.CANCELED.value, ErrClass.ERR_TIMEOUT.value)
+        """The task's deadline passed: cancel the job (``cancel_on_kill``) and clean up after it once stopped."""
+        self._stop_for_limit(context, hook, handle, ErrClass.ERR_TIMEOUT, cancel=self.cancel_on_kill)
         fate = "it was canceled" if self.cancel_on_kill else "it runs on (cancel_on_kill=False)"
         raise AirflowTaskTimeout(
             f"Job {handle.job_id} passed the task's execution_timeout (or [tao] lease_hours): "
