@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from urllib.parse import quote
 
+import httpx
 import pytest
 
 from airflow_provider_tao.hooks.local import LocalHook
@@ -48,6 +50,12 @@ def test_parallel_trials_pruned_early_within_the_trial_budget(airflow_client: Ai
     first = wait_until(running_at_once, timeout=60, interval=0.5, message="three trials running at once")
     assert len(job_processes(first)) >= 3  # three trial processes alive on the host, the task deferred
     assert client.get_task_instance_state(DAG_ID, run_id, TASK) == "deferred"
+    # the plugin's search page reads the search's live state from the task's state store while the task is deferred
+    where = f"{DAG_ID}/{quote(run_id, safe='')}/{TASK}"
+    live = httpx.get(f"{client.base_url}/tao/api/searches/{where}", timeout=30).json()
+    assert set(first) <= {t["job_id"] for t in live["trials"]} and not live["finished"], live
+    page = httpx.get(f"{client.base_url}/tao/searches/{where}", timeout=30).text
+    assert "AutoML search" in page and all(job_id in page for job_id in first)
     (tmp_path / "go").touch()
     client.wait_for_dag_run(DAG_ID, run_id, ["success"], timeout=240)
     result = client.get_xcom(DAG_ID, run_id, TASK, "return_value")
