@@ -40,6 +40,8 @@ SUGGESTIONS: dict[ErrClass, str] = {
     ErrClass.ERR_AUTH: "The platform rejected the credentials. Update the Airflow connection's token or key.",
     ErrClass.ERR_TIMEOUT: "The job hit its time limit. Raise execution_timeout / the wall-time limit, or "
     "resume from the last checkpoint.",
+    ErrClass.ERR_BUDGET: "The job passed its max_gpu_hours (GPUs x hours run, from the platform's times) and was "
+    "canceled. Raise max_gpu_hours, ask for fewer GPUs, or resume from the last checkpoint.",
     ErrClass.ERR_CANCELED: "The job was canceled.",
     ErrClass.ERR_UNKNOWN: "The cause could not be determined from the platform's facts. Read the job log.",
 }

@@ -54,6 +54,7 @@ class ErrClass(StrEnum):
     ERR_IMAGE_PULL = "ERR_IMAGE_PULL"
     ERR_AUTH = "ERR_AUTH"
     ERR_TIMEOUT = "ERR_TIMEOUT"
+    ERR_BUDGET = "ERR_BUDGET"  # the job passed its max_gpu_hours
     ERR_CANCELED = "ERR_CANCELED"
     ERR_UNKNOWN = "ERR_UNKNOWN"
 

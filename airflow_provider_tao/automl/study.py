@@ -109,6 +109,7 @@ class SearchState:
     stop_reason: str = ""
     failures_in_row: int = 0
     task: dict[str, Any] = field(default_factory=dict)
+    objectives: dict[str, str] = field(default_factory=dict)  # metric -> direction, for the UI
 
     @classmethod
     def new(cls) -> SearchState:
@@ -122,7 +123,9 @@ class SearchState:
         if not isinstance(data, dict) or "study_name" not in data:
             return None
         trials = [TrialRecord(**t) for t in data.get("trials") or []]
-        fields = {k: data[k] for k in ("finished", "stop_reason", "failures_in_row", "task") if k in data}
+        fields = {
+            k: data[k] for k in ("finished", "stop_reason", "failures_in_row", "task", "objectives") if k in data
+        }
         return cls(study_name=str(data["study_name"]), trials=trials, **fields)
 
     def in_state(self, *states: str) -> list[TrialRecord]:

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_tao.accounting import attempt_of
 from airflow_provider_tao.automl.index import SEARCH_KEY, trial_digest
 from airflow_provider_tao.automl.metrics import RECOGNISED_FORMS, final_values
 from airflow_provider_tao.automl.space import with_params_at_paths
@@ -30,6 +29,7 @@ from airflow_provider_tao.automl.study import (
     SearchState,
     TrialRecord,
 )
+from airflow_provider_tao.budget import job_gpu_hours
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobState, JobStatus
 
 if TYPE_CHECKING:
@@ -133,15 +133,10 @@ class TrialJobsMixin:
     def _usage_hours(self, hook: TAOPlatformHook, handle: JobHandle, now: float | None = None) -> float:
         """The GPU-hours of ``handle`` so far, from the platform's own times (0 when they cannot be read)."""
         try:
-            usage = hook.get_job_usage(handle)
+            return job_gpu_hours(hook, handle, gpu_count=self.gpu_count, num_nodes=self.num_nodes, now=now)
         except Exception as exc:  # accounting never decides a trial's fate
             self.log.warning("No usage for job %s: %s", handle.job_id, exc)
             return 0.0
-        attempt = attempt_of(
-            handle, usage, outcome="", reason="", try_number=handle.try_number,
-            requested_gpus=self.gpu_count, requested_nodes=self.num_nodes, now=now,
-        )  # fmt: skip
-        return attempt.gpu_hours or 0.0
 
     def _end_trial(
         self, hook: TAOPlatformHook, state: SearchState, trial: TrialRecord, status: JobStatus, try_number: int

@@ -31,6 +31,7 @@ from airflow_provider_tao.automl.study import (
     check_algorithm_installed,
 )
 from airflow_provider_tao.automl.trials import STATE_KEY, TrialJobsMixin
+from airflow_provider_tao.budget import checked_max_gpu_hours
 from airflow_provider_tao.hooks.errors import JobValidationError
 from airflow_provider_tao.jobs import JobHandle, JobState, JobStatus
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
@@ -79,13 +80,11 @@ class TAOAutoMLOperator(TrialJobsMixin, TAOSubmitOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.search_space = search_space
-        self.max_gpu_hours = max_gpu_hours
+        self.max_gpu_hours = checked_max_gpu_hours(max_gpu_hours)  # over all trials: not the single job's budget
         self.config = _search_config(
             space=search_space, metric=metric, direction=direction, objectives=objectives, algorithm=algorithm,
             pruner=pruner, max_trials=max_trials, max_concurrent_trials=max_concurrent_trials, seed=seed,
         )  # fmt: skip
-        if max_gpu_hours is not None and (not isinstance(max_gpu_hours, (int, float)) or max_gpu_hours <= 0):
-            raise JobValidationError("max_gpu_hours", f"{max_gpu_hours!r} is not a positive number", "Or None")
         if isinstance(self.specs, dict) and "{{" not in str(self.specs):
             check_spec_paths(self.config.space, self.specs)
 
@@ -107,6 +106,7 @@ class TAOAutoMLOperator(TrialJobsMixin, TAOSubmitOperator):
         else:
             self.log.info("Continuing search %s: %d trial(s) so far", state.study_name, len(state.trials))
         self._describe_task(context, state)
+        state.objectives = dict(self.config.objectives)  # what the UI ranks and draws by
         self._adopt(context, hook, state)
         return self._search(context, hook, state, {})
 

@@ -23,13 +23,14 @@ STATES: list[Any] = [
 #: Each situation's facts (those its fact reader reads) and every value each can take (UNKNOWN: the read failed).
 SPACE: dict[Situation, dict[str, list[Any]]] = {
     Situation.RESUME: {
-        "outcome": ["complete", "error", "canceled", "timeout", "capacity"],
+        "outcome": ["complete", "error", "canceled", "timeout", "capacity", "budget"],
         "person_cancel": [None, "cli:jdoe", UNKNOWN],
         "canceled_by": [None, "cli:jdoe", UNKNOWN],
         "cancel_try": [None, 1, 2, 3, UNKNOWN],
         "state": STATES,
         "err_class": [None, ErrClass.ERR_PROGRAM, ErrClass.ERR_INFRA, UNKNOWN],
         "cancel_on_kill": [True, False],
+        "over_budget": [None, False, True, UNKNOWN],
     },
     Situation.REATTACH: {
         "person_cancel": [None, "cli:jdoe", UNKNOWN],
@@ -61,11 +62,21 @@ SPACE: dict[Situation, dict[str, list[Any]]] = {
 }
 
 
+#: Facts read in one case only (fact -> the fact and value that say when): elsewhere they are None (not read).
+READ_ONLY_WHEN: dict[Situation, dict[str, tuple[str, Any]]] = {
+    Situation.RESUME: {"over_budget": ("outcome", "budget")},  # the job's GPU-hours: max_gpu_hours
+}
+
+
 def fact_space(situation: Situation) -> Iterator[Facts]:
-    """Every combination of the situation's facts, for try :data:`TRY`."""
+    """Every combination of the situation's facts, for try :data:`TRY` (a fact read in one case only is None in
+    the others, and read -- not None -- in that one)."""
     names = list(SPACE[situation])
+    only_when = READ_ONLY_WHEN.get(situation, {})
     for values in itertools.product(*SPACE[situation].values()):
-        yield Facts(try_number=TRY, **dict(zip(names, values, strict=True)))
+        facts = dict(zip(names, values, strict=True))
+        if all((facts[when] == value) == (facts[name] is not None) for name, (when, value) in only_when.items()):
+            yield Facts(try_number=TRY, **facts)
 
 
 def _word(value: Any) -> str:

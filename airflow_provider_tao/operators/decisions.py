@@ -97,6 +97,7 @@ class Facts:
     :param task_exists: (SWEEP) the task instance's row exists (``task_state`` None then means cleared).
     :param past_deadline: (SWEEP) the task's deadline (plus the minimum age) has passed.
     :param lease_expired: (SWEEP) the job outlived its lease.
+    :param over_budget: (RESUME, outcome ``budget``) the job's GPU-hours so far reach its ``max_gpu_hours``.
     """
 
     try_number: int
@@ -118,6 +119,7 @@ class Facts:
     task_exists: bool = True
     past_deadline: bool = False
     lease_expired: bool = False
+    over_budget: bool | _Unknown | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,8 @@ def _resume(facts: Facts) -> Verdict:
         return Verdict(Act.LATER, "a cancel mark or a person's cancel could not be read")
     if who := _person_binds(facts):
         return _person_cancel_verdict(facts, who)
+    if facts.outcome == "budget":
+        return _budget(facts)
     if facts.outcome == "timeout":
         return Verdict(
             Act.RETRY, "the task's execution_timeout passed", ErrClass.ERR_TIMEOUT,
@@ -218,6 +222,21 @@ def _resume(facts: Facts) -> Verdict:
         return Verdict(Act.RETRY, "the job failed (no analysis)", ErrClass.ERR_UNKNOWN, clean_up=clean)
     act = Act.RETRY if facts.err_class.retriable else Act.FAIL
     return Verdict(act, f"the job failed with {facts.err_class.value}", facts.err_class, clean_up=clean)
+
+
+def _budget(facts: Facts) -> Verdict:
+    """The trigger woke at the earliest moment the job could pass ``max_gpu_hours``; its GPU-hours say."""
+    if facts.over_budget is UNKNOWN:
+        return Verdict(Act.LATER, "the job's GPU-hours could not be read")
+    if facts.over_budget:
+        return Verdict(
+            Act.FAIL,
+            "the job passed its max_gpu_hours",
+            ErrClass.ERR_BUDGET,
+            clean_up=_ended(facts),
+            stop=not _ended(facts),
+        )
+    return Verdict(Act.ADOPT, "the job has GPU-hours left (it waited before it ran): watch it again")
 
 
 def _reattach(facts: Facts) -> Verdict:

@@ -8,6 +8,7 @@ during the failure analysis (seconds of platform calls) counts too.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao.hooks.ownership import MARK_CANCEL, MARK_CANCELED_BY, MARK_CONSUMED, owner_of
@@ -70,10 +71,20 @@ def person_cancel(context: Context) -> Any:
 
 
 def resume_facts(
-    hook: TAOPlatformHook, handle: JobHandle, context: Context, outcome: str, cancel_on_kill: bool
+    hook: TAOPlatformHook,
+    handle: JobHandle,
+    context: Context,
+    outcome: str,
+    cancel_on_kill: bool,
+    *,
+    over_budget: Callable[[], bool] | None = None,
 ) -> tuple[Facts, FailureAnalysis | None]:
-    """The facts of a resumed task, and the failure analysis they carry (for its evidence in the log)."""
+    """The facts of a resumed task, and the failure analysis they carry (for its evidence in the log);
+    ``over_budget`` reads whether the job passed its ``max_gpu_hours`` (outcome ``budget`` only)."""
     analysis: Any = None
+    budget = None
+    if outcome == "budget" and over_budget is not None:
+        budget = _read(f"the GPU-hours of job {handle.job_id}", over_budget)
     if outcome == "error":
         analysis = _read(f"the failure analysis of job {handle.job_id}", lambda: hook.get_failure_analysis(handle))
     facts = Facts(
@@ -83,6 +94,7 @@ def resume_facts(
         outcome=outcome,
         err_class=UNKNOWN if analysis is UNKNOWN else (analysis.err_class if analysis else None),
         cancel_on_kill=cancel_on_kill,
+        over_budget=budget,
         **mark_facts(hook, handle),  # last: see the module's docstring
     )
     return facts, (None if analysis is UNKNOWN else analysis)

@@ -14,6 +14,7 @@ from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError
 from airflow_provider_tao.hooks.shared.secrets import register_secrets
 from airflow_provider_tao.joblog import JobLogWriter
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, ErrClass, JobHandle, JobSpec, JobState, JobStatus
+from airflow_provider_tao.operators.budget_guard import BudgetGuardMixin
 from airflow_provider_tao.operators.decisions import Act, Situation, Verdict, decide
 from airflow_provider_tao.operators.fact_reader import reattach_facts, resume_facts
 from airflow_provider_tao.operators.outcome import JobOutcomeMixin
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from airflow_provider_tao.jobs import FailureAnalysis
 
 
-class JobLifecycleMixin(JobOutcomeMixin):
+class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
     """The steps of one task instance's job, from :meth:`execute` to :meth:`execute_complete` (and
     :meth:`on_kill`).
 
@@ -206,6 +207,7 @@ class JobLifecycleMixin(JobOutcomeMixin):
                     cancel_on_kill=self.cancel_on_kill,
                     secret_conn_ids=self._secret_conn_ids(handle),
                     capacity_timeout=self._capacity_timeout_for(handle),
+                    budget_at=self._job_budget_at(hook, handle),
                 ),
                 method_name="execute_complete",
                 # The trigger enforces the deadline itself and the operator cancels the job; a framework timeout
@@ -314,6 +316,7 @@ class JobLifecycleMixin(JobOutcomeMixin):
         writer = JobLogWriter()  # the worker's masker already knows the job's secrets
         not_found = 0
         capacity_timeout = self._capacity_timeout_for(handle)
+        budget = self._job_budget_at(hook, handle)
         while True:
             try:
                 status = hook.get_job_status(handle)
@@ -327,6 +330,8 @@ class JobLifecycleMixin(JobOutcomeMixin):
                 return self._payload("error", handle, status, cursor) | {"message": message}
             if reason := status.capacity_wait_over(capacity_timeout, time.time()):
                 return self._payload("capacity", handle, status, cursor) | {"message": reason}
+            if budget is not None and time.time() >= budget and not status.state.is_terminal:
+                return self._payload("budget", handle, status, cursor)
             if status.state is not JobState.UNKNOWN and self.streaming:
                 cursor = self._copy_logs(hook, handle, cursor, writer)
             if status.state.is_terminal:
@@ -384,8 +389,11 @@ class JobLifecycleMixin(JobOutcomeMixin):
         if outcome == "misplaced":
             raise AirflowFailException(event.get("message") or status.message)
         message = event.get("message") or status.message
-        facts, analysis = resume_facts(hook, handle, context, outcome, self.cancel_on_kill)
+        budget = self._over_budget(hook, handle)
+        facts, analysis = resume_facts(hook, handle, context, outcome, self.cancel_on_kill, over_budget=budget)
         verdict = decide(facts, Situation.RESUME)
+        if verdict.act is Act.ADOPT:  # within its budget still: the same try watches it again
+            return self._watch(context, hook, handle, self._outputs_of(context, handle))
         failing = verdict.act in (Act.RETRY, Act.FAIL) and verdict.err_class is not ErrClass.ERR_CANCELED
         if failing and self._fails_over(handle, outcome, analysis):  # the next connection of the chain
             return self._fail_over(context, hook, handle, analysis.summary() if analysis else message)
@@ -415,6 +423,8 @@ class JobLifecycleMixin(JobOutcomeMixin):
         if verdict.err_class is ErrClass.ERR_TIMEOUT and verdict.act is Act.RETRY:
             # the task's deadline; a job that hit its own time limit fails for good below, as its class says
             return self._time_out(context, hook, handle, waiting)
+        if verdict.err_class is ErrClass.ERR_BUDGET:
+            self._stop_over_budget(context, hook, handle, verdict)
         if verdict.act is Act.RESUBMIT:
             self.log.warning("Job %s: %s, while try %s still wants it; submitting a new one",
                              handle.job_id, verdict.why, context["ti"].try_number)  # fmt: skip
@@ -430,17 +440,8 @@ class JobLifecycleMixin(JobOutcomeMixin):
         return self._fail(context, handle, status, analysis, message)
 
     def _time_out(self, context: Context, hook: TAOPlatformHook, handle: JobHandle, waiting: str | None) -> NoReturn:
-        """The task's deadline passed: cancel the job (``cancel_on_kill``) and clean up after it once stopped --
-        a job left running keeps what it needs (SLURM's env file, Lepton's secrets)."""
-        stopped = False
-        if self.cancel_on_kill:
-            try:
-                stopped = hook.cancel_job(handle)
-            except Exception as exc:
-                self.log.warning("Canceling job %s failed (%s): airflow tao reap stops it", handle.job_id, exc)
-        if stopped:
-            self._clean_up(hook, handle)
-        self._keep_end(context, handle, JobState.CANCELED.value, ErrClass.ERR_TIMEOUT.value)
+        """The task's deadline passed: cancel the job (``cancel_on_kill``) and clean up after it once stopped."""
+        self._stop_for_limit(context, hook, handle, ErrClass.ERR_TIMEOUT, cancel=self.cancel_on_kill)
         fate = "it was canceled" if self.cancel_on_kill else "it runs on (cancel_on_kill=False)"
         raise AirflowTaskTimeout(
             f"Job {handle.job_id} passed the task's execution_timeout (or [tao] lease_hours): "

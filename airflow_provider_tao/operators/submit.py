@@ -31,6 +31,7 @@ from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_tao import settings
+from airflow_provider_tao.budget import checked_max_gpu_hours
 from airflow_provider_tao.connections import get_connection, similar_conn_ids
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook, platform_for_conn_type
 from airflow_provider_tao.hooks.base import JobValidationError
@@ -72,6 +73,9 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
         is validated before anything runs.
     :param capacity_timeout: seconds (or a ``timedelta``) the job may wait for resources on a connection that has a
         next one in the chain before it moves on; unset = only the platforms' own capacity bounds move it.
+    :param max_gpu_hours: GPU-hours the job may use (``gpu_count x num_nodes`` x the hours it ran, from its
+        platform's own times; queueing is free): a job that passes it is canceled and the task fails with
+        ``ERR_BUDGET``, never retried. None = no budget; a positive number otherwise.
     :param platform: the platform name (``local``, ...); optional when ``conn_id`` is given, checked against it.
     :param image: container image: a ``versions.yaml`` key such as ``tao_toolkit.pyt`` or an image URI.
         Optional on ``local`` (the job runs on the worker host).
@@ -162,6 +166,7 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
         metrics_file: str | None = "metrics.json",
         fallback_conn_ids: Sequence[str] | None = None,
         capacity_timeout: float | timedelta | None = None,
+        max_gpu_hours: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -195,6 +200,7 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
             )
         self.fallback_conn_ids = list(fallback_conn_ids or [])
         self.capacity_timeout = seconds_of(capacity_timeout)
+        self.max_gpu_hours = max_gpu_hours
         self._handle: JobHandle | None = None
         self._secrets_registered = False  # this process handed the job its secrets (and so masks them)
         self._waiting: WaitLog | None = None  # why the job waits, while the worker waits for it
@@ -223,6 +229,7 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
             )
         if self.num_nodes < 1:
             raise JobValidationError("num_nodes", f"{self.num_nodes} is not allowed", "Use 1 or more")
+        self.max_gpu_hours = checked_max_gpu_hours(self.max_gpu_hours, self.gpu_count)
         if self.poll_interval is not None and self.poll_interval <= 0:
             raise JobValidationError("poll_interval", f"{self.poll_interval} is not allowed", "Use seconds > 0")
         self._check_env_and_image()

@@ -16,14 +16,14 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from airflow_provider_tao.hooks import PLATFORMS, get_platform_hook
 from airflow_provider_tao.jobindex import IndexedJob, gpu_hours_by_dag_and_day, load_jobs
 from airflow_provider_tao.joblog import readable_log
 from airflow_provider_tao.links import job_page_path
 from airflow_provider_tao.livestate import LiveStates, failure_facts
-from airflow_provider_tao.plugins import cancel, pages
+from airflow_provider_tao.plugins import cancel, pages, searches
 from airflow_provider_tao.plugins.permissions import CurrentViewer, Viewer
 from airflow_provider_tao.plugins.results import results_files
 from airflow_provider_tao.received_secrets import job_secrets
@@ -118,14 +118,40 @@ def create_app() -> FastAPI:
                 job_urls={j.job_id: _job_url(j) for j in jobs if j.verified and viewer.may_read_xcoms(j.dag_id)},
                 now=now,
                 ignored=len(rejected),
+                searches=searches.searches_list(_searches(viewer.dags, filters.get("dag_id") or None)),
+            )
+        )
+
+    @app.get("/api/searches/{dag_id}/{run_id}/{task_id}")
+    async def search_json(*, dag_id: str, run_id: str, task_id: str, viewer: CurrentViewer, map_index: int = -1,
+    ) -> JSONResponse:  # fmt: skip
+        return JSONResponse(searches.search_json(await _task_search(viewer.dags, dag_id, run_id, task_id, map_index)))
+
+    @app.get("/searches/{dag_id}/{run_id}/{task_id}", response_class=HTMLResponse)
+    async def search_page(*, dag_id: str, run_id: str, task_id: str, viewer: CurrentViewer, map_index: int = -1,
+    ) -> HTMLResponse:  # fmt: skip
+        """An AutoML search: its trials and their metric curves; reloads itself while the search runs."""
+        search = await _task_search(viewer.dags, dag_id, run_id, task_id, map_index)
+        links = await asyncio.to_thread(_trial_links, search) if viewer.may_read_xcoms(dag_id) else {}
+        return HTMLResponse(
+            pages.page(
+                f"AutoML search {search.state.study_name}",
+                searches.search_body(search, trial_links=links),
+                refresh_seconds=0 if search.state.finished else 10,
             )
         )
 
     @app.get("/jobs/{dag_id}/{run_id}/{task_id}", response_class=HTMLResponse)
     async def job_page(
         *, dag_id: str, run_id: str, task_id: str, viewer: CurrentViewer, map_index: int = -1
-    ) -> HTMLResponse:
-        current, jobs = await _task_jobs(viewer.dags, dag_id, run_id, task_id, map_index)
+    ) -> Response:
+        try:
+            current, jobs = await _task_jobs(viewer.dags, dag_id, run_id, task_id, map_index)
+        except HTTPException:  # the job page of a search is its search page
+            await _task_search(viewer.dags, dag_id, run_id, task_id, map_index)
+            return RedirectResponse(
+                job_page_path(dag_id, run_id, task_id, map_index).replace("/jobs/", "/searches/", 1)
+            )
         current, failure = await _live_view(current)
         try:
             view = await asyncio.wait_for(asyncio.to_thread(_platform_view, current, viewer), PLATFORM_TIMEOUT)
@@ -154,6 +180,7 @@ def create_app() -> FastAPI:
                 actions=await asyncio.to_thread(cancel.form, viewer.user, current)
                 if current.verified and viewer.user is not None
                 else "",
+                metrics=searches.job_metrics(log),
             )
         )
 
@@ -201,6 +228,38 @@ async def _task_jobs(
     if current is None:
         raise HTTPException(404, "no such job")
     return current, jobs
+
+
+def _searches(dags: set[str], dag_id: str | None = None, run_id: str | None = None) -> list[searches.Search]:
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return searches.load_searches(session, dag_ids={dag_id} & dags if dag_id else dags, run_id=run_id)
+
+
+async def _task_search(dags: set[str], dag_id: str, run_id: str, task_id: str, map_index: int) -> searches.Search:
+    """The task instance's search (404 for a DAG the user may not read, as for no search)."""
+    if dag_id in dags:
+        for search in await asyncio.to_thread(_searches, dags, dag_id, run_id):
+            if search.task_id == task_id and search.map_index == map_index:
+                return search
+    raise HTTPException(404, "no such job")
+
+
+def _trial_links(search: searches.Search) -> dict[int, str]:
+    """Each trial's job on its platform (the hook builds the URL from the connection: no platform call)."""
+    from airflow_provider_tao.jobs import JobHandle
+
+    links = {}
+    for trial in search.state.trials:
+        if not trial.handle:
+            continue
+        try:
+            handle = JobHandle.from_json(trial.handle)
+            links[trial.number] = get_platform_hook(handle.platform, handle.conn_id).job_url(handle)
+        except Exception:  # no handle yet, or a platform not installed here: no link
+            continue
+    return links
 
 
 async def _live_view(job: IndexedJob) -> tuple[IndexedJob, dict[str, str]]:

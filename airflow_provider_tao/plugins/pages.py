@@ -153,9 +153,11 @@ def jobs_view(
     job_urls: Mapping[str, str],
     now: float | None = None,
     ignored: int = 0,
+    searches: str = "",
 ) -> str:
     """The TAO jobs view: filters, the GPU-hours chart and the table of jobs (``ignored``: task records refused as
-    invalid, each named in the API server's log)."""
+    invalid, each named in the API server's log); ``searches``: HTML of the AutoML searches and their trials
+    (:func:`airflow_provider_tao.plugins.searches.searches_list`, escaped there)."""
     now = now or time.time()
     total = sum(job.gpu_hours(now) or 0.0 for job in jobs)
     states = ("Running", "Complete", "Error", "Canceled", "Unknown")
@@ -218,7 +220,7 @@ def jobs_view(
         + (f" {ignored} invalid task record(s) ignored (the API server's log names them)." if ignored else "")
         + "</p>"
         f"{form}<div class=card><h2>GPU-hours per DAG per day</h2>"
-        f"{chart(gpu_hours_by_dag_and_day(jobs, now))}</div>{table}"
+        f"{chart(gpu_hours_by_dag_and_day(jobs, now))}</div>{table}{searches}"
     )
     return page("TAO jobs", body)
 
@@ -237,10 +239,12 @@ def job_page(
     now: float | None = None,
     failure: Mapping[str, str] | None = None,
     actions: str = "",
+    metrics: str = "",
 ) -> str:
     """One task instance's job: where it is on its platform, its live log (opened at its newest lines), its results
     and its earlier jobs; a failed job's exit code and failure words (``failure``); ``actions``: HTML of the buttons
-    the user may press (:func:`airflow_provider_tao.plugins.cancel.form`, escaped there)."""
+    the user may press (:func:`airflow_provider_tao.plugins.cancel.form`, escaped there); ``metrics``: HTML of the
+    metric curves its log reports (:func:`airflow_provider_tao.plugins.searches.job_metrics`, escaped there)."""
     now = now or time.time()
     handle = job.record.handle
     hours = job.gpu_hours(now)
@@ -280,7 +284,7 @@ def job_page(
         f'<a data-airflow href="{e(task_url(base, job))}">task {e(job.dag_id)} / {e(job.task_id)}</a></p>'
         f"<h1>TAO job {e(job.job_id)}</h1><p class=sub>{e(job.run_id)}</p>"
         f"<div class=card><dl>{dl}</dl>{console}{actions}</div>"
-        f"<h2>Log</h2><p class=sub>{e(log_note)}</p><div class=logbox><pre class=log>{e(log)}</pre></div>"
+        f"{metrics}<h2>Log</h2><p class=sub>{e(log_note)}</p><div class=logbox><pre class=log>{e(log)}</pre></div>"
         f"{results_html}" + (f"<h2>Earlier jobs of this task</h2><ul>{earlier}</ul>" if earlier else "")
     )
     return page(

@@ -65,6 +65,7 @@ class TriggerOutcome:
     ERROR = "error"
     CANCELED = "canceled"
     TIMEOUT = "timeout"
+    BUDGET = "budget"  # the job may have passed max_gpu_hours: the task reads its GPU-hours and decides
     CAPACITY = "capacity"
     MISPLACED = "misplaced"
 
@@ -89,6 +90,8 @@ class TAOJobTrigger(BaseTrigger):
         kwargs never hold them) and masks them, so a job that prints them never puts them into the task log.
     :param capacity_timeout: seconds the job may wait for resources (``JobStatus.capacity_wait_since``, the
         backend's clock) before the trigger ends with ``capacity``; None = no bound (the last of a chain).
+    :param budget_at: epoch seconds at which the job may pass its ``max_gpu_hours`` (the earliest: as if it ran
+        all along); the trigger ends with ``budget`` then. None = no budget.
     """
 
     def __init__(
@@ -102,6 +105,7 @@ class TAOJobTrigger(BaseTrigger):
         cancel_on_kill: bool = True,
         secret_conn_ids: list[str] | None = None,
         capacity_timeout: float | None = None,
+        budget_at: float | None = None,
     ) -> None:
         super().__init__()
         self.handle = JobHandle.from_json(handle)
@@ -112,6 +116,7 @@ class TAOJobTrigger(BaseTrigger):
         self.cancel_on_kill = bool(cancel_on_kill)
         self.secret_conn_ids = tuple(secret_conn_ids or ())  # () is no object of its own for the GC to walk
         self.capacity_timeout = None if capacity_timeout is None else float(capacity_timeout)
+        self.budget_at = None if budget_at is None else float(budget_at)
         self._writer: JobLogWriter | None = None  # made at the first log text or secret: a quiet job needs none
         # One logger per trigger class, not one per trigger (each costs ~9 objects every full garbage collection
         # walks): the triggerer routes a trigger's lines to its task's log by context variables, not by logger.
@@ -139,6 +144,7 @@ class TAOJobTrigger(BaseTrigger):
                 "cancel_on_kill": self.cancel_on_kill,
                 "secret_conn_ids": list(self.secret_conn_ids),
                 "capacity_timeout": self.capacity_timeout,
+                "budget_at": self.budget_at,
             },
         )
 
@@ -202,10 +208,11 @@ class TAOJobTrigger(BaseTrigger):
             await poller.remove(watch)
 
     def _next_wait(self) -> float:
-        """How long this poll waits for a status: four intervals, never past the task's deadline."""
+        """How long this poll waits for a status: four intervals, never past the task's deadline or budget."""
         wait = self.poll_interval * 4
-        if self.deadline is not None:
-            wait = min(wait, max(0.0, self.deadline - time.time()))
+        for limit in (self.deadline, self.budget_at):
+            if limit is not None:
+                wait = min(wait, max(0.0, limit - time.time()))
         return wait
 
     def _limit_event(self, status: JobStatus, not_found: int, waiting: WaitLog, platform: str) -> TriggerEvent | None:
@@ -219,6 +226,8 @@ class TAOJobTrigger(BaseTrigger):
             return self._event(TriggerOutcome.ERROR, status, f"{message} ({status.message})")
         if reason := status.capacity_wait_over(self.capacity_timeout, time.time()):
             return self._event(TriggerOutcome.CAPACITY, status, reason)
+        if self.budget_at is not None and time.time() >= self.budget_at and not status.state.is_terminal:
+            return self._event(TriggerOutcome.BUDGET, status, "the job may have passed its max_gpu_hours")
         return None
 
     async def _resubmitted(self, hook: TAOPlatformHook, status: JobStatus) -> tuple[str | None, bool]:

@@ -63,6 +63,8 @@ FIXES: dict[str, str] = {
     "was deferred: clear the task to start a new search.",
     "The search ended without a completed trial": "Read the trials' rows in the task log: a program error, an OOM or "
     "a metric never reported (the log names the line forms the search reads); fix the trainer and run again.",
+    "passed max_gpu_hours=": "The job used its GPU-hour budget (GPUs x hours run) and was canceled (ERR_BUDGET, "
+    "not retried): raise max_gpu_hours, ask for fewer GPUs, or resume from the last checkpoint.",
     "The search passed the task's execution_timeout": "Raise execution_timeout, lower max_trials, or use a pruner "
     "that stops losing trials sooner; the best trial so far is in the message.",
     # airflow tao

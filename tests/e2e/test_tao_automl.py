@@ -14,7 +14,9 @@ import signal
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
 
 from airflow_provider_tao.hooks.local import LocalHook
@@ -71,6 +73,12 @@ def test_parallel_trials_survive_a_worker_sigkill_a_triggerer_restart_and_a_pers
     first = wait_until(lambda: running(TASK, 3, before), timeout=60, interval=0.5, message="three trials at once")
     assert len(job_processes(first)) >= 3  # three trial processes alive on the host, the task deferred
     assert client.get_task_instance_state(DAG_ID, run_id, TASK) == "deferred"
+    # the plugin's search page reads the search's live state from the task's state store while the task is deferred
+    where = f"{DAG_ID}/{quote(run_id, safe='')}/{TASK}"
+    live = httpx.get(f"{client.base_url}/tao/api/searches/{where}", timeout=30).json()
+    assert set(first) <= {t["job_id"] for t in live["trials"]} and not live["finished"], live
+    page = httpx.get(f"{client.base_url}/tao/searches/{where}", timeout=30).text
+    assert "AutoML search" in page and all(job_id in page for job_id in first)
     in_flight = wait_until(lambda: running(SYNC, 2, before), timeout=90, interval=0.5, message="two sync trials")
 
     # the worker of the search that waits on the worker dies mid-search; its retry adopts the trials in flight

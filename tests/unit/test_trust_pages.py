@@ -27,7 +27,7 @@ from tests.unit.test_trust_records import XSS, A, name_of, raw_record
 #: Every tag and attribute the plugin's pages write themselves.
 TAGS = {"html", "head", "meta", "title", "style", "body", "script", "h1", "h2", "p", "a", "form", "label", "select",
         "option", "input", "button", "table", "thead", "tbody", "tr", "th", "td", "span", "div", "dl", "dt", "dd",
-        "pre", "ul", "li", "svg", "line", "text", "rect", "i"}  # fmt: skip
+        "pre", "ul", "li", "svg", "line", "text", "rect", "i", "h3", "polyline", "circle", "code"}  # fmt: skip
 LOG_LINE = "step 1 loss 0.5 -- the log of the job"
 TI_ROW = {"ti_state": "deferred", "ti_try": 1, "ti_end": None}
 
@@ -69,6 +69,7 @@ def serve(fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch) -> Ite
             return join_records(mine, {key: TI_ROW for key in mine}, rejected=rejected)
 
         monkeypatch.setattr(plugin_app, "_load", load)
+        monkeypatch.setattr(plugin_app, "_searches", lambda *_, **__: [])  # AutoML: tests/unit/test_ui_searches.py
         app = plugin_app.create_app()
         app.dependency_overrides[viewer] = lambda: Viewer(set(dags), lambda entity, dag_id: entity in entities)
         client = TestClient(app)
