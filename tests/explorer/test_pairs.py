@@ -41,6 +41,7 @@ _LOCK = threading.Lock()
 def run_pair(backend: Any, pair: Pair) -> tuple[list[str], bool]:
     """The pair's violations, and whether its second boundary was reached (a repeated poll may not be, under load:
     then the run is a single schedule's, still checked)."""
+    started = time.monotonic()
     sim = PairSim(backend, pair)
     try:
         outcome = sim.run()
@@ -48,10 +49,14 @@ def run_pair(backend: Any, pair: Pair) -> tuple[list[str], bool]:
     except Exception as exc:
         found = [f"the pair raised {type(exc).__name__}: {exc}"[:500]]
     reached = sim.rec.second_fired is not None
+    _report([pair.first.platform, pair.key, pair.reproducer(), reached, found, round(time.monotonic() - started, 1)])
+    return found, reached
+
+
+def _report(row: list[Any]) -> None:
     if report := os.environ.get("TAO_EXPLORE_PAIR_REPORT"):
         with _LOCK, open(report, "a") as out:
-            out.write(json.dumps([pair.first.platform, pair.key, pair.reproducer(), reached, found]) + "\n")
-    return found, reached
+            out.write(json.dumps(row) + "\n")
 
 
 def _one(spec: str, platform: str) -> list[Pair]:
@@ -61,7 +66,7 @@ def _one(spec: str, platform: str) -> list[Pair]:
 
 @pytest.fixture(scope="package")
 def pair_runs(backends: Any) -> dict[str, Any]:
-    """platform -> {product, explored, results: [(pair, violations, reached)], cpu}: the first level (single
+    """platform -> {product, explored, results: [(pair, violations, reached)], cpu, seconds}: the first level (single
     schedules not run yet by ``test_explorer``), the product deduped, then this run's pairs, in one pool."""
     cpu = time.process_time() + sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2])
     caps = {p: threading.Semaphore(backends[p].parallel or PARALLEL) for p in PLATFORMS}
@@ -80,6 +85,7 @@ def pair_runs(backends: Any) -> dict[str, Any]:
             for b in schedule_boundaries(backends, p, job, i)
         ]
         list(pool.map(lambda s: capped(run_schedule, s.platform, s), [s for s in firsts if s not in LEVELS]))
+        started = time.monotonic()  # the pairs' own wall time (the first level is test_explorer's in CI)
         chosen: list[Pair] = []
         for platform in PLATFORMS:
             product = deduped([pair for s in firsts if s.platform == platform for pair in pairs_of(s, LEVELS[s])])
@@ -90,13 +96,15 @@ def pair_runs(backends: Any) -> dict[str, Any]:
             else:
                 picked = [p for p in product if in_pair_slice(p, PAIR_SLICE, PAIR_SLICES)]
             out[platform] = {"product": len(product), "explored": len(picked), "results": []}
+            _report(["product", platform, len(product), len(picked)])
             chosen.extend(picked)
         futures = {pair: pool.submit(capped, run_pair, pair.first.platform, pair) for pair in chosen}
         for pair, future in futures.items():
             out[pair.first.platform]["results"].append((pair, *future.result()))
+    seconds = time.monotonic() - started
     used = time.process_time() + sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]) - cpu
     for runs in out.values():
-        runs["cpu"] = used
+        runs["cpu"], runs["seconds"] = used, seconds
     return out
 
 
@@ -111,7 +119,7 @@ def test_pairs(pair_runs: Any, platform: str) -> None:
     print(
         f"\n{platform} pairs: product {runs['product']} (deduped by the decision's facts), explored "
         f"{runs['explored']} ({MODE}, slice {PAIR_SLICE} of {PAIR_SLICES}), second fault not reached "
-        f"{unreached}, violations {len(failed)}, CPU {runs['cpu']:.0f} s (all platforms)"
+        f"{unreached}, violations {len(failed)}; all platforms: pairs {runs['seconds']:.0f} s, CPU {runs['cpu']:.0f} s"
     )
     assert runs["product"] > 0, "no pair: no decision followed any interruption"
     assert not failed, "\n".join(failed)
