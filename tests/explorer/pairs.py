@@ -91,15 +91,19 @@ def pairs_of(first: Schedule, level: FirstLevel) -> list[Pair]:
     at, situation, facts = following
     window = level.boundaries[fired - 1 : at + ACTS]
     seen: dict[str, int] = {}
+    since_step: set[str] = set()
     out = []
     for offset, boundary in enumerate(window):
         phase, call = boundary.split(":", 1)
-        method = call.rsplit("#", 1)[0]
+        method = f"{phase}:{call.rsplit('#', 1)[0]}"
         seen[method] = seen.get(method, 0) + 1
-        if read_only(boundary) and seen[method] > 1:
-            continue  # a repeated read reads the same state: its first is the one explored
-        where = "read" if fired - 1 + offset < at else "act"
-        place = f"{where}:{phase}:{method}#{seen[method]}"
+        if not read_only(boundary):
+            since_step.clear()
+        elif method in since_step:
+            continue  # a read repeated with no step between reads the same state: its first is the one explored
+        else:
+            since_step.add(method)
+        place = f"{'read' if fired - 1 + offset < at else 'act'}:{method}#{seen[method]}"
         for fault in SECOND_FAULTS:
             if fault in STOPPING and (offset == 0 or phase not in (*WORKER_PHASES, "trigger")):
                 continue  # a stop lands where a worker or a trigger step runs, not with the interruption's own
