@@ -16,6 +16,7 @@ prints it). ``TAO_EXPLORE_PAIR_REPORT=<file>``: one JSON line per pair run.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import os
 import resource
@@ -64,6 +65,56 @@ def _one(spec: str, platform: str) -> list[Pair]:
     return [Pair(Schedule(platform, job, boundary, interruption), second, fault, pair_key(platform, "", "", "", ""))]
 
 
+def _stream(pool: Any, capped: Any, backends: Any, out: dict[str, Any], pairs: dict[Pair, Any]) -> None:
+    """Each single schedule's pairs submitted as soon as its first level is known (the single schedules not run
+    yet by ``test_explorer`` run here, in the same pool), one per dedupe key; a platform's product size is known
+    once its first level is."""
+    firsts = sorted(
+        (
+            Schedule(p, job, b, i)
+            for p in PLATFORMS
+            for job in JOBS
+            for i in INTERRUPTIONS
+            for b in schedule_boundaries(backends, p, job, i)
+        ),
+        key=str,
+    )
+    waiting = {p: sum(s.platform == p for s in firsts) for p in PLATFORMS}
+    keys: set[str] = set()
+
+    def known(first: Schedule) -> None:
+        for pair in deduped(pairs_of(first, LEVELS[first])):
+            if pair.key in keys:
+                continue
+            keys.add(pair.key)
+            out[first.platform]["product"] += 1
+            if MODE == "all" or in_pair_slice(pair, PAIR_SLICE, PAIR_SLICES):
+                out[first.platform]["explored"] += 1
+                pairs[pair] = pool.submit(capped, run_pair, first.platform, pair)
+        waiting[first.platform] -= 1
+        if not waiting[first.platform]:
+            _report(["product", first.platform, out[first.platform]["product"], out[first.platform]["explored"]])
+
+    for first in [s for s in firsts if s in LEVELS]:
+        known(first)
+    # the rest's first levels a few at a time, so that their pairs queue before the later first levels
+    rest = iter(_interleaved_by_platform([s for s in firsts if s not in LEVELS]))
+    running = {pool.submit(capped, run_schedule, s.platform, s): s for s in itertools.islice(rest, PARALLEL)}
+    while running:
+        done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+        for future in done:
+            known(running.pop(future))
+            for first in itertools.islice(rest, 1):
+                running[pool.submit(capped, run_schedule, first.platform, first)] = first
+
+
+def _interleaved_by_platform(schedules: list[Schedule]) -> list[Schedule]:
+    by: dict[str, list[Schedule]] = {}
+    for schedule in schedules:
+        by.setdefault(schedule.platform, []).append(schedule)
+    return [s for row in itertools.zip_longest(*by.values()) for s in row if s is not None]
+
+
 @pytest.fixture(scope="package")
 def pair_runs(backends: Any) -> dict[str, Any]:
     """platform -> {product, explored, results: [(pair, violations, reached)], cpu, seconds}: the first level (single
@@ -75,31 +126,15 @@ def pair_runs(backends: Any) -> dict[str, Any]:
         with caps[platform]:
             return fn(backends[platform], *args)
 
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {p: {"product": 0, "explored": 0, "results": []} for p in PLATFORMS}
+    started = time.monotonic()  # the pairs' own wall time (the first level is test_explorer's in CI)
     with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
-        firsts = [
-            Schedule(p, job, b, i)
-            for p in PLATFORMS
-            for job in JOBS
-            for i in INTERRUPTIONS
-            for b in schedule_boundaries(backends, p, job, i)
-        ]
-        list(pool.map(lambda s: capped(run_schedule, s.platform, s), [s for s in firsts if s not in LEVELS]))
-        started = time.monotonic()  # the pairs' own wall time (the first level is test_explorer's in CI)
-        chosen: list[Pair] = []
-        for platform in PLATFORMS:
-            product = deduped([pair for s in firsts if s.platform == platform for pair in pairs_of(s, LEVELS[s])])
-            if spec := os.environ.get("TAO_EXPLORE_PAIR"):
-                picked = _one(spec, platform)
-            elif MODE == "all":
-                picked = product
-            else:
-                picked = [p for p in product if in_pair_slice(p, PAIR_SLICE, PAIR_SLICES)]
-            out[platform] = {"product": len(product), "explored": len(picked), "results": []}
-            _report(["product", platform, len(product), len(picked)])
-            chosen.extend(picked)
-        futures = {pair: pool.submit(capped, run_pair, pair.first.platform, pair) for pair in chosen}
-        for pair, future in futures.items():
+        pairs: dict[Pair, concurrent.futures.Future[Any]] = {}
+        if spec := os.environ.get("TAO_EXPLORE_PAIR"):
+            pairs = {pair: pool.submit(capped, run_pair, p, pair) for p in PLATFORMS for pair in _one(spec, p)}
+        else:
+            _stream(pool, capped, backends, out, pairs)
+        for pair, future in pairs.items():
             out[pair.first.platform]["results"].append((pair, *future.result()))
     seconds = time.monotonic() - started
     used = time.process_time() + sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]) - cpu
