@@ -97,8 +97,9 @@ def _stream(pool: Any, capped: Any, backends: Any, out: dict[str, Any], pairs: d
 
     for first in [s for s in firsts if s in LEVELS]:
         known(first)
-    # the rest's first levels a few at a time, so that their pairs queue before the later first levels
-    rest = iter(_interleaved_by_platform([s for s in firsts if s not in LEVELS]))
+    # the rest's first levels a few at a time, so that their pairs queue before the later first levels; a platform
+    # after the other (PLATFORMS' order): each platform's product is whole as early as it can be
+    rest = iter(sorted((s for s in firsts if s not in LEVELS), key=lambda s: PLATFORMS.index(s.platform)))
     running = {pool.submit(capped, run_schedule, s.platform, s): s for s in itertools.islice(rest, PARALLEL)}
     while running:
         done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -106,13 +107,6 @@ def _stream(pool: Any, capped: Any, backends: Any, out: dict[str, Any], pairs: d
             known(running.pop(future))
             for first in itertools.islice(rest, 1):
                 running[pool.submit(capped, run_schedule, first.platform, first)] = first
-
-
-def _interleaved_by_platform(schedules: list[Schedule]) -> list[Schedule]:
-    by: dict[str, list[Schedule]] = {}
-    for schedule in schedules:
-        by.setdefault(schedule.platform, []).append(schedule)
-    return [s for row in itertools.zip_longest(*by.values()) for s in row if s is not None]
 
 
 @pytest.fixture(scope="package")
