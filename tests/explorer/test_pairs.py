@@ -31,7 +31,7 @@ from tests.explorer.conftest import COMMIT, PLATFORMS
 from tests.explorer.invariants import violations
 from tests.explorer.pairs import Pair, PairSim, deduped, in_pair_slice, judged_as, pair_key, pairs_of
 from tests.explorer.simulate import INTERRUPTIONS, Schedule
-from tests.explorer.test_explorer import LEVELS, PARALLEL, run_schedule, schedule_boundaries
+from tests.explorer.test_explorer import LEVELS, PARALLEL, clean_boundaries, run_schedule, schedule_boundaries
 
 MODE = os.environ.get("TAO_EXPLORE_PAIRS", "slice")
 PAIR_SLICES = int(os.environ.get("TAO_EXPLORE_PAIR_SLICES", "48"))
@@ -69,6 +69,8 @@ def _stream(pool: Any, capped: Any, backends: Any, out: dict[str, Any], pairs: d
     """Each single schedule's pairs submitted as soon as its first level is known (the single schedules not run
     yet by ``test_explorer`` run here, in the same pool), one per dedupe key; a platform's product size is known
     once its first level is."""
+    clean = [(p, job) for p in PLATFORMS for job in JOBS]  # the clean runs at once (each platform's boundaries)
+    list(pool.map(lambda pj: capped(lambda _, *a: clean_boundaries(backends, *a), pj[0], *pj), clean))
     firsts = sorted(
         (
             Schedule(p, job, b, i)
