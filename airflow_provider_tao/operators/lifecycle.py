@@ -33,6 +33,11 @@ if TYPE_CHECKING:
     from airflow_provider_tao.hooks.base import TAOPlatformHook
     from airflow_provider_tao.jobs import FailureAnalysis
 
+#: Times a worker's ``on_kill`` asks its cancel again when a fact read failed, pausing ``KILL_PAUSE_SECONDS``,
+#: doubled each time (1 + 2 + 4 s: well inside Airflow's ``killed_task_cleanup_time``, 60 s).
+KILL_ATTEMPTS = 4
+KILL_PAUSE_SECONDS = 1.0
+
 
 class JobLifecycleMixin(JobOutcomeMixin):
     """The steps of one task instance's job, from :meth:`execute` to :meth:`execute_complete` (and
@@ -455,7 +460,19 @@ class JobLifecycleMixin(JobOutcomeMixin):
             return
         hook = get_platform_hook(handle.platform, handle.conn_id)
         hook.load_connection()
-        if hook.cancel_job(handle):
-            # a kill does not say whether the task runs again (a clear, a timeout with retries left): a job that
-            # completed on its own meanwhile is kept for that try to adopt, and swept once the task is over
-            hook.cleanup_job(handle, adoptable=True)
+        # a fact read that failed decides nothing (DecideLater, a blip): ask again -- a task marked failed has no
+        # later try to stop the job, only the sweeper's next pass (pair explorer: mark_failed x blip)
+        for attempt in range(KILL_ATTEMPTS):
+            try:
+                canceled = hook.cancel_job(handle)
+            except Exception as exc:
+                if attempt == KILL_ATTEMPTS - 1:
+                    raise
+                self.log.warning("Could not decide the kill of job %s (%s): asking again", handle.job_id, exc)
+                time.sleep(KILL_PAUSE_SECONDS * 2**attempt)
+                continue
+            if canceled:
+                # a kill does not say whether the task runs again (a clear, a timeout with retries left): a job
+                # that completed on its own meanwhile is kept for that try to adopt, and swept once the task is over
+                hook.cleanup_job(handle, adoptable=True)
+            return
