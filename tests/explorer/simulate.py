@@ -218,8 +218,9 @@ class TaskSim:
             # what the CLI told the person: the task fails ERR_CANCELED (its routine found the job running and
             # marked it, or kept the cancel for the task's next try), or the job had ended and is left as it was
             promised = "ERR_CANCELED" in row["note"] and self.ti_state not in ("failed", "success")
-            self.outcome.person_cancel = {"job_id": handle.job_id, "was_live": live, "stopped": promised,
-                                          "at": time.time()}  # fmt: skip
+            if not (self.outcome.person_cancel or {}).get("stopped"):  # a second person's cancel changes nothing
+                self.outcome.person_cancel = {"job_id": handle.job_id, "was_live": live, "stopped": promised,
+                                              "at": time.time()}  # fmt: skip
 
     def person_record(self, value: dict[str, Any] | None = None) -> tuple[str, str | None]:
         """The CLI's view of the task instance (its id and state) and, with ``value``, its cancel record kept

@@ -128,6 +128,8 @@ def pair_runs(backends: Any) -> dict[str, Any]:
         pairs: dict[Pair, concurrent.futures.Future[Any]] = {}
         if spec := os.environ.get("TAO_EXPLORE_PAIR"):
             pairs = {pair: pool.submit(capped, run_pair, p, pair) for p in PLATFORMS for pair in _one(spec, p)}
+            for p in PLATFORMS:
+                out[p]["product"] = out[p]["explored"] = 1
         else:
             _stream(pool, capped, backends, out, pairs)
         for pair, future in pairs.items():
