@@ -455,24 +455,25 @@ class JobLifecycleMixin(JobOutcomeMixin):
             self.log.error("Job %s was killed while waiting: %s", self._waiting.job_id, why)
         if not self.cancel_on_kill:
             return
+        # a read that failed decides nothing (DecideLater, a blip): ask again -- a task marked failed has no later
+        # try to stop the job, only the sweeper's next pass (pair explorer: mark_failed x blip)
+        for attempt in range(KILL_ATTEMPTS):
+            try:
+                self._cancel_own_job()
+                return
+            except Exception as exc:
+                if attempt == KILL_ATTEMPTS - 1:
+                    raise
+                self.log.warning("Could not decide the kill of this try's job (%s): asking again", exc)
+                time.sleep(KILL_PAUSE_SECONDS * 2**attempt)
+
+    def _cancel_own_job(self) -> None:
         handle = self._handle or self._submitted()
         if handle is None:
             return
         hook = get_platform_hook(handle.platform, handle.conn_id)
         hook.load_connection()
-        # a fact read that failed decides nothing (DecideLater, a blip): ask again -- a task marked failed has no
-        # later try to stop the job, only the sweeper's next pass (pair explorer: mark_failed x blip)
-        for attempt in range(KILL_ATTEMPTS):
-            try:
-                canceled = hook.cancel_job(handle)
-            except Exception as exc:
-                if attempt == KILL_ATTEMPTS - 1:
-                    raise
-                self.log.warning("Could not decide the kill of job %s (%s): asking again", handle.job_id, exc)
-                time.sleep(KILL_PAUSE_SECONDS * 2**attempt)
-                continue
-            if canceled:
-                # a kill does not say whether the task runs again (a clear, a timeout with retries left): a job
-                # that completed on its own meanwhile is kept for that try to adopt, and swept once the task is over
-                hook.cleanup_job(handle, adoptable=True)
-            return
+        if hook.cancel_job(handle):
+            # a kill does not say whether the task runs again (a clear, a timeout with retries left): a job that
+            # completed on its own meanwhile is kept for that try to adopt, and swept once the task is over
+            hook.cleanup_job(handle, adoptable=True)
