@@ -34,6 +34,11 @@ if TYPE_CHECKING:
     from airflow_provider_tao.hooks.base import TAOPlatformHook
     from airflow_provider_tao.jobs import FailureAnalysis
 
+#: Times a worker's ``on_kill`` asks its cancel again when a fact read failed, pausing ``KILL_PAUSE_SECONDS``,
+#: doubled each time (1 + 2 + 4 s: well inside Airflow's ``killed_task_cleanup_time``, 60 s).
+KILL_ATTEMPTS = 4
+KILL_PAUSE_SECONDS = 1.0
+
 
 class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
     """The steps of one task instance's job, from :meth:`execute` to :meth:`execute_complete` (and
@@ -454,6 +459,19 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
             self.log.error("Job %s was killed while waiting: %s", self._waiting.job_id, why)
         if not self.cancel_on_kill:
             return
+        # a read that failed decides nothing (DecideLater, a blip): ask again -- a task marked failed has no later
+        # try to stop the job, only the sweeper's next pass (pair explorer: mark_failed x blip)
+        for attempt in range(KILL_ATTEMPTS):
+            try:
+                self._cancel_own_job()
+                return
+            except Exception as exc:
+                if attempt == KILL_ATTEMPTS - 1:
+                    raise
+                self.log.warning("Could not decide the kill of this try's job (%s): asking again", exc)
+                time.sleep(KILL_PAUSE_SECONDS * 2**attempt)
+
+    def _cancel_own_job(self) -> None:
         handle = self._handle or self._submitted()
         if handle is None:
             return

@@ -85,8 +85,39 @@ def _instrumented() -> Iterator[None]:
                 recorder.closers.append(session.close)
 
         patch.setattr(SyncSession, "__init__", tracked)
+        _record_decisions(patch)
+        _person_cancel_records(patch)
         yield
     structlog.configure(processors=processors)
+
+
+def _record_decisions(patch: pytest.MonkeyPatch) -> None:
+    """Every ``decide(facts, situation)`` call is told to the schedule's recorder (the pair explorer's dedupe)."""
+    from airflow_provider_tao.operators import decisions, lifecycle, outcome
+    from airflow_provider_tao.triggers import job
+
+    decide = decisions.decide
+
+    def recorded(facts: Any, situation: Any) -> Any:
+        if (recorder := CURRENT.get()) is not None:
+            recorder.decided(facts, situation)
+        return decide(facts, situation)
+
+    for module in (decisions, lifecycle, outcome, job):  # the hooks' and the sweeper's import it when they decide
+        patch.setattr(module, "decide", recorded)
+
+
+def _person_cancel_records(patch: pytest.MonkeyPatch) -> None:
+    """``airflow tao cancel`` keeps its record in the metadata database; the explorer's in the schedule's store."""
+    from airflow_provider_tao import person_cancel
+
+    def task(job: Any) -> Any:
+        recorder = CURRENT.get()
+        assert recorder is not None and recorder.task is not None, "a person's cancel outside a schedule"
+        return recorder.task
+
+    patch.setattr(person_cancel, "_task_instance_now", lambda job: task(job).person_record())
+    patch.setattr(person_cancel, "_keep", lambda job, value: task(job).person_record(value))
 
 
 def _captured(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:

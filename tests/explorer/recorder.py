@@ -95,6 +95,13 @@ class Recorder:
         self.logs: list[str] = []  # the schedule's log lines, masked as Airflow masks them (I7)
         # what the schedule's worker processes would let go of by exiting (SLURM's SSH connections), at its end
         self.closers: list[Callable[[], None]] = []
+        # the pair explorer (tests/explorer/pairs.py): a second fault once the first fired, and every decision
+        self.second: str | None = None  # the boundary of the second fault
+        self.on_second: Callable[[str], None] | None = None
+        self.second_fired: str | None = None
+        self.blips = 0  # the next platform calls that fail once each (a blip)
+        self.decisions: list[tuple[int, str, str]] = []  # (boundaries passed, situation, the Facts' repr)
+        self.task: Any = None  # the schedule's TaskSim: a person's cancel record is kept there
 
     def passed(self, name: str) -> None:
         with self.lock:
@@ -105,13 +112,27 @@ class Recorder:
             hit = self.fired is None and label == self.target
             if hit:
                 self.fired = label
+            second = self.fired is not None and self.second_fired is None and label == self.second
+            if second:
+                self.second_fired = label
         if self.on_boundary is not None:
             with muted():
                 self.on_boundary(label)
+        if second and self.on_second is not None:  # first: the interruption's own may stop the step here
+            self.on_second(label)
         if hit and self.on_hit is not None:
             self.on_hit(label)
 
+    def decided(self, facts: Any, situation: Any) -> None:
+        """A call of ``operators.decisions.decide``: the schedules reaching it with the same facts are one."""
+        with self.lock:
+            self.decisions.append((len(self.boundaries), str(getattr(situation, "value", situation)), repr(facts)))
+
     def check_outage(self) -> None:
+        with self.lock:
+            blip, self.blips = self.blips > 0, max(0, self.blips - 1)
+        if blip:
+            raise Outage("explorer: the platform call failed once (a blip)")
         if time.time() < self.outage_until:
             raise Outage("explorer: the platform cannot be reached")
 

@@ -36,6 +36,7 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowFailException, AirflowTaskTimeout, TaskDeferred
 
 from airflow_provider_tao.hooks import get_platform_hook
+from airflow_provider_tao.person_cancel import CANCEL_KEY
 from airflow_provider_tao.records import STATE_KEY, JobRecord
 from airflow_provider_tao.triggers.job import TAOJobTrigger
 from airflow_provider_tao.triggers.poller import StatusPoller
@@ -61,6 +62,8 @@ MAX_TRIES = 4
 OUTAGE_POLLS = 2.5
 #: Interruptions the provider receives through the same code path as another (pruned, see :func:`explored`).
 EQUIVALENT = {"mark_success": "mark_failed"}
+#: The task instance's state once stopped by an interruption (a clear's: none, until scheduled).
+STOPPED_STATES: dict[str, str | None] = {"clear": None, "mark_failed": "failed", "mark_success": "success"}
 #: Repeated polls of one phase past this occurrence re-read the same state: equivalent boundaries (pruned).
 POLL_OCCURRENCES = 2
 
@@ -166,6 +169,8 @@ class TaskSim:
         self.release = threading.Event()
         self.event_hit = False
         self.trigger: TAOJobTrigger | None = None
+        self.ti_state: str | None = "running"  # the task instance's Airflow state (a person's cancel reads it)
+        self.rec.task = self
 
     # ----------------------------------------------------------------- the interruption
 
@@ -193,8 +198,11 @@ class TaskSim:
             raise Killed("triggerer")
 
     def _person_cancel(self) -> None:
-        """``airflow tao cancel <job>``: the CLI's cancel routine on the job Airflow has recorded (the task is live,
-        so the CLI leaves the cleanup to it)."""
+        """``airflow tao cancel <job>``: the CLI's routine (:func:`~airflow_provider_tao.canceling.cancel_as_person`)
+        on the job Airflow has recorded, its cancel record kept in the task's store (:meth:`person_record`)."""
+        from airflow_provider_tao.canceling import cancel_as_person
+        from airflow_provider_tao.jobindex import record_jobs
+
         with muted():
             record = JobRecord.from_json(self.store.get(STATE_KEY))
             if record is None:
@@ -204,12 +212,22 @@ class TaskSim:
             hook = get_platform_hook(handle.platform, handle.conn_id)
             hook.load_connection()
             live = handle.job_id in self.backend.live_ids(handle.name)  # the backend's look, for the report
-            stopped = hook.cancel_job(handle, requested_by="cli:explorer")
-            # what the CLI reports as canceled: its routine found the job running and marked it (one that ended
-            # after the look above keeps its own verdict)
-            stopped = stopped and bool(hook.canceled_by(handle))
-            self.outcome.person_cancel = {"job_id": handle.job_id, "was_live": live, "stopped": stopped,
-                                          "at": time.time()}  # fmt: skip
+            ti = {"dag_id": "dag", "run_id": self.run_id, "task_id": "train", "map_index": -1}
+            job = record_jobs(record, ti_state=self.ti_state, ti_try=None, ti_end=None, **ti)[0]
+            row = cancel_as_person(job, hook, "cli:explorer")
+            # what the CLI told the person: the task fails ERR_CANCELED (its routine found the job running and
+            # marked it, or kept the cancel for the task's next try), or the job had ended and is left as it was
+            promised = "ERR_CANCELED" in row["note"] and self.ti_state not in ("failed", "success")
+            if not (self.outcome.person_cancel or {}).get("stopped"):  # a second person's cancel changes nothing
+                self.outcome.person_cancel = {"job_id": handle.job_id, "was_live": live, "stopped": promised,
+                                              "at": time.time()}  # fmt: skip
+
+    def person_record(self, value: dict[str, Any] | None = None) -> tuple[str, str | None]:
+        """The CLI's view of the task instance (its id and state) and, with ``value``, its cancel record kept
+        (:mod:`airflow_provider_tao.person_cancel`'s metadata database reads and writes, here the schedule's)."""
+        if value is not None:
+            self.store.set(CANCEL_KEY, value)
+        return f"ti-{self.outcome.tries}", self.ti_state
 
     def _sample(self, label: str) -> None:
         # a job only starts at a step (create, a resubmission): after a read the count cannot have grown
@@ -258,6 +276,7 @@ class TaskSim:
     def _try(self, try_number: int) -> str:
         op = self._operator()
         context = make_context(self.store, try_number, self.run_id)
+        self.ti_state = "running"
         if not self.outcome.job_name:
             with muted():
                 self.outcome.job_name = op._job_name(context, op._hook())
@@ -280,6 +299,7 @@ class TaskSim:
             if isinstance(event, str):
                 return event
             self.rec.phase = "resume"
+            self.ti_state = "running"
             resumed = copy.copy(op)  # a worker resumes with a fresh operator
             resumed._handle = None
             op = resumed
@@ -292,6 +312,7 @@ class TaskSim:
             self.outcome.error = "worker killed"
             return "retry"
         if isinstance(exc, Stopped | AirflowTaskTimeout):
+            self.ti_state = STOPPED_STATES.get(getattr(exc, "kind", ""), "running")
             self._run_on_kill(op.on_kill)
             if isinstance(exc, AirflowTaskTimeout) or exc.kind == "clear":
                 self.outcome.error = str(exc)
@@ -320,6 +341,7 @@ class TaskSim:
         classpath, kwargs = deferred.trigger.serialize()
         self.outcome.trigger_kwargs.append(json.dumps(kwargs, default=str))
         assert classpath.endswith("TAOJobTrigger")
+        self.ti_state = "deferred"
         while True:
             self.rec.phase = "trigger"
             triggerer = Triggerer()
@@ -357,6 +379,7 @@ class TaskSim:
                 return state
 
             trigger._task_state = task_state  # type: ignore[method-assign]
+            self.ti_state = STOPPED_STATES[kind]
             time.sleep(0.05)  # the cancel reaches run() first, as the triggerer's does
             self.release.set()
             self.rec.phase = "on_kill"

@@ -22,6 +22,7 @@ import pytest
 from tests.explorer.backends import JOBS
 from tests.explorer.conftest import COMMIT, PLATFORMS, SLICE, SLICED, SLICES
 from tests.explorer.invariants import violations
+from tests.explorer.pairs import FirstLevel, first_level
 from tests.explorer.recorder import read_only
 from tests.explorer.simulate import INTERRUPTIONS, Schedule, TaskSim, explored
 
@@ -34,6 +35,9 @@ PARALLEL = int(os.environ.get("TAO_EXPLORE_PARALLEL", "8"))
 DURATIONS: dict[Schedule, float] = {}
 _CLEAN: dict[tuple[str, str], list[str]] = {}
 _REPORT_LOCK = threading.Lock()
+#: Each single schedule's first level for the pair explorer (tests/explorer/test_pairs.py): its boundaries, where
+#: its interruption fired, its decisions and their facts.
+LEVELS: dict[Schedule, FirstLevel] = {}
 #: The key of a platform's slice in :func:`explored_runs` (in place of a job and an interruption).
 SLICE_JOB = "slice"
 
@@ -43,6 +47,7 @@ def run_schedule(backend: Any, schedule: Schedule) -> list[str]:
     sim = TaskSim(backend, schedule)
     try:
         outcome = sim.run()
+        LEVELS[schedule] = first_level(outcome, sim.rec.decisions)
         found = violations(backend, schedule, outcome, sim.store)
         # a poll's n-th repetition depends on timing (a loaded machine's job ends in fewer polls): a repeated read
         # not reached is a clean run, still checked; any other boundary must be reached

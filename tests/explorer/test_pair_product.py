@@ -1,0 +1,65 @@
+"""The pair product's construction (:mod:`tests.explorer.pairs`), without a backend: which boundaries a second fault
+lands at, and the dedupe by the decision's facts that keeps the product finite."""
+
+from __future__ import annotations
+
+from tests.explorer.pairs import ACTS, SECOND_FAULTS, STOPPING, FirstLevel, deduped, judged_as, pairs_of
+from tests.explorer.simulate import Schedule
+
+BOUNDARIES = (
+    "execute:create_job#1",
+    "execute:defer#1",
+    "trigger:aget_job_statuses#1",  # the interruption fires here
+    "on_kill:get_job_status#1",
+    "on_kill:read_marks#1",
+    "on_kill:get_job_status#2",  # the decision is asked after this one (index 6)
+    "on_kill:cancel_job#1",
+    "on_kill:cleanup_job#1",
+    "execute:find_job#1",
+    "execute:get_job_status#3",
+    "execute:create_job#2",
+    "execute:defer#2",
+    "trigger:aget_job_statuses#2",  # past the decision's acts
+)
+FACTS = "Facts(try_number=1, state=RUNNING)"
+
+
+def _level(facts: str = FACTS) -> FirstLevel:
+    return FirstLevel(BOUNDARIES, "trigger:aget_job_statuses#1", ((1, "reattach", "x"), (6, "kill", facts)))
+
+
+def test_second_faults_land_on_the_following_decision() -> None:
+    first = Schedule("local", "ok", "trigger:aget_job_statuses#1", "clear")
+    pairs = pairs_of(first, _level())
+    seconds = list(dict.fromkeys(p.second for p in pairs))
+    # from the interruption's boundary through the decision's fact read to ACTS boundaries of its acts; the
+    # repeated read of the job's state is explored once
+    assert seconds == [b for b in BOUNDARIES[2 : 6 + ACTS] if b != "on_kill:get_job_status#2"]
+    assert all(p.key.startswith("local|kill|" + FACTS) for p in pairs)
+    assert {p.key.split("|")[3].split(":")[0] for p in pairs} == {"read", "act"}
+    # a stop lands only where a worker or a trigger step runs, never with the interruption itself
+    stops = {(p.second, p.fault) for p in pairs if p.fault in STOPPING}
+    assert stops == {(b, f) for b in BOUNDARIES[8 : 6 + ACTS] for f in sorted(STOPPING)}
+    assert {p.fault for p in pairs} == set(SECOND_FAULTS)
+
+
+def test_pairs_reaching_a_decision_with_the_same_facts_are_one() -> None:
+    one = pairs_of(Schedule("local", "ok", "trigger:aget_job_statuses#1", "clear"), _level())
+    other = pairs_of(Schedule("local", "ok", "trigger:aget_job_statuses#1", "mark_failed"), _level())
+    differs = pairs_of(Schedule("local", "flaky", "trigger:aget_job_statuses#1", "clear"), _level("Facts(other)"))
+    assert len(deduped(one + other)) == len(one)
+    assert len(deduped(one + other + differs)) == len(one) + len(differs)
+
+
+def test_no_decision_after_the_interruption_gives_no_pair() -> None:
+    level = FirstLevel(BOUNDARIES, "execute:defer#2", ((6, "kill", FACTS),))
+    assert pairs_of(Schedule("local", "ok", "execute:defer#2", "outage"), level) == []
+    assert pairs_of(Schedule("local", "ok", "execute:defer#2", "outage"), FirstLevel(BOUNDARIES, None, ())) == []
+
+
+def test_a_pair_is_judged_by_its_final_fault() -> None:
+    first = Schedule("local", "ok", "execute:defer#1", "outage")
+    pairs = {p.fault: p for p in pairs_of(first, _level())}
+    expected = {"blip": None, "reap": None, "outage": None, "clear": None, "cli_cancel": "cli_cancel"}
+    assert {fault: judged_as(pairs[fault]).interruption for fault in expected} == expected
+    assert judged_as(pairs["mark_failed"]).interruption == "mark_failed"
