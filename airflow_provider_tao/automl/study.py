@@ -123,9 +123,7 @@ class SearchState:
         if not isinstance(data, dict) or "study_name" not in data:
             return None
         trials = [TrialRecord(**t) for t in data.get("trials") or []]
-        fields = {
-            k: data[k] for k in ("finished", "stop_reason", "failures_in_row", "task", "objectives") if k in data
-        }
+        fields = {k: data[k] for k in ("finished", "stop_reason", "failures_in_row", "task", "objectives") if k in data}
         return cls(study_name=str(data["study_name"]), trials=trials, **fields)
 
     def in_state(self, *states: str) -> list[TrialRecord]:
