@@ -140,7 +140,7 @@ def record_problem(data: Any, states: Collection[str]) -> str | None:
         return f"the record is a {type(data).__name__}, not a mapping"
     if problem := handle_problem(data.get("handle")):
         return problem
-    if "state" in data and data["state"] not in states:
+    if "state" in data and (not isinstance(data["state"], str) or data["state"] not in states):  # a list: unhashable
         return f"state {str(data['state'])[:40]!r} is not one of {', '.join(sorted(states))}"
     for name, check in RECORD_FIELDS.items():
         if name in data and (problem := check(data[name])):

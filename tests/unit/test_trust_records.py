@@ -61,6 +61,7 @@ def test_markup_in_num_nodes_stays_text_in_the_jobs_view() -> None:
         ({"gpu_count": True}, "gpu_count"),
         ({"gpu_count": 1.5}, "gpu_count"),
         ({"state": "<b>Running</b>"}, "state"),
+        ({"state": ["Running"]}, "state"),  # unhashable: once a TypeError that failed the jobs view
         ({"ended_at": float("nan")}, "ended_at"),
         ({"deadline": float("inf")}, "deadline"),
         ({"run_seconds": -1}, "run_seconds"),
