@@ -63,7 +63,7 @@ def cancel_note(ended: bool, ti_state: str | None) -> str:
     if ti_state in ("queued", "scheduled"):
         return f"its task ({ti_state}) fails with ERR_CANCELED as it starts, submitting nothing"
     if ti_state is not None and ti_state not in WAITING_TI_STATES:
-        return f"its task ({ti_state or 'cleared'}) fails with ERR_CANCELED when it next runs, submitting nothing"
+        return f"its task ({ti_state}) fails with ERR_CANCELED when it next runs, submitting nothing"
     if ended:
         return "already ended: left as it was"
     return "its task fails with ERR_CANCELED"

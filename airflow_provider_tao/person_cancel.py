@@ -65,8 +65,9 @@ def void_cancel(job: IndexedJob, log: Any) -> None:
 
 
 def record_cancel(job: IndexedJob, by: str) -> str | None:
-    """Keep ``by``'s cancel of ``job`` for its task instance's next try; returns the task instance's state, or None
-    when nothing was kept (the job is an earlier try's, or no try of the task instance will run again).
+    """Keep ``by``'s cancel of ``job`` for its task instance's next try; returns the task instance's state
+    (``"cleared"`` for Airflow's None: a cleared task instance keeps the cancel too), or None when nothing was kept
+    (the job is an earlier try's, or no try of the task instance will run again).
 
     Read, write, read again: a try that failed into up_for_retry meanwhile has a new id, which is recorded then
     (the id is kept for the record's readers; the record binds the task whatever its id)."""
@@ -79,10 +80,10 @@ def record_cancel(job: IndexedJob, by: str) -> str | None:
             return None
         ti_id, state = now
         if ti_id == recorded:
-            return state
+            return state or "cleared"
         _keep(job, {"ti_id": ti_id, "by": by, "at": time.time(), "job": job.record.handle})
         recorded = ti_id
-    return state
+    return state or "cleared"
 
 
 def _task_instance_now(job: IndexedJob) -> tuple[str, str | None] | None:

@@ -72,7 +72,10 @@ async def test_retriable_failure_is_resubmitted_by_the_trigger_and_watched_on(
     fake_platform.resubmit_budget = 1
 
     async def finish() -> None:
-        await asyncio.sleep(0.2)
+        # The rerun ends once it is running (the resubmit happened), whatever the machine's speed: ending it on a
+        # clock let a slow resubmit land after the end and leave the job running for good.
+        while fake_platform.resubmit_budget or fake_platform.jobs[handle.job_id]["state"] is not JobState.RUNNING:
+            await asyncio.sleep(0.01)
         fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
 
     asyncio.get_running_loop().create_task(finish())

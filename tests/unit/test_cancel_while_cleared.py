@@ -1,0 +1,48 @@
+"""A person's cancel of a job whose task instance was just cleared (Airflow's state None): the cancel is kept for the
+task's next try, which fails ERR_CANCELED submitting nothing -- and the person is told exactly that. The pair
+explorer found the note saying "already ended: left as it was" for an ended job while the next try failed
+ERR_CANCELED (pairs ``clear`` then ``cli_cancel`` inside the clear's ``on_kill``): None meant both "nothing kept" and
+"kept, the task instance cleared"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from airflow_provider_tao import person_cancel
+from airflow_provider_tao.canceling import cancel_as_person
+from airflow_provider_tao.jobindex import IndexedJob
+from airflow_provider_tao.jobs import JobSpec, JobState
+from airflow_provider_tao.records import JobRecord
+from tests.unit.fakes import FakeHook
+
+
+@pytest.mark.parametrize("job_state", [JobState.ERROR, JobState.RUNNING], ids=["ended", "running"])
+def test_a_cleared_task_keeps_the_cancel_and_the_person_is_told_its_next_try_fails(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, job_state: JobState
+) -> None:
+    hook = FakeHook(conn_id="fake_conn")
+    handle = hook.create_job(JobSpec(name="train-x", job_id="abcdefabcdef", command="train"))
+    fake_platform.jobs[handle.job_id]["state"] = job_state
+    kept: list[dict[str, Any]] = []
+    monkeypatch.setattr(person_cancel, "_task_instance_now", lambda job: ("ti-1", None))  # cleared
+    monkeypatch.setattr(person_cancel, "_keep", lambda job, value: kept.append(value))
+    job = IndexedJob(JobRecord(handle=handle.to_json()), "dag", "manual__1", "train", -1, None, 1, None, True)
+
+    row = cancel_as_person(job, hook, "cli:someone")
+
+    assert [k["by"] for k in kept] == ["cli:someone"]  # kept: the next try reads it before submitting
+    assert row["note"] == "its task (cleared) fails with ERR_CANCELED when it next runs, submitting nothing"
+
+
+def test_an_earlier_tries_job_keeps_nothing_and_says_it_ended(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook = FakeHook(conn_id="fake_conn")
+    handle = hook.create_job(JobSpec(name="train-y", job_id="bcdefabcdefa", command="train"))
+    fake_platform.jobs[handle.job_id]["state"] = JobState.ERROR
+    monkeypatch.setattr(person_cancel, "_keep", lambda job, value: pytest.fail("kept a cancel for an old job"))
+    job = IndexedJob(JobRecord(handle=handle.to_json()), "dag", "manual__1", "train", -1, None, 1, None, False)
+
+    assert cancel_as_person(job, hook, "cli:someone")["note"] == "already ended: left as it was"
