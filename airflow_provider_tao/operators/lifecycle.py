@@ -20,7 +20,7 @@ from airflow_provider_tao.operators.fact_reader import reattach_facts, resume_fa
 from airflow_provider_tao.operators.outcome import JobOutcomeMixin
 from airflow_provider_tao.outage import OutageLog
 from airflow_provider_tao.person_cancel import stop_canceled_job
-from airflow_provider_tao.records import STATE_KEY
+from airflow_provider_tao.records import STATE_KEY, JobRecord
 from airflow_provider_tao.triggers.log_budget import FINAL_LOG_READS
 from airflow_provider_tao.waiting import WaitLog
 
@@ -52,6 +52,7 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
     _secrets_registered: bool
     _waiting: WaitLog | None
     _submitting: tuple[TAOPlatformHook, str, str] | None
+    _reattaching: tuple[JobHandle, int] | None
 
     if TYPE_CHECKING:
 
@@ -80,6 +81,10 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
             raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
         try_number = context["ti"].try_number
         stored: Any = context["task_state_store"].get(STATE_KEY)
+        if reattach and (record := JobRecord.from_json(stored)) is not None:
+            # the recorded job is this try's to stop from the first step on (a person marking the task failed
+            # before it is looked at: pair explorer, worker_kill then mark_failed), until a look resubmits
+            self._reattaching = record.job, try_number
         if reattach:
             self._close_left_behind(context, stored)  # a job that ended unwatched still counts in GPU-hours
         self._honour_person_cancel(context, None)  # `airflow tao cancel` while no try waited: nothing is submitted
@@ -127,6 +132,8 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
         """The verdict "succeed" of a reattach: the earlier job completed unused. Cleanup comes after the result,
         best effort (as a resumed try's; SLURM: the env file) -- it never replaces it."""
         self._handle = handle
+        self.log.info("Job %s (%s) of an earlier try completed while no try watched it: taking its result",
+                      handle.job_id, handle.name)  # fmt: skip
         self._keep(context, self._record_for(context, handle, self._outputs_of(context, handle)))
         self._publish(context, hook, handle)
         self._close_attempt(context, hook, handle, outcome="complete", reason=status.message)
@@ -195,7 +202,7 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
     ) -> dict[str, Any]:
         """Keep the job's handle where every try finds it, publish its links, then wait for it: deferred in the
         triggerer, or on the worker."""
-        self._handle = handle
+        self._handle, self._reattaching = handle, None
         self._keep(context, self._record_for(context, handle, outputs))
         self._publish(context, hook, handle)
         self._honour_person_cancel(context, handle)  # a cancel that came while this try submitted
@@ -297,13 +304,20 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
         self, hook: TAOPlatformHook, candidate: JobHandle, try_number: int
     ) -> tuple[JobHandle, JobStatus] | None:
         """``candidate`` and its status when the decision adopts it (live) or takes its result (complete, unused);
-        None when it resubmits. Its facts unknown: the task is retried, never a duplicate submitted."""
+        None when it resubmits. Its facts unknown: the task is retried, never a duplicate submitted.
+
+        The candidate is this try's job from the first look on (the recorded one from the try's start): a kill
+        while it is looked at or claimed (a person marking the task failed) cancels it, as it would once adopted --
+        else it runs on with its task gone (pair explorer: worker_kill, then mark_failed inside the retry's
+        reattach)."""
+        self._reattaching = candidate, try_number
         facts, status = reattach_facts(hook, candidate, try_number)
         verdict = decide(facts, Situation.REATTACH)
         if verdict.act is Act.LATER:
             raise AirflowException(f"Job {candidate.job_id} of an earlier try: {verdict.why}. The next try asks again.")
         if verdict.act is Act.RESUBMIT:
             self.log.info("Earlier job %s: %s", candidate.job_id, verdict.why)
+            self._reattaching = None
             return None
         assert status is not None
         return candidate, status
@@ -369,6 +383,18 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
         for line in writer.feed("", final=True):
             self.log.info("[job] %s", line)
         return cursor
+
+    def _reattached(self) -> JobHandle | None:
+        """The earlier try's job this try was looking at to adopt when it was killed, as the try that owns it now:
+        this one once its claim landed, else the earlier one (Airflow runs one try at a time: that one is over).
+        Owned by any other try, it is not this try's to cancel."""
+        if self._reattaching is None:
+            return None
+        candidate, try_number = self._reattaching
+        hook = get_platform_hook(candidate.platform, candidate.conn_id)
+        hook.load_connection()
+        owner = hook.job_owner(candidate)
+        return candidate.owned_by(owner) if owner in (candidate.try_number, try_number) else None
 
     def _submitted(self) -> JobHandle | None:
         """The job a kill interrupted the submission of, if it exists: found by its name, and only if it is the job
@@ -472,7 +498,7 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
                 time.sleep(KILL_PAUSE_SECONDS * 2**attempt)
 
     def _cancel_own_job(self) -> None:
-        handle = self._handle or self._submitted()
+        handle = self._handle or self._reattached() or self._submitted()
         if handle is None:
             return
         hook = get_platform_hook(handle.platform, handle.conn_id)

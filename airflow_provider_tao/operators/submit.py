@@ -205,6 +205,7 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
         self._secrets_registered = False  # this process handed the job its secrets (and so masks them)
         self._waiting: WaitLog | None = None  # why the job waits, while the worker waits for it
         self._submitting: tuple[TAOPlatformHook, str, str] | None = None  # (hook, name, job_id) while submitting
+        self._reattaching: tuple[JobHandle, int] | None = None  # (an earlier try's job, this try) while adopting it
         self._check_static_arguments()
 
     def _check_static_arguments(self) -> None:

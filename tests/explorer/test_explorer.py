@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.explorer.backends import JOBS
-from tests.explorer.conftest import COMMIT, PLATFORMS, SLICE, SLICED, SLICES
+from tests.explorer.conftest import COMMIT, PART, PARTS, PLATFORMS, SLICE, SLICED, SLICES, in_part
 from tests.explorer.invariants import violations
 from tests.explorer.pairs import FirstLevel, first_level
 from tests.explorer.recorder import read_only
@@ -94,14 +94,14 @@ def schedule_boundaries(backends: Any, platform: str, job: str, interruption: st
 
 def _selected(session: pytest.Session) -> list[tuple[str, str, str]]:
     """(platform, job, interruption) of every ``test_explore`` this run selected (``-k`` included), and every
-    (platform, job, interruption) of a selected ``test_explore_slice``'s platform (key ``(platform, SLICE_JOB,
-    SLICE_JOB)``)."""
+    (platform, job, interruption) of a selected ``test_explore_slice``'s or ``test_explore_part``'s platform (key
+    ``(platform, SLICE_JOB, SLICE_JOB)``)."""
     selected = []
     for item in session.items:
         name, params = getattr(item, "originalname", ""), getattr(getattr(item, "callspec", None), "params", {})
         if name == "test_explore":
             selected.append((params["platform"], params["job"], params["interruption"]))
-        elif name == "test_explore_slice" and params.get("platform") in SLICED:
+        elif name in ("test_explore_slice", "test_explore_part"):
             selected.extend((params["platform"], job, i) for job in JOBS for i in INTERRUPTIONS)
     return selected
 
@@ -144,6 +144,9 @@ def explored_runs(request: pytest.FixtureRequest, backends: Any) -> dict[tuple[s
             schedules = [Schedule(platform, job, b, interruption) for b in chosen]
             if platform in SLICED:
                 by_key.setdefault((platform, SLICE_JOB, SLICE_JOB), []).extend(filter(in_slice, schedules))
+            elif PARTS > 1:
+                parted = [s for s in schedules if in_part(s.job, s.boundary, s.interruption)]
+                by_key.setdefault((platform, SLICE_JOB, SLICE_JOB), []).extend(parted)
             else:
                 by_key[platform, job, interruption] = schedules
         per_platform: dict[str, list[Schedule]] = {}
@@ -167,12 +170,25 @@ def test_clean_run_boundaries(backends: Any, platform: str, job: str) -> None:
     print(f"\n{platform} {job}: {len(boundaries)} boundaries: {boundaries}")
 
 
-@pytest.mark.parametrize("interruption", INTERRUPTIONS)
-@pytest.mark.parametrize("job", JOBS)
-@pytest.mark.parametrize("platform", PLATFORMS)
-def test_explore(explored_runs: Any, platform: str, job: str, interruption: str) -> None:
-    """Every boundary of the clean run interrupted by ``interruption`` on ``platform``: no invariant breaks."""
-    _check(explored_runs[platform, job, interruption], f"{platform} x {job} x {interruption}")
+if PARTS == 1:  # the platforms' whole products (an empty parametrization would be a skip)
+
+    @pytest.mark.parametrize("interruption", INTERRUPTIONS)
+    @pytest.mark.parametrize("job", JOBS)
+    @pytest.mark.parametrize("platform", PLATFORMS)
+    def test_explore(explored_runs: Any, platform: str, job: str, interruption: str) -> None:
+        """Every boundary of the clean run interrupted by ``interruption`` on ``platform``: no invariant breaks."""
+        _check(explored_runs[platform, job, interruption], f"{platform} x {job} x {interruption}")
+
+else:
+
+    @pytest.mark.parametrize("platform", PLATFORMS)
+    def test_explore_part(explored_runs: Any, platform: str) -> None:
+        """This run's part of ``platform``'s whole product (every job x boundary x interruption): no invariant breaks
+        (:data:`~tests.explorer.conftest.PARTS`)."""
+        results = explored_runs.get((platform, SLICE_JOB, SLICE_JOB), [])
+        print(f"\n{platform}: part {PART} of {PARTS} (commit {COMMIT}; rerun: TAO_EXPLORE_PART={PART})")
+        assert results, f"part {PART} of {PARTS} holds none of {platform}'s schedules"
+        _check(results, f"{platform} part {PART}")
 
 
 if SLICED:  # defined only when there are platforms to slice (an empty parametrization would be a skip)

@@ -1,8 +1,9 @@
 """The pair explorer (:mod:`tests.explorer.pairs`): each single schedule's interruption, then a second fault at each
 boundary of the decision that follows it, deduped by the facts that decision got.
 
-Every CI run explores one slice of the pair product of ``local`` and Docker (:data:`PAIR_SLICES` slices, the
-commit's number picks one: any 48 commits in a row cover the product); the single schedules' runs of
+Every CI run explores one slice of the pairs that follow its part of the single product of ``local`` and Docker
+(:data:`~tests.explorer.conftest.PARTS` parts, :data:`PAIR_SLICES` slices, 3 x 16: the commit's number picks both,
+and as 3 and 16 share no factor any 48 commits in a row cover the pair product); the single schedules' runs of
 ``test_explorer.py`` (the same session, before this module) give the first level for free. The whole product on
 all six platforms is one command (docs/reliability.md)::
 
@@ -27,14 +28,14 @@ from typing import Any
 import pytest
 
 from tests.explorer.backends import JOBS
-from tests.explorer.conftest import COMMIT, PLATFORMS
+from tests.explorer.conftest import COMMIT, PART, PARTS, PLATFORMS, in_part
 from tests.explorer.invariants import violations
 from tests.explorer.pairs import Pair, PairSim, deduped, in_pair_slice, judged_as, pair_key, pairs_of
 from tests.explorer.simulate import INTERRUPTIONS, Schedule
 from tests.explorer.test_explorer import LEVELS, PARALLEL, clean_boundaries, run_schedule, schedule_boundaries
 
 MODE = os.environ.get("TAO_EXPLORE_PAIRS", "slice")
-PAIR_SLICES = int(os.environ.get("TAO_EXPLORE_PAIR_SLICES", "48"))
+PAIR_SLICES = int(os.environ.get("TAO_EXPLORE_PAIR_SLICES") or 48 // PARTS)
 PAIR_SLICE = int(os.environ.get("TAO_EXPLORE_PAIR_SLICE") or COMMIT % PAIR_SLICES)
 _LOCK = threading.Lock()
 
@@ -78,6 +79,7 @@ def _stream(pool: Any, capped: Any, backends: Any, out: dict[str, Any], pairs: d
             for job in JOBS
             for i in INTERRUPTIONS
             for b in schedule_boundaries(backends, p, job, i)
+            if in_part(job, b, i)
         ),
         key=str,
     )
@@ -150,7 +152,8 @@ def test_pairs(pair_runs: Any, platform: str) -> None:
     failed = [f"{pair.reproducer()}\n    " + "\n    ".join(found) for pair, found, _ in results if found]
     unreached = sum(not reached for _, _, reached in results)
     print(
-        f"\n{platform} pairs: product {runs['product']} (deduped by the decision's facts), explored "
+        f"\n{platform} pairs: product {runs['product']} (part {PART} of {PARTS} of the singles, deduped by the "
+        f"decision's facts), explored "
         f"{runs['explored']} ({MODE}, slice {PAIR_SLICE} of {PAIR_SLICES}), second fault not reached "
         f"{unreached}, violations {len(failed)}; all platforms: pairs {runs['seconds']:.0f} s, CPU {runs['cpu']:.0f} s"
     )

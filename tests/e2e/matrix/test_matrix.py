@@ -9,6 +9,7 @@ shared (the triggerer, the backends) restore it before they end.
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -101,7 +102,11 @@ def _worker_sigkill_between_submission_and_recording_still_one_job(matrix: Matri
         (held,) = matrix.marks.glob(f"held.*.{platform}.{run_id}")
         job_id = held.name.split(".")[1]
         assert _result_job(matrix, dag_id, run_id, platform) == job_id, platform  # found by its name, adopted
-        assert f"Reattached to job {job_id}" in matrix.log(dag_id, run_id, platform, 2), platform
+        # try 2 adopts the running job, or takes its result if it completed before try 2 began (Airflow's retry of
+        # a SIGKILLed try may come after the job's 40 s on a loaded machine): either way the one job, never two
+        log = matrix.log(dag_id, run_id, platform, 2)
+        taken = re.search(rf"Job {job_id} \(.*\) of an earlier try completed while no try watched it", log)
+        assert f"Reattached to job {job_id}" in log or taken, platform
 
 
 # ---------------------------------------------------------------------------------------------- Airflow's own kills
