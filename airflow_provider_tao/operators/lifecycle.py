@@ -4,7 +4,7 @@ record, wait (on the worker or through the trigger), and complete or fail."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
@@ -40,6 +40,21 @@ KILL_ATTEMPTS = 4
 KILL_PAUSE_SECONDS = 1.0
 
 
+class Reattaching(NamedTuple):
+    """A retry's look for the task's earlier jobs, while it lasts: what a kill then stops (``_reattached``)."""
+
+    hook: TAOPlatformHook
+    name: str
+    try_number: int
+    candidates: list[JobHandle]
+
+
+def _loaded_hook(handle: JobHandle) -> TAOPlatformHook:
+    hook = get_platform_hook(handle.platform, handle.conn_id)
+    hook.load_connection()
+    return hook
+
+
 class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
     """The steps of one task instance's job, from :meth:`execute` to :meth:`execute_complete` (and
     :meth:`on_kill`).
@@ -52,7 +67,7 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
     _secrets_registered: bool
     _waiting: WaitLog | None
     _submitting: tuple[TAOPlatformHook, str, str] | None
-    _reattaching: tuple[JobHandle, int] | None
+    _reattaching: Reattaching | None
 
     if TYPE_CHECKING:
 
@@ -81,10 +96,9 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
             raise AirflowFailException(f"Bad input, nothing was submitted: {exc}") from exc
         try_number = context["ti"].try_number
         stored: Any = context["task_state_store"].get(STATE_KEY)
-        if reattach and (record := JobRecord.from_json(stored)) is not None:
-            # the recorded job is this try's to stop from the first step on (a person marking the task failed
-            # before it is looked at: pair explorer, worker_kill then mark_failed), until a look resubmits
-            self._reattaching = record.job, try_number
+        if reattach:  # a kill from here to the adoption or a new submission stops the earlier tries' jobs
+            record = JobRecord.from_json(stored)
+            self._reattaching = Reattaching(hook, name, try_number, [record.job] if record else [])
         if reattach:
             self._close_left_behind(context, stored)  # a job that ended unwatched still counts in GPU-hours
         self._honour_person_cancel(context, None)  # `airflow tao cancel` while no try waited: nothing is submitted
@@ -116,6 +130,7 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
                 "Reattached to job %s (%s), submitted by try %s", handle.job_id, handle.name, previous.try_number
             )
         else:
+            self._reattaching = None  # none to adopt: from here a kill stops what this try submits
             if reattach:  # the earlier job may have ended since the first look (its old try's kill canceled it)
                 self._close_left_behind(context, stored)
             self._start_attempts(context, previous_run_used=isinstance(stored, dict) and bool(stored.get("consumed")))
@@ -310,14 +325,14 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
         while it is looked at or claimed (a person marking the task failed) cancels it, as it would once adopted --
         else it runs on with its task gone (pair explorer: worker_kill, then mark_failed inside the retry's
         reattach)."""
-        self._reattaching = candidate, try_number
+        if self._reattaching is not None:
+            self._reattaching.candidates.append(candidate)
         facts, status = reattach_facts(hook, candidate, try_number)
         verdict = decide(facts, Situation.REATTACH)
         if verdict.act is Act.LATER:
             raise AirflowException(f"Job {candidate.job_id} of an earlier try: {verdict.why}. The next try asks again.")
         if verdict.act is Act.RESUBMIT:
             self.log.info("Earlier job %s: %s", candidate.job_id, verdict.why)
-            self._reattaching = None
             return None
         assert status is not None
         return candidate, status
@@ -384,17 +399,18 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
             self.log.info("[job] %s", line)
         return cursor
 
-    def _reattached(self) -> JobHandle | None:
-        """The earlier try's job this try was looking at to adopt when it was killed, as the try that owns it now:
-        this one once its claim landed, else the earlier one (Airflow runs one try at a time: that one is over).
-        Owned by any other try, it is not this try's to cancel."""
+    def _reattached(self) -> list[JobHandle]:
+        """The earlier tries' jobs this try was looking at to adopt when it was killed: the recorded one, each it
+        looked at, and the newest of its name (an earlier try may have died before recording it), each as the try
+        that owns it now -- this one once its claim landed, else its own (Airflow runs one try at a time: that one
+        is over). A job another try owns is not this try's to stop."""
         if self._reattaching is None:
-            return None
-        candidate, try_number = self._reattaching
-        hook = get_platform_hook(candidate.platform, candidate.conn_id)
-        hook.load_connection()
-        owner = hook.job_owner(candidate)
-        return candidate.owned_by(owner) if owner in (candidate.try_number, try_number) else None
+            return []
+        hook, name, try_number, candidates = self._reattaching
+        named = hook.find_job(name)
+        jobs = {h.job_id: h for h in [*candidates, *([named] if named else [])]}
+        owners = {job_id: _loaded_hook(h).job_owner(h) for job_id, h in jobs.items()}
+        return [h.owned_by(owners[i]) for i, h in jobs.items() if owners[i] in (h.try_number, try_number)]
 
     def _submitted(self) -> JobHandle | None:
         """The job a kill interrupted the submission of, if it exists: found by its name, and only if it is the job
@@ -498,12 +514,10 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
                 time.sleep(KILL_PAUSE_SECONDS * 2**attempt)
 
     def _cancel_own_job(self) -> None:
-        handle = self._handle or self._reattached() or self._submitted()
-        if handle is None:
-            return
-        hook = get_platform_hook(handle.platform, handle.conn_id)
-        hook.load_connection()
-        if hook.cancel_job(handle):
-            # a kill does not say whether the task runs again (a clear, a timeout with retries left): a job that
-            # completed on its own meanwhile is kept for that try to adopt, and swept once the task is over
-            hook.cleanup_job(handle, adoptable=True)
+        own = [self._handle] if self._handle else [h for h in [self._submitted()] if h] or self._reattached()
+        for handle in own:
+            hook = _loaded_hook(handle)
+            if hook.cancel_job(handle):
+                # a kill does not say whether the task runs again (a clear, a timeout with retries left): a job
+                # that completed on its own meanwhile is kept for that try to adopt, and swept once the task is over
+                hook.cleanup_job(handle, adoptable=True)

@@ -39,7 +39,7 @@ from airflow_provider_tao.hooks.validation import check_image_given, env_value_f
 from airflow_provider_tao.jobs import JobHandle, JobSpec
 from airflow_provider_tao.links import TAOJobLink, TAOResultsLink
 from airflow_provider_tao.operators.failover import seconds_of
-from airflow_provider_tao.operators.lifecycle import JobLifecycleMixin
+from airflow_provider_tao.operators.lifecycle import JobLifecycleMixin, Reattaching
 from airflow_provider_tao.records import task_instance_digest
 from airflow_provider_tao.secret_refs import parse_secret_env, references
 from airflow_provider_tao.secret_refs import resolve as resolve_secret_refs
@@ -205,7 +205,7 @@ class TAOSubmitOperator(JobLifecycleMixin, BaseOperator):
         self._secrets_registered = False  # this process handed the job its secrets (and so masks them)
         self._waiting: WaitLog | None = None  # why the job waits, while the worker waits for it
         self._submitting: tuple[TAOPlatformHook, str, str] | None = None  # (hook, name, job_id) while submitting
-        self._reattaching: tuple[JobHandle, int] | None = None  # (an earlier try's job, this try) while adopting it
+        self._reattaching: Reattaching | None = None  # while this try looks for the task's earlier jobs
         self._check_static_arguments()
 
     def _check_static_arguments(self) -> None:

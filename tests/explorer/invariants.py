@@ -74,7 +74,7 @@ def violations(backend: Backend, schedule: Schedule, outcome: Outcome, store: An
     cancel = outcome.person_cancel
     # judged by what the person was told (the CLI's "canceled": its routine found the job running), not by the
     # observer's look just before: the two are not one instant, and a 1.5 s job ends between them under load
-    if cancel and cancel.get("stopped"):
+    if cancel and cancel.get("stopped") and not cancel.get("cleared_after"):
         # a mark after it (the pair explorer's second fault) ends the task as marked: final too
         if outcome.error not in MARKS and (outcome.state != "failed" or "ERR_CANCELED" not in outcome.error):
             found.append(f"I3: a person canceled job {cancel['job_id']} but the task ended {outcome.state} "

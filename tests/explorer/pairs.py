@@ -32,7 +32,7 @@ from typing import Any
 
 from airflow_provider_tao.records import STATE_KEY, JobRecord
 from tests.explorer.recorder import muted, read_only
-from tests.explorer.simulate import OUTAGE_POLLS, WORKER_PHASES, Outcome, Schedule, TaskSim
+from tests.explorer.simulate import MAX_TRIES, OUTAGE_POLLS, WORKER_PHASES, Outcome, Schedule, TaskSim
 
 SECOND_FAULTS = ("blip", "outage", "cli_cancel", "clear", "mark_failed", "reap")
 #: Faults that stop the try: only where a worker or a trigger step runs.
@@ -129,6 +129,8 @@ def judged_as(pair: Pair) -> Schedule:
     """The schedule whose expectations (:func:`tests.explorer.invariants.violations`) the pair's outcome meets: a
     mark ends the task; a person's cancel fails it (when it stopped the job); else it ends successfully."""
     kinds = (pair.first.interruption, pair.fault)
+    if kinds == ("cli_cancel", "clear"):  # a clear after a person's cancel runs the task again
+        return dataclasses.replace(pair.first, interruption="clear")
     for final in ("mark_success", "mark_failed", "cli_cancel"):
         if final in kinds:
             return dataclasses.replace(pair.first, interruption=final)
@@ -144,6 +146,9 @@ class PairSim(TaskSim):
 
     def __init__(self, backend: Any, pair: Pair) -> None:
         super().__init__(backend, pair.first)
+        # a second fault may cost a try of its own (a blip failing a write, a kill's lost submission): one more than
+        # a single schedule gets, which its one interruption and the flaky job's failure fill
+        self.max_tries = MAX_TRIES + 1
         self.pair = pair
         self.rec.second = pair.second
         self.rec.on_second = self._second
@@ -159,6 +164,8 @@ class PairSim(TaskSim):
         elif fault == "reap":
             self._reap(label.split(":", 1)[0])
         else:  # clear, mark_failed: the single explorer's own, from here on the schedule's interruption
+            if fault == "clear" and self.outcome.person_cancel:
+                self.outcome.person_cancel["cleared_after"] = True  # a clear after a cancel runs the task again
             self.schedule = dataclasses.replace(self.schedule, interruption=fault)
             self._hit(label)
 

@@ -170,6 +170,7 @@ class TaskSim:
         self.event_hit = False
         self.trigger: TAOJobTrigger | None = None
         self.ti_state: str | None = "running"  # the task instance's Airflow state (a person's cancel reads it)
+        self.max_tries = MAX_TRIES
         self.rec.task = self
 
     # ----------------------------------------------------------------- the interruption
@@ -260,7 +261,7 @@ class TaskSim:
         while True:
             self.outcome.tries = try_number
             end = self._try(try_number)
-            if end == "retry" and try_number < MAX_TRIES:
+            if end == "retry" and try_number < self.max_tries:
                 try_number += 1
                 # Airflow's retry_delay (minutes) outlasts the explorer's outage (a few polls)
                 time.sleep(max(0.0, self.rec.outage_until - time.time()))

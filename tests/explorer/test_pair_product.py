@@ -63,3 +63,13 @@ def test_a_pair_is_judged_by_its_final_fault() -> None:
     expected = {"blip": None, "reap": None, "outage": None, "clear": None, "cli_cancel": "cli_cancel"}
     assert {fault: judged_as(pairs[fault]).interruption for fault in expected} == expected
     assert judged_as(pairs["mark_failed"]).interruption == "mark_failed"
+
+
+def test_a_clear_after_a_persons_cancel_is_judged_as_a_clear() -> None:
+    """A clear after the cancel runs the task again (the product's rule, ``test_issue_22_a_persons_cancel_while_the_
+    task_waits_for_its_next_try_is_final_and_a_clear_runs_it_again``); a cancel after a clear is final."""
+    cancel_first = Schedule("local", "ok", "execute:defer#1", "cli_cancel")
+    assert judged_as(next(p for p in pairs_of(cancel_first, _level()) if p.fault == "clear")).interruption == "clear"
+    clear_first = Schedule("local", "ok", "execute:defer#1", "clear")
+    after = next(p for p in pairs_of(clear_first, _level()) if p.fault == "cli_cancel")
+    assert judged_as(after).interruption == "cli_cancel"

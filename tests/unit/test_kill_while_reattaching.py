@@ -11,7 +11,7 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_provider_tao.hooks.base import MARK_OWNER
-from airflow_provider_tao.jobs import JobState
+from airflow_provider_tao.jobs import JobSpec, JobState
 from tests.unit.fakes import FakeHook, Store, make_context
 from tests.unit.test_operator_submit import _defer, _op
 
@@ -63,3 +63,31 @@ def test_a_job_claimed_by_another_try_is_left_to_it(fake_platform: type[FakeHook
     op.on_kill()
 
     assert job["state"] is JobState.RUNNING
+
+
+def test_a_kill_before_the_retry_finds_a_job_an_earlier_try_never_recorded_cancels_it(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Try 2's worker died between its submission and its record: the record names try 1's ended job; a kill in
+    try 3 before its look by name (Docker's pair explorer: ``read_marks_of`` inside ``find_job``) stops try 2's."""
+    store = Store()
+    _defer(_op(deferrable=True), make_context(store, 1))
+    (first,) = fake_platform.jobs.values()
+    first["state"] = JobState.ERROR
+    unrecorded = FakeHook(conn_id="fake_conn").create_job(
+        JobSpec(name=first["handle"].name, job_id="b0b0b0b0b0b0", command="train.sh", image="img:1"), try_number=2
+    )
+    fake_platform.jobs[unrecorded.job_id]["state"] = JobState.RUNNING
+    real = FakeHook.find_job
+
+    def killed(self: FakeHook, name: str) -> Any:
+        monkeypatch.setattr(FakeHook, "find_job", real)
+        raise Killed("find_job")
+
+    monkeypatch.setattr(FakeHook, "find_job", killed)
+    op = _op(deferrable=True)
+    with pytest.raises(Killed):
+        op.execute(make_context(store, 3))
+    op.on_kill()
+
+    assert fake_platform.jobs[unrecorded.job_id]["state"] is JobState.CANCELED
