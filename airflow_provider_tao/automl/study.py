@@ -24,6 +24,9 @@ ALGORITHMS = ("random", "grid", "tpe", "gp", "cmaes", "nsga2")
 PRUNERS = ("asha", "hyperband", "median")
 #: Failures in a row, before any trial completed, that stop a search (a broken program would burn the budget).
 FAILURES_TO_STOP = 3
+#: Looks in a row at an ended trial whose facts could not be read (its marks, its failure analysis) before the
+#: search's try gives up for a retry, as a single job's resume does at its first: the next try asks again.
+UNDECIDED_LOOKS = 5
 
 
 @dataclass
@@ -82,6 +85,7 @@ class TrialRecord:
     outputs: dict[str, str] = field(default_factory=dict)
     started_at: float | None = None
     judged_step: int | None = None  # the last step the pruner judged
+    undecided: int = 0  # looks in a row at its ended job that could not decide (bounded: UNDECIDED_LOOKS)
 
     @property
     def last_step(self) -> int | None:

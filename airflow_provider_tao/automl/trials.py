@@ -113,6 +113,7 @@ class TrialJobsMixin:
         job was created before its record is found by name and adopted, else it is submitted now."""
         try_number = context["ti"].try_number
         for trial in state.live:
+            trial.undecided = 0  # looks in a row by this try
             if trial.state == RUNNING and trial.handle:
                 handle = JobHandle.from_json(trial.handle)
                 if handle.try_number != try_number:
@@ -144,7 +145,8 @@ class TrialJobsMixin:
         """Record how ``trial``'s job ended, as the one decision (operators/decisions.py, RESUME) says: complete
         with its value; canceled by a person (never rerun, never ranked); our own cancel or an infrastructure
         failure run again; failed (program error, OOM, no metric). A fact that could not be read leaves the trial
-        running: the next poll decides again."""
+        running: the next poll decides again (:data:`~airflow_provider_tao.automl.study.UNDECIDED_LOOKS` times in a row,
+        then the search's try fails for a retry, which asks again)."""
         from airflow_provider_tao.operators.decisions import Act, Situation, decide
 
         assert trial.handle is not None
@@ -152,8 +154,10 @@ class TrialJobsMixin:
         facts, analysis = self._trial_facts(hook, handle, status, try_number)
         verdict = decide(facts, Situation.RESUME)
         if verdict.act is Act.LATER:
+            trial.undecided += 1
             self.log.warning("Trial %d (job %s): %s; deciding again", trial.number, handle.job_id, verdict.why)
             return
+        trial.undecided = 0
         trial.gpu_hours = round(trial.gpu_hours + self._usage_hours(hook, handle), 6)
         if verdict.act is Act.SUCCEED:
             self._complete(hook, state, trial, handle)
@@ -221,19 +225,22 @@ class TrialJobsMixin:
             state.failures_in_row += 1
         self.log.error("Trial %d failed: %s", trial.number, trial.reason)
 
-    def _stop_trial(self, hook: TAOPlatformHook, trial: TrialRecord, state: str, reason: str) -> None:
-        """Cancel ``trial``'s job (the one cancel routine) and record it ``state`` (pruned, budget)."""
+    def _stop_trial(self, hook: TAOPlatformHook, trial: TrialRecord, state: str, reason: str) -> bool:
+        """Cancel ``trial``'s job (the one cancel routine) and record it ``state`` (pruned, budget); False when the
+        cancel could not be decided or sent (a failed read: the verdict stands, the cancel is asked again or swept)."""
         trial.state, trial.reason = state, reason
         if trial.handle is None:
-            return
+            return True
         handle = JobHandle.from_json(trial.handle)
         try:
             hook.cancel_job(handle)
         except Exception as exc:  # the sweeper cancels what this could not; the verdict stands
             self.log.error("Canceling trial %d's job %s failed: %s", trial.number, handle.job_id, exc)
+            return False
         trial.gpu_hours = round(trial.gpu_hours + self._usage_hours(hook, handle, time.time()), 6)
         hook.cleanup_job(handle)
         self.log.info("Trial %d %s: %s (job %s canceled)", trial.number, state, reason, handle.job_id)
+        return True
 
     def _stop_all(self, hook: TAOPlatformHook, state: SearchState, reason: str) -> None:
         for trial in state.live:

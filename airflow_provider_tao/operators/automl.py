@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowFailException, AirflowTaskTimeout
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
 from airflow_provider_tao.automl.metrics import MetricParser
 from airflow_provider_tao.automl.space import check_search_space, check_spec_paths, grid_of
@@ -25,6 +25,7 @@ from airflow_provider_tao.automl.study import (
     PRUNED,
     PRUNERS,
     RUNNING,
+    UNDECIDED_LOOKS,
     SearchConfig,
     SearchState,
     TrialRecord,
@@ -34,6 +35,7 @@ from airflow_provider_tao.automl.trials import STATE_KEY, TrialJobsMixin
 from airflow_provider_tao.budget import checked_max_gpu_hours
 from airflow_provider_tao.hooks.errors import JobValidationError
 from airflow_provider_tao.jobs import JobHandle, JobState, JobStatus
+from airflow_provider_tao.operators.lifecycle import KILL_ATTEMPTS, KILL_PAUSE_SECONDS
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
 
 if TYPE_CHECKING:
@@ -170,6 +172,11 @@ class TAOAutoMLOperator(TrialJobsMixin, TAOSubmitOperator):
             else:
                 break
         self._save(context, state)
+        if stuck := [t for t in state.in_state(RUNNING) if t.undecided >= UNDECIDED_LOOKS]:
+            raise AirflowException(
+                f"Trial {stuck[0].number} (job {stuck[0].job_id}) ended, but {stuck[0].undecided} looks in a row "
+                "could not read how (its marks or its failure analysis): the search's next try asks again"
+            )
 
     def _keep_budget(self, hook: TAOPlatformHook, state: SearchState) -> None:
         if self.max_gpu_hours is None:
@@ -248,11 +255,18 @@ class TAOAutoMLOperator(TrialJobsMixin, TAOSubmitOperator):
         )
 
     def on_kill(self) -> None:
-        """Worker-side kill: cancel every trial this try runs."""
+        """Worker-side kill: cancel every trial this try runs, asking again for those whose cancel could not be
+        decided (a failed read: a task marked failed has no later try to stop them), as a single job's kill does."""
         state = getattr(self, "_live_state", None)
         if not self.cancel_on_kill or state is None:
             return
-        self._stop_all(self._hook(), state, "the task was killed")
+        hook, left = self._hook(), list(state.live)
+        for attempt in range(KILL_ATTEMPTS):
+            left = [t for t in left if not self._stop_trial(hook, t, BUDGET, "the task was killed")]
+            if not left or attempt == KILL_ATTEMPTS - 1:
+                return
+            self.log.warning("Could not stop trial(s) %s yet: asking again", [t.number for t in left])
+            time.sleep(KILL_PAUSE_SECONDS * 2**attempt)
 
     # ----------------------------------------------------------------- the result
 

@@ -155,3 +155,66 @@ def test_a_persons_cancel_of_a_trial_while_no_try_waits_binds_the_retry_that_ado
     trial = store.data[STATE_KEY]["trials"][0]
     assert (trial["state"], trial["reason"], trial["attempts"]) == ("canceled", "canceled by ui:jdoe", 1)
     assert len(fake_platform.jobs) == 3  # trial 2 took its place; trial 0 never ran again
+
+
+def test_a_trial_whose_end_stays_unreadable_fails_the_searchs_try_for_a_retry_that_decides_it(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed read never decides (the trial stays running, the next look decides again) -- but not forever: after
+    ``UNDECIDED_LOOKS`` looks in a row the search's try fails for a retry, as a single job's resume does at its
+    first, and the retry that can read decides the trial; nothing before is lost."""
+    from airflow.sdk.exceptions import AirflowException
+
+    from airflow_provider_tao.automl.study import UNDECIDED_LOOKS
+
+    store = Store()
+    context, deferred = started_search(store)
+    job = trial_jobs(fake_platform)[0]
+    job["state"] = JobState.ERROR
+    readable = FakeHook.read_marks
+
+    def unreadable(self: FakeHook, handle: JobHandle) -> dict[str, Any]:
+        raise ConnectionError("the platform cannot be reached")
+
+    monkeypatch.setattr(FakeHook, "read_marks", unreadable)
+    for _ in range(UNDECIDED_LOOKS - 1):
+        deferred = deferral(lambda d=deferred: make(max_trials=4, max_concurrent_trials=2).execute_complete(
+            context, event_of(d)))  # fmt: skip
+        assert store.data[STATE_KEY]["trials"][0]["state"] == "running"
+    with pytest.raises(AirflowException, match=r"Trial 0 .* could not read how"):
+        make(max_trials=4, max_concurrent_trials=2).execute_complete(context, event_of(deferred))
+
+    monkeypatch.setattr(FakeHook, "read_marks", readable)
+    retry = make_context(store, 2)
+    deferred = deferral(lambda: make(max_trials=4, max_concurrent_trials=2).execute(retry))
+    deferral(lambda: make(max_trials=4, max_concurrent_trials=2).execute_complete(retry, event_of(deferred)))
+    trial = store.data[STATE_KEY]["trials"][0]
+    assert trial["state"] != "running" or trial["job_id"] != job["handle"].job_id  # decided: failed or rerun
+    assert trial["undecided"] == 0
+
+
+def test_the_workers_kill_asks_again_for_trials_whose_cancel_could_not_be_decided(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blip in the kill's fact read (the cancel routine reads the job's marks and state) leaves no trial running
+    after the task is marked failed: the kill asks again, as a single job's does."""
+    from airflow_provider_tao.operators import automl
+
+    monkeypatch.setattr(automl, "KILL_PAUSE_SECONDS", 0.0)
+    store = Store()
+    search = make(max_trials=4, max_concurrent_trials=2)
+    deferral(lambda: search.execute(make_context(store)))
+    readable, blips = FakeHook.read_marks, [2]
+
+    def blipping(self: FakeHook, handle: JobHandle) -> dict[str, Any]:
+        if blips[0]:
+            blips[0] -= 1
+            raise ConnectionError("a blip")
+        return readable(self, handle)
+
+    monkeypatch.setattr(FakeHook, "read_marks", blipping)
+    search.on_kill()
+
+    assert {n: j["state"] for n, j in trial_jobs(fake_platform).items()} == {
+        0: JobState.CANCELED, 1: JobState.CANCELED
+    }  # fmt: skip
