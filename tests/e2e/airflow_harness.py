@@ -733,6 +733,8 @@ class StandaloneStats:
     """Seconds the shutdown took."""
     killed_at_stop: list[str] = dataclasses.field(default_factory=list)
     """Processes that needed SIGKILL, or lived outside the group, at shutdown."""
+    triggerer_restarts: list[str] = dataclasses.field(default_factory=list)
+    """Triggerers that died without a test stopping them, each restarted (its log's last line kept)."""
 
     def summary(self) -> str:
         """One line for reports."""
@@ -784,6 +786,9 @@ class AirflowStandalone:
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._sampler: threading.Thread | None = None
         self._sampler_stop = threading.Event()
+        # A triggerer runs unless a test stopped it: one that dies by itself is restarted (_supervise_triggerer)
+        self._triggerer_wanted = True
+        self._triggerer_lock = threading.RLock()
 
     # -- environment ---------------------------------------------------------------------------------------
 
@@ -886,6 +891,7 @@ class AirflowStandalone:
                 start_new_session=True,
             )
         self.sessions.append(self._proc.pid)
+        self._triggerer_wanted = True
         self._start_watchdog()
         self._start_sampler()
         try:
@@ -894,7 +900,7 @@ class AirflowStandalone:
             with contextlib.suppress(Exception):
                 self.stop()
             raise
-        self.stats.time_to_healthy = time.monotonic() - started
+        self.stats.time_to_healthy = time.monotonic() - started  # from now on a dead triggerer is restarted
 
     def _start_watchdog(self) -> None:
         # A pytest killed by a CI timeout or ^C^C must not leave a 1 GiB Airflow behind on a machine that is
@@ -967,6 +973,8 @@ class AirflowStandalone:
         if self._proc is None:
             return
         began = time.monotonic()
+        with self._triggerer_lock:  # no restart from here on
+            self._triggerer_wanted = False
         self._sampler_stop.set()
         if self._watchdog is not None:
             self._watchdog.kill()
@@ -1035,6 +1043,24 @@ class AirflowStandalone:
     def _sample_loop(self) -> None:
         while not self._sampler_stop.wait(1.0):
             self.sample_memory()
+            self._supervise_triggerer()
+
+    def _supervise_triggerer(self) -> None:
+        """Restart a triggerer that died while no test stopped it, as a deployment's process supervisor does:
+        ``airflow standalone`` never restarts its own, and Airflow 3.3's triggerer exits on a
+        ``StaleDataError`` when a trigger's event races a clear of its task instance (seen in a CI rehearsal:
+        every later test of the shared matrix standalone then found no triggerer)."""
+        with self._triggerer_lock:
+            try:
+                healthy = self.stats.time_to_healthy is not None
+                if not self._triggerer_wanted or not healthy or self.find_triggerer() is not None:
+                    return
+            except HarnessError:  # two at once (a suspended one beside its replacement): a test's doing
+                return
+            last = self.log_tail(3).splitlines()[-1:]
+            self.stats.triggerer_restarts.append(f"{time.strftime('%H:%M:%S')}: {' '.join(last)[:300]}")
+            print(f"\nairflow-e2e: the triggerer died by itself, restarting it ({last})", file=sys.stderr)
+            self.start_triggerer()
 
     def sample_memory(self) -> tuple[int, int, int]:
         """Sum PSS and RSS over all processes of the instance; update the peaks; return (pss, rss, count)."""
@@ -1121,9 +1147,11 @@ class AirflowStandalone:
 
         :raises HarnessError: if no triggerer runs, or the tree does not go away.
         """
-        main = self.find_triggerer()
-        if main is None:
-            raise HarnessError("no triggerer is running:\n" + self.process_tree_text())
+        with self._triggerer_lock:
+            main = self.find_triggerer()
+            if main is None:
+                raise HarnessError("no triggerer is running:\n" + self.process_tree_text())
+            self._triggerer_wanted = False  # stopped on purpose: not restarted until a test starts one
         tree = [main, *main.children(recursive=True)]
         self.stop_process_tree(tree, sig, timeout=timeout)
         return [p.pid for p in tree]
@@ -1159,9 +1187,11 @@ class AirflowStandalone:
         :returns: the stopped processes; SIGCONT them to let the triggerer find out it lost its triggers.
         :raises HarnessError: if no triggerer runs.
         """
-        main = self.find_triggerer()
-        if main is None:
-            raise HarnessError("no triggerer is running:\n" + self.process_tree_text())
+        with self._triggerer_lock:
+            main = self.find_triggerer()
+            if main is None:
+                raise HarnessError("no triggerer is running:\n" + self.process_tree_text())
+            self._triggerer_wanted = False
         tree = [main, *main.children(recursive=True)]
         for proc in tree:
             proc.send_signal(signal.SIGSTOP)
@@ -1175,6 +1205,11 @@ class AirflowStandalone:
 
         :param extra_env: overrides, e.g. another log server port while a suspended triggerer holds the first.
         """
+        with self._triggerer_lock:
+            self._triggerer_wanted = True
+            return self._start_triggerer_process(extra_env)
+
+    def _start_triggerer_process(self, extra_env: Mapping[str, str] | None) -> subprocess.Popen[bytes]:
         log_path = self.home / f"triggerer-{len(self._extra_procs) + 1}.log"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
@@ -1193,11 +1228,12 @@ class AirflowStandalone:
 
     def ensure_triggerer(self, *, timeout: float = 60.0) -> psutil.Process:
         """Return the running triggerer; if there is none, start one and wait until its job heartbeats."""
-        main = self.find_triggerer()
-        if main is not None:
-            return main
-        before = {int(j["id"]) for j in self.client.list_jobs("TriggererJob")}
-        proc = self.start_triggerer()
+        with self._triggerer_lock:
+            main = self.find_triggerer()
+            if main is not None:
+                return main
+            before = {int(j["id"]) for j in self.client.list_jobs("TriggererJob")}
+            proc = self.start_triggerer()
 
         def ready() -> bool:
             if proc.poll() is not None:

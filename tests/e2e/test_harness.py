@@ -178,3 +178,20 @@ def test_start_fails_clearly_without_dags_folder(tmp_path: Path) -> None:
     with pytest.raises(HarnessError, match="does not exist"):
         instance.start()
     assert not instance.is_running()
+
+
+def test_a_triggerer_that_dies_by_itself_is_restarted_and_one_a_test_stops_is_not(smoke: AirflowStandalone) -> None:
+    """Airflow 3.3's triggerer exits on a StaleDataError when a trigger's event races a clear of its task instance,
+    and ``airflow standalone`` never restarts it: the harness does, as a deployment's supervisor would, and says so;
+    a triggerer a test stops stays stopped until the test starts one."""
+    main = smoke.ensure_triggerer()
+    restarts = len(smoke.stats.triggerer_restarts)
+    for proc in [main, *main.children(recursive=True)]:  # a crash: gone without the harness's kill
+        proc.kill()
+    wait_until(lambda: len(smoke.stats.triggerer_restarts) > restarts and smoke.find_triggerer() is not None,
+               timeout=120, interval=0.5, message="the dead triggerer was not restarted")  # fmt: skip
+    smoke.kill_triggerer(signal.SIGKILL)
+    rounds = smoke.stats.samples  # each round of the sampler looks at the triggerer after its sample
+    wait_until(lambda: smoke.stats.samples >= rounds + 3, timeout=120, interval=0.5, message="the sampler stopped")
+    assert smoke.find_triggerer() is None, "a triggerer a test stopped was started again"
+    smoke.ensure_triggerer()

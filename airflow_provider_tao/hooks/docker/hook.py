@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 #: Parallel reads of the verdicts of containers that ended since the last poll.
 FINAL_READ_WORKERS = 8
+#: The mark an ended container gets when the daemon logged an ``oom`` event for it that ``State.OOMKilled`` missed.
+MARK_LATE_OOM = "late_oom"
 
 
 class TAODockerHook(DockerSubmitHook):
@@ -208,6 +210,10 @@ class TAODockerHook(DockerSubmitHook):
             state = self.client.inspect_container(name)["State"]
         except NotFound:
             return JobStatus.missing(f"container {name} was removed as it ended")
+        if _maybe_late_oom(state) and self._oom_logged(name, state):
+            # read at the first look at the ended container and kept with it: the daemon keeps its last 256 events
+            # only (on a busy engine a minute's worth, our own mark reads among them), the analysis comes later
+            self.write_mark_of(name, MARK_LATE_OOM, True)
         return ct.ended_status(name, state, lambda: cancel_binds(self.read_marks_of(name)))
 
     def get_job_usage(self, handle: JobHandle) -> JobUsage:
@@ -264,7 +270,11 @@ class TAODockerHook(DockerSubmitHook):
         status = self.get_job_status(handle)  # the ended container's verdict, inspected once and kept
         text, _ = self.get_job_logs(handle, tail=200)
         events = [status.message] if status.message else []
-        late_oom = status.raw_state != "OOMKilled" and status.exit_code == 137 and self._oom_logged(name)
+        late_oom = (
+            status.raw_state != "OOMKilled"
+            and status.exit_code == 137
+            and bool(self.read_marks_of(name).get(MARK_LATE_OOM) or self._oom_logged(name))
+        )
         if late_oom:
             events.append(f"the daemon logged an oom event for {name} (its OOM came after its exit)")
         return FailureFacts(
@@ -278,18 +288,19 @@ class TAODockerHook(DockerSubmitHook):
             details={"container": name, "daemon": self.base_url},
         )
 
-    def _oom_logged(self, name: str) -> bool:
+    def _oom_logged(self, name: str, state: Mapping[str, Any] | None = None) -> bool:
         """Whether the daemon logged an ``oom`` event for the container while it ran. A container the kernel kills
         right after its start can exit 137 with ``State.OOMKilled`` false: containerd may deliver the task's OOM
         after its exit (containerd#8180, fixed in 2.2), and Docker 20.10 (Debian 12's ``docker.io``) takes the flag
         from the exit alone -- but logs the late ``oom`` event all the same. The daemon keeps its last 256 events:
-        read at the analysis, seconds after the exit."""
+        read when the status first shows the exit (the ``late_oom`` mark keeps the answer), and at the analysis."""
         from docker.errors import NotFound
 
-        try:
-            state = self.client.inspect_container(name)["State"]
-        except NotFound:
-            return False
+        if state is None:
+            try:
+                state = self.client.inspect_container(name)["State"]
+            except NotFound:
+                return False
         started = ct.docker_time(str(state.get("StartedAt") or ""))
         finished = ct.docker_time(str(state.get("FinishedAt") or ""))
         if started is None or finished is None:
@@ -343,12 +354,20 @@ class TAODockerHook(DockerSubmitHook):
             return {}  # no container (or no marks): nothing was claimed
 
     def write_mark(self, handle: JobHandle, key: str, value: Any) -> None:
+        self.write_mark_of(container_name(handle.job_id), key, value)
+
+    def write_mark_of(self, name: str, key: str, value: Any) -> None:
         from docker.errors import NotFound
 
         try:
-            self.client.put_archive(container_name(handle.job_id), ct.MARKS_DIR, ct.mark_archive(key, value))
+            self.client.put_archive(name, ct.MARKS_DIR, ct.mark_archive(key, value))
         except NotFound:
-            self.log.info("Job %s has no container any more: mark %s not kept", handle.job_id, key)
+            self.log.info("Container %s is gone: mark %s not kept", name, key)
+
+
+def _maybe_late_oom(state: Mapping[str, Any]) -> bool:
+    """An ended container whose exit could be an OOM kill the daemon did not flag (see ``_oom_logged``)."""
+    return int(state.get("ExitCode") or 0) == 137 and not state.get("OOMKilled")
 
 
 def _log_stream(client: APIClient, name: str, params: dict[str, Any]) -> Any:
