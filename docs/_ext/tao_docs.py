@@ -101,6 +101,9 @@ FIXES: dict[str, str] = {
     "the next try decides again": "A fact the decision needs could not be read (a platform or the task state "
     "store did not answer): the task is retried and decides again with the facts still binding it -- see the "
     "decision table (docs/decisions.md). Restore the platform connection if it keeps happening.",
+    "looks in a row could not read how": "An AutoML trial's job ended but the platform did not answer how (its "
+    "marks or its failure analysis) five times in a row: the search's try failed for a retry, which continues the "
+    "same search and decides the trial first. Restore the platform connection if it keeps happening.",
     "; the next try asks again": "The task's cancel record (`airflow tao cancel`) could not be read: nothing was "
     "submitted; the next try reads it again. Check the metadata database / state store.",
     "execution_timeout (or [tao] lease_hours)": "Raise the task's execution_timeout (or [tao] lease_hours), or resume "

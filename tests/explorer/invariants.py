@@ -85,6 +85,11 @@ def violations(backend: Backend, schedule: Schedule, outcome: Outcome, store: An
     expect_success = schedule.interruption in RECOVERABLE or (
         schedule.interruption == "cli_cancel" and not (cancel and cancel.get("stopped"))
     )
+    # a clear after a person's cancel: the clear's try may run the task again, or read the job's canceled_by mark
+    # and fail ERR_CANCELED -- either honours a person (the cancel, then the clear); nothing else may end it
+    cleared_cancel = bool(cancel and cancel.get("cleared_after"))
+    if cleared_cancel and outcome.state == "failed" and "ERR_CANCELED" in outcome.error:
+        expect_success = False
     if expect_success and outcome.state != "success":
         stopped = next((job for job in jobs if job.job_id == recorded and job.stopped), None)
         what = f"its job {recorded} was stopped" if stopped else "its job was not stopped"

@@ -129,7 +129,7 @@ def judged_as(pair: Pair) -> Schedule:
     """The schedule whose expectations (:func:`tests.explorer.invariants.violations`) the pair's outcome meets: a
     mark ends the task; a person's cancel fails it (when it stopped the job); else it ends successfully."""
     kinds = (pair.first.interruption, pair.fault)
-    if kinds == ("cli_cancel", "clear"):  # a clear after a person's cancel runs the task again
+    if kinds == ("cli_cancel", "clear"):  # a clear after a person's cancel: run again, or ERR_CANCELED (invariants)
         return dataclasses.replace(pair.first, interruption="clear")
     for final in ("mark_success", "mark_failed", "cli_cancel"):
         if final in kinds:
