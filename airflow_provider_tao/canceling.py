@@ -6,6 +6,7 @@ nothing even if the platform refuses the cancel now), then the one cancel routin
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from airflow_provider_tao.hooks.base import TAOPlatformHook
@@ -14,6 +15,9 @@ from airflow_provider_tao.person_cancel import record_cancel, void_cancel
 from airflow_provider_tao.sweeper import task_resumes
 
 log = logging.getLogger(__name__)
+#: Times the person's cancel is asked again while the platform cannot be read (a blip, a status it could not tell),
+#: the first pause in seconds, doubling.
+CANCEL_ASKS, CANCEL_PAUSE = 3, 1.0
 
 
 def cancel_as_person(job: IndexedJob, hook: TAOPlatformHook, by: str) -> dict[str, Any]:
@@ -28,7 +32,11 @@ def cancel_as_person(job: IndexedJob, hook: TAOPlatformHook, by: str) -> dict[st
     # Kept first: the task's next try reads it before submitting, even if the platform refuses the cancel now. A
     # search's trial keeps none: its job's canceled_by mark ends that trial alone, and the search goes on.
     ti_state = record_cancel(job, by) if job.trial is None else job.ti_state
-    stopped = hook.cancel_job(handle, requested_by=by)
+    try:
+        stopped = _cancel(hook, job, by)
+    except Exception as exc:  # the person's cancel stands where it was kept; the job's is theirs to ask again
+        kept = ti_state if job.trial is None else None  # a trial keeps no cancel record
+        return _row(job, before.value, False, _state_now(hook, job), by=by, note=unsent_note(exc, kept))
     # Canceled only if the routine itself found the job running and marked it (its task then fails ERR_CANCELED
     # even if the job ends by itself meanwhile); one that ended since `before` keeps its verdict, and its task too.
     canceled = stopped and not before.is_terminal and bool(hook.canceled_by(handle))
@@ -36,19 +44,54 @@ def cancel_as_person(job: IndexedJob, hook: TAOPlatformHook, by: str) -> dict[st
         void_cancel(job, log)  # its waiting try takes the job's own verdict, as the person is told below
     if stopped and not before.is_terminal and not task_resumes(job):
         hook.cleanup_job(handle)  # no task will resume to clean up after it
-    after = hook.get_job_status(handle)
+    note = cancel_note(not canceled, ti_state) if job.trial is None else trial_note(canceled, job.trial)
+    return _row(job, before.value, canceled, _state_now(hook, job), by=by, note=note)
+
+
+def _cancel(hook: TAOPlatformHook, job: IndexedJob, by: str) -> bool:
+    """The one cancel routine, asked again while a read fails (it then decides nothing: ``DecideLater``, a blip)."""
+    ask = 1
+    while True:
+        try:
+            return hook.cancel_job(job.record.job, requested_by=by)
+        except Exception as exc:
+            if ask == CANCEL_ASKS:
+                raise
+            log.warning("Could not cancel job %s yet (%s): asking again", job.job_id, exc)
+            time.sleep(CANCEL_PAUSE * 2 ** (ask - 1))
+            ask += 1
+
+
+def _state_now(hook: TAOPlatformHook, job: IndexedJob) -> str:
+    """The job's state as the person is shown it (a read that fails shows as Unknown: the row is still printed)."""
+    try:
+        return hook.get_job_status(job.record.job).state.value
+    except Exception as exc:
+        log.warning("Could not read the state of job %s: %s", job.job_id, exc)
+        return "Unknown"
+
+
+def _row(job: IndexedJob, was: str, canceled: bool, state: str, *, by: str, note: str) -> dict[str, Any]:
     return {
         "job_id": job.job_id,
         "platform": job.platform,
         "dag_id": job.dag_id,
         "task_id": job.task_id,
         "run_id": job.run_id,
-        "was": before.value,
+        "was": was,
         "canceled": canceled,
-        "state": after.state.value,
+        "state": state,
         "by": by,
-        "note": cancel_note(not canceled, ti_state) if job.trial is None else trial_note(canceled, job.trial),
+        "note": note,
     }
+
+
+def unsent_note(exc: Exception, ti_state: str | None) -> str:
+    """What happens after a cancel the platform could not be asked for, in words."""
+    why = f"the platform could not cancel the job now ({str(exc)[:200]})"
+    if ti_state is None:
+        return f"{why}: run the cancel again"
+    return f"{why}; the cancel is kept: its task fails with ERR_CANCELED when it resumes, and stops the job"
 
 
 def trial_note(canceled: bool, trial: int) -> str:

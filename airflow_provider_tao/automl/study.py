@@ -267,26 +267,35 @@ def ask(config: SearchConfig, state: SearchState) -> TrialRecord:
 def judge(config: SearchConfig, state: SearchState, numbers: Iterable[int]) -> dict[int, int]:
     """The trials among ``numbers`` (running, with reports at new steps) the pruner condemns, and at which step.
 
-    Each new step is judged in order (as if the trial had reported it alone): steps that arrive together -- a
-    resume of the worker takes a while, the trial runs on -- are not judged only at the last one, so a trial behind
-    at a rung is caught at that rung. What the pruner keeps with each judged trial (ASHA's rungs) is written back
-    into ``state``."""
+    Each new step is judged (as if the trial had reported it alone), step by step across the trials: steps that
+    arrive together -- one poll reads several trials, a resume of the worker takes a while and the trials run on --
+    are not judged only at the last one, so a trial behind at a rung is caught at that rung. Reports of one step
+    read at once are judged best value first: their order of arrival is unknown here, and ASHA promotes whichever
+    reaches a rung first among too few -- judged by trial number, a batch's worst promoted itself as often as its
+    best (benchmarks/automl.py). What the pruner keeps with each judged trial (ASHA's rungs) is written back into
+    ``state``."""
     if config.pruner is None or len(config.objectives) > 1:
         return {}
     optuna = _optuna()
     judged = {n: state.trial(n) for n in numbers if state.trial(n).state == RUNNING and state.trial(n).intermediate}
     study = build_study(config, state, unjudged_hidden=set(judged))
-    condemned = {}
+    sign = 1.0 if config.directions[0] == "minimize" else -1.0
+    reports = sorted(
+        (int(step), sign * value, number)
+        for number, record in judged.items()
+        for step, value in record.intermediate.items()
+        if record.judged_step is None or int(step) > record.judged_step
+    )
+    live = {n: optuna.trial.Trial(study, study.trials[n]._trial_id) for n in judged}
+    condemned: dict[int, int] = {}
+    for step, _, number in reports:
+        if number in condemned:
+            continue
+        live[number].report(judged[number].intermediate[str(step)], step)
+        judged[number].judged_step = step
+        if live[number].should_prune():
+            condemned[number] = step
     for number, record in judged.items():
-        live = optuna.trial.Trial(study, study.trials[number]._trial_id)
-        for step in sorted(
-            int(s) for s in record.intermediate if record.judged_step is None or int(s) > record.judged_step
-        ):
-            live.report(record.intermediate[str(step)], step)
-            record.judged_step = step
-            if live.should_prune():
-                condemned[number] = step
-                break
         record.system_attrs = _json_attrs(study.trials[number].system_attrs)
     return condemned
 

@@ -24,7 +24,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tao.automl.metrics import MetricParser
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobStatus
-from airflow_provider_tao.triggers.job import TAOJobTrigger
+from airflow_provider_tao.triggers.job import TAOJobTrigger, stop_at_deadline
 from airflow_provider_tao.triggers.log_budget import FINAL_LOG_READS
 from airflow_provider_tao.triggers.poller import StatusPoller, Watch, is_running
 
@@ -118,6 +118,8 @@ class TAOAutoMLTrigger(BaseTrigger):
                         found[number]["job_status"] = status.to_json()
                         decide |= ended
                 if (bound := self._bound()) is not None or decide:
+                    if bound == "timeout":  # every trial stops at the deadline, as the resumed task stops them
+                        await self._stop_at_deadline(watched, statuses)
                     yield TriggerEvent(self._event(bound or "decide", found, cursors, parsers))
                     return
         finally:
@@ -173,6 +175,17 @@ class TAOAutoMLTrigger(BaseTrigger):
             str(n): {**entry, "log_cursor": cursors[n], "parser": parsers[n].to_json()} for n, entry in found.items()
         }
         return {"status": status, "trials": trials}
+
+    async def _stop_at_deadline(
+        self, watched: list[tuple[StatusPoller, dict[int, Watch]]], statuses: dict[int, JobStatus]
+    ) -> None:
+        live = [
+            stop_at_deadline(poller.hook, watch.handle, self.log)
+            for poller, watches in watched
+            for number, watch in watches.items()
+            if not (statuses.get(number) or JobStatus.unknown("")).state.is_terminal
+        ]
+        await asyncio.gather(*live)
 
     async def on_kill(self) -> None:
         """The task was marked failed/success or cleared while deferred: every trial's job goes as a single job

@@ -185,6 +185,9 @@ class TAOJobTrigger(BaseTrigger):
                     if self.stream_logs and is_running(status) and watch.take_log_turn():
                         await self._live_log(poller)
                     if (limit := self._limit_event(status, not_found, waiting, hook.platform)) is not None:
+                        timed_out = limit.payload["status"] == TriggerOutcome.TIMEOUT
+                        if timed_out and self.cancel_on_kill and not status.state.is_terminal:
+                            await stop_at_deadline(hook, self.handle, self.log)
                         event = limit
                         break
                     if status.state is not JobState.ERROR and status.state is not JobState.UNKNOWN:
@@ -481,6 +484,17 @@ class TAOJobTrigger(BaseTrigger):
                 self.log.warning("Canceling job %s failed (%s); asking again in %.0f s", self.handle.job_id, exc, pause)
             await asyncio.sleep(pause)
             pause = min(pause * 2, MAX_BACKOFF_SECONDS)
+
+
+async def stop_at_deadline(hook: TAOPlatformHook, handle: JobHandle, log: Any) -> None:
+    """The task's deadline passed: cancel the job now (the cancel routine: this try's job only, a job that ended
+    keeps its verdict), not when a worker resumes the task -- a task marked failed or success before it resumes
+    never does, and its job would run on until the next sweep. A cancel that fails is the resumed task's to do."""
+    try:
+        if await hook.acancel_job(handle):
+            log.info("The task's execution_timeout passed: job %s canceled", handle.job_id)
+    except Exception as exc:
+        log.warning("Canceling job %s at the task's deadline failed (%s): the resumed task does", handle.job_id, exc)
 
 
 @functools.cache

@@ -93,7 +93,8 @@ def violations(backend: Backend, schedule: Schedule, outcome: Outcome, store: An
     if expect_success and outcome.state != "success":
         stopped = next((job for job in jobs if job.job_id == recorded and job.stopped), None)
         what = f"its job {recorded} was stopped" if stopped else "its job was not stopped"
-        found.append(f"I4: the task failed after {schedule.interruption} ({what}): {outcome.error[:300]}")
+        told = f"; the person was told {cancel['told']}" if cancel and "told" in cancel else ""
+        found.append(f"I4: the task failed after {schedule.interruption} ({what}): {outcome.error[:300]}{told}")
     if outcome.state == "success" and isinstance(outcome.result, dict):
         job_id = outcome.result.get("job_id")
         ran = next((job for job in jobs if job.job_id == job_id), None)

@@ -221,7 +221,8 @@ class TaskSim:
             promised = "ERR_CANCELED" in row["note"] and self.ti_state not in ("failed", "success")
             if not (self.outcome.person_cancel or {}).get("stopped"):  # a second person's cancel changes nothing
                 self.outcome.person_cancel = {"job_id": handle.job_id, "was_live": live, "stopped": promised,
-                                              "at": time.time()}  # fmt: skip
+                                              "at": time.time(), "told": {k: row[k] for k in ("was", "canceled",
+                                              "state", "note")}}  # fmt: skip
 
     def person_record(self, value: dict[str, Any] | None = None) -> tuple[str, str | None]:
         """The CLI's view of the task instance (its id and state) and, with ``value``, its cancel record kept

@@ -46,3 +46,39 @@ def test_an_earlier_tries_job_keeps_nothing_and_says_it_ended(
     job = IndexedJob(JobRecord(handle=handle.to_json()), "dag", "manual__1", "train", -1, None, 1, None, False)
 
     assert cancel_as_person(job, hook, "cli:someone")["note"] == "already ended: left as it was"
+
+
+@pytest.mark.parametrize("reads_fail", [1, 3], ids=["once", "every-ask"])
+def test_a_cancel_whose_status_read_fails_asks_again_and_never_voids_the_persons_cancel(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, reads_fail: int
+) -> None:
+    """The Brev explorer slice of CI (load): the cancel routine could not tell the job's state (DecideLater), the
+    CLI raised with the person's cancel kept, and the task failed ERR_CANCELED while the person saw a traceback.
+    Now the routine is asked again; when it never can be, the person is told the cancel is kept and what follows."""
+    from airflow_provider_tao import canceling
+
+    hook = FakeHook(conn_id="fake_conn")
+    handle = hook.create_job(JobSpec(name="train-z", job_id="cdefabcdefab", command="train"))
+    kept: list[dict[str, Any]] = []
+    monkeypatch.setattr(person_cancel, "_task_instance_now", lambda job: ("ti-1", "deferred"))
+    monkeypatch.setattr(person_cancel, "_keep", lambda job, value: kept.append(value))
+    monkeypatch.setattr(canceling, "CANCEL_PAUSE", 0.0)
+    real, calls = FakeHook.cancel_job, []
+
+    def flaky_cancel(self: FakeHook, handle: Any, requested_by: str | None = None) -> bool:
+        calls.append(requested_by)
+        if len(calls) <= reads_fail:
+            raise RuntimeError("the job's state could not be read")
+        return real(self, handle, requested_by=requested_by)
+
+    monkeypatch.setattr(FakeHook, "cancel_job", flaky_cancel)
+    job = IndexedJob(JobRecord(handle=handle.to_json()), "dag", "manual__1", "train", -1, None, 1, None, True)
+
+    row = cancel_as_person(job, hook, "cli:someone")
+
+    assert not any(k.get("void") for k in kept)  # the person's cancel is never voided by a read that failed
+    if reads_fail < canceling.CANCEL_ASKS:
+        assert row["canceled"] and row["note"] == "its task fails with ERR_CANCELED"
+    else:
+        assert not row["canceled"] and len(calls) == canceling.CANCEL_ASKS
+        assert "the cancel is kept: its task fails with ERR_CANCELED when it resumes" in row["note"]

@@ -143,12 +143,21 @@ async def test_connections_are_polled_separately(
     assert sorted(fake_platform.status_calls) == sorted([[a.job_id], [b.job_id]])
 
 
-async def test_deadline_emits_timeout(fake_platform: type[FakeHook]) -> None:
+@pytest.mark.parametrize("cancel_on_kill", [True, False])
+async def test_deadline_emits_timeout_and_stops_the_job_at_once(
+    fake_platform: type[FakeHook], cancel_on_kill: bool
+) -> None:
+    """The job is canceled as the deadline passes (pair explorer: a task marked failed between the timeout event and
+    its resume has no worker to cancel it), unless ``cancel_on_kill=False`` leaves it running."""
     handle = _submit(fake_platform)
     # an interval of an hour: the event within the wait's bound means the deadline did not wait for the next poll
-    payload = await _first_event(_trigger(handle, deadline=time.time() + 0.3, poll_interval=3600), timeout=120)
+    trigger = _trigger(handle, deadline=time.time() + 0.3, poll_interval=3600, cancel_on_kill=cancel_on_kill)
+    payload = await _first_event(trigger, timeout=120)
     assert payload["status"] == "timeout"
-    assert len(fake_platform.status_calls) == 1  # only the new job's immediate poll
+    # the new job's immediate poll only, and the cancel routine's own read of the job
+    assert len(fake_platform.status_calls) == 1 + cancel_on_kill
+    expected = JobState.CANCELED if cancel_on_kill else JobState.RUNNING
+    assert fake_platform.jobs[handle.job_id]["state"] is expected
 
 
 async def test_a_long_outage_never_ends_the_wait(
@@ -535,14 +544,15 @@ async def test_a_watch_waits_for_its_next_status_with_one_timer_pushed_on(fake_p
 
     watch = Watch(_submit(fake_platform), interval=0.1)
     loop = asyncio.get_running_loop()
-    loop.call_later(0.05, watch.publish, JobStatus(JobState.RUNNING))
-    status = await next_status(0.3)
+    # waits long against a busy machine's stalls: the first wait's timer must outlive its status, then fire
+    # inside the second wait
+    loop.call_soon(watch.publish, JobStatus(JobState.RUNNING))
+    status = await next_status(1.0)
     assert status is not None and status.state is JobState.RUNNING
     assert watch.timer is not None  # still armed for the first wait's end: pushed on, not cancelled
-    await asyncio.sleep(0.1)
     started = loop.time()
-    assert await next_status(0.4) is None  # the first timer fired after 0.15 s: the wait went on
-    assert loop.time() - started >= 0.39
+    assert await next_status(1.5) is None  # the first timer fired after about 1 s: the wait went on
+    assert loop.time() - started >= 1.49
     watch.publish(JobStatus(JobState.COMPLETE))
     ended = await next_status(0)  # a status already there is taken, however short the wait
     assert ended is not None and ended.state is JobState.COMPLETE

@@ -2,9 +2,11 @@
 
 Every trial waits for ``<gate_dir>/go`` (the test creates it once it has seen the first trials running at once and
 has killed what it kills), then runs 6 epochs of a fraction of a second, printing ``Epoch N/M - val_loss: X`` (worse
-for learning rates far from 1e-2, falling with the epochs), so ASHA has trials to stop early. ``tune`` waits in the
-triggerer (its triggerer is restarted, a person cancels one of its trials); ``tune_sync`` waits on the worker (its
-worker is SIGKILLed, its retry adopts the trials in flight).
+for learning rates far from 1e-2, falling with the epochs, and worse by 10 for each later trial), so ASHA has trials to
+stop early whatever order its polls see the trials in: trials 4 and 5 start only once an earlier, better trial has
+reported its first epoch, and a trial worse than every earlier one at the first rung is stopped (reduction factor 3).
+``tune`` waits in the triggerer (its triggerer is restarted, a person cancels one of its trials); ``tune_sync`` waits
+on the worker (its worker is SIGKILLed, its retry adopts the trials in flight).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ TRAIN = (
     'while [ ! -e "$GATE_DIR/go" ]; do sleep 0.1; done; '
     'python3 -c "import json, math, os, time\n'
     "p = json.loads(os.environ['TAO_TRIAL_PARAMS'])\n"
-    "floor = (math.log10(p['lr']) + 2) ** 2 + 0.1 * p['depth']\n"
+    "floor = (math.log10(p['lr']) + 2) ** 2 + 0.1 * p['depth'] + 10 * int(os.environ['TAO_TRIAL_NUMBER'])\n"
     "for e in range(1, 7):\n"
     "    time.sleep(0.7)\n"
     "    print(f'Epoch {e}/6 - val_loss: {floor + 1 / e:.4f}', flush=True)\n"

@@ -76,6 +76,19 @@ def test_asha_condemns_a_running_trial_far_behind_the_finished_ones() -> None:
     assert judge(config(pruner=None), state, [bad.number]) == {}
 
 
+def test_reports_read_at_once_are_judged_step_by_step_best_first() -> None:
+    """The first trials of a search reach ASHA's first rung in one poll: the batch's best is promoted (ASHA
+    promotes the first to arrive among too few), the worse ones condemned -- was: judged by trial number, the worst
+    promoted itself for being first, and ran every epoch (benchmarks/automl.py: 4-5 of 12 trials ran to the end)."""
+    cfg, state = config(seed=3, pruner="asha", max_trials=10), SearchState.new()
+    trials = [ask(cfg, state) for _ in range(3)]
+    for trial, value in zip(trials, (9.0, 1.0, 5.0)):
+        trial.state = RUNNING
+        for step in (1, 2, 3):
+            trial.report(step, {"val_loss": value + 1.0 / step}, ("val_loss",))
+    assert judge(cfg, state, [t.number for t in trials]) == {trials[0].number: 1, trials[2].number: 1}
+
+
 def test_failed_and_pruned_trials_are_never_ranked() -> None:
     cfg, state = config(seed=1), SearchState.new()
     for _ in range(4):

@@ -139,6 +139,25 @@ def test_the_triggerer_canceling_the_kill_again_and_again_still_stops_every_tria
     assert [j["state"] for j in fake_platform.jobs.values()] == [JobState.CANCELED] * 3
 
 
+def test_the_search_trigger_stops_every_trial_as_the_deadline_passes(fake_platform: type[FakeHook]) -> None:
+    """As a single job's trigger does: a search task marked failed between the timeout event and its resume has no
+    worker to stop its trials."""
+    import asyncio
+    import time
+
+    from airflow_provider_tao.triggers.automl import TAOAutoMLTrigger
+
+    deferred = deferral(lambda: make(max_concurrent_trials=3).execute(make_context(Store())))
+    kwargs = {**deferred.trigger.serialize()[1], "deadline": time.time() + 0.3, "poll_interval": 3600}
+
+    async def first_event() -> dict:
+        event = await asyncio.wait_for(TAOAutoMLTrigger(**kwargs).run().__anext__(), 120)
+        return event.payload
+
+    assert asyncio.run(first_event())["status"] == "timeout"
+    assert [j["state"] for j in fake_platform.jobs.values()] == [JobState.CANCELED] * 3
+
+
 def test_a_persons_cancel_of_a_trial_while_no_try_waits_binds_the_retry_that_adopts_it(
     fake_platform: type[FakeHook],
 ) -> None:
