@@ -99,7 +99,6 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
         if reattach:  # a kill from here to the adoption or a new submission stops the earlier tries' jobs
             record = JobRecord.from_json(stored)
             self._reattaching = Reattaching(hook, name, try_number, [record.job] if record else [])
-        if reattach:
             self._close_left_behind(context, stored)  # a job that ended unwatched still counts in GPU-hours
         self._honour_person_cancel(context, None)  # `airflow tao cancel` while no try waited: nothing is submitted
         # Reattach first: an earlier try's job that still runs is this task's job, whatever a new validation of

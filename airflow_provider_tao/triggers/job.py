@@ -33,7 +33,7 @@ from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.joblog import JobLogWriter
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobState, JobStatus
-from airflow_provider_tao.operators.decisions import UNKNOWN, Act, Facts, Situation, Verdict, decide
+from airflow_provider_tao.operators.decisions import UNKNOWN, Act, Facts, Situation, Verdict, decide, state_fact
 from airflow_provider_tao.outage import OutageLog
 from airflow_provider_tao.triggers.log_budget import FINAL_LOG_READS
 from airflow_provider_tao.triggers.poller import MAX_BACKOFF_SECONDS, StatusPoller, Watch, is_running
@@ -185,8 +185,7 @@ class TAOJobTrigger(BaseTrigger):
                     if self.stream_logs and is_running(status) and watch.take_log_turn():
                         await self._live_log(poller)
                     if (limit := self._limit_event(status, not_found, waiting, hook.platform)) is not None:
-                        timed_out = limit.payload["status"] == TriggerOutcome.TIMEOUT
-                        if timed_out and self.cancel_on_kill and not status.state.is_terminal:
+                        if limit.payload["status"] == TriggerOutcome.TIMEOUT and self._stops_at_deadline(status):
                             await stop_at_deadline(hook, self.handle, self.log)
                         event = limit
                         break
@@ -232,6 +231,15 @@ class TAOJobTrigger(BaseTrigger):
         if self.budget_at is not None and time.time() >= self.budget_at and not status.state.is_terminal:
             return self._event(TriggerOutcome.BUDGET, status, "the job may have passed its max_gpu_hours")
         return None
+
+    def _stops_at_deadline(self, status: JobStatus) -> bool:
+        """Whether the timeout's verdict (operators/decisions.py, RESUME) stops the job: then the trigger stops it as
+        the deadline passes, not the resumed task -- a task marked failed before it resumes never does."""
+        if status.state.is_terminal:
+            return False
+        facts = Facts(try_number=self.handle.try_number, state=state_fact(status), outcome=TriggerOutcome.TIMEOUT,
+                      cancel_on_kill=self.cancel_on_kill)  # fmt: skip
+        return decide(facts, Situation.RESUME).stop
 
     async def _resubmitted(self, hook: TAOPlatformHook, status: JobStatus) -> tuple[str | None, bool]:
         """The platform's note on a rerun of the failed job in place (None: it stays failed), and whether it

@@ -28,7 +28,7 @@ async def watch(conn_id):
     handle = FakeHook(conn_id=conn_id).create_job(JobSpec(name="j-" + job_id, job_id=job_id, command="x", image="i"))
     FakeHook.jobs[job_id]["state"] = JobState.COMPLETE
     trigger = TAOJobTrigger(handle=handle.to_json(), poll_interval=0.02)
-    await asyncio.wait_for(trigger.run().__anext__(), 30)
+    await asyncio.wait_for(trigger.run().__anext__(), 300)
     frozen.append(gc.get_freeze_count())
 
 class Node:
@@ -54,7 +54,7 @@ def _run(freeze: str | None) -> dict[str, object]:
     env["AIRFLOW__TAO__TRIGGER_EVENT_HOLD_SECONDS"] = "0"
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parents[2]), env.get("PYTHONPATH", "")])
     done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT], check=False, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _SCRIPT], check=False, env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))

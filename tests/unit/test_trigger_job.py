@@ -356,7 +356,8 @@ async def test_on_kill_respects_cancel_on_kill_false(fake_platform: type[FakeHoo
 async def test_cancelling_the_trigger_task_propagates_and_releases_the_poller(fake_platform: type[FakeHook]) -> None:
     handle = _submit(fake_platform)
     task = asyncio.ensure_future(_first_event(_trigger(handle)))
-    await asyncio.sleep(0.1)
+    while not any(poller.watches for poller in StatusPoller._instances.values()):  # the trigger watches its job
+        await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -89,7 +89,7 @@ async def test_the_state_change_that_ends_a_wait_is_logged(
 
     asyncio.get_running_loop().create_task(run_then_end())
     trigger = TAOJobTrigger(handle=handle.to_json(), poll_interval=0.05)
-    assert (await asyncio.wait_for(trigger.run().__anext__(), 10)).payload["status"] == "complete"
+    assert (await asyncio.wait_for(trigger.run().__anext__(), 60)).payload["status"] == "complete"
     out = capsys.readouterr().out
     assert f"Job {handle.job_id} is pending: PENDING (Resources)" in out
     assert f"Job {handle.job_id} is Running after " in out and "s pending: RUNNING on node1" in out
@@ -117,7 +117,7 @@ async def test_a_progress_bar_shows_its_latest_state_and_a_line_without_end_neve
     assert len(trigger._writer.partial) < 20_000  # capped, not held without bound
     assert any(line.startswith("xxxx") for line in _job_lines(capsys.readouterr().out))  # flushed at the limit
     fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
-    assert (await asyncio.wait_for(task, 10)).payload["status"] == "complete"
+    assert (await asyncio.wait_for(task, 60)).payload["status"] == "complete"
     assert "train: 100%|##########" not in _job_lines(capsys.readouterr().out)  # its newline did not repeat it
 
 
@@ -176,7 +176,7 @@ async def test_a_secret_the_job_received_outside_its_connections_fields_is_maske
     fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
     trigger = TAOJobTrigger(handle=handle.to_json(), poll_interval=0.02, secret_conn_ids=["job_secrets"])
     assert secret not in json.dumps(trigger.serialize())  # the kwargs (stored in the database) never hold it
-    await asyncio.wait_for(trigger.run().__anext__(), 10)
+    await asyncio.wait_for(trigger.run().__anext__(), 60)
     out = capsys.readouterr().out
     assert "[job] the job prints *** and more" in out
     assert secret not in out
@@ -296,7 +296,7 @@ async def test_a_job_printing_a_malformed_heartbeat_still_completes_its_task_and
     fake_platform.logs[handle.job_id] = 'TAO_PROGRESS {"phase": "run", "bytes": "x"}\nTAO_PROGRESS {"bytes": 1e999}\n'
     fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
     trigger = TAOJobTrigger(handle=handle.to_json(), poll_interval=0.05)
-    payload = (await asyncio.wait_for(trigger.run().__anext__(), 10)).payload
+    payload = (await asyncio.wait_for(trigger.run().__anext__(), 60)).payload
     assert payload["status"] == "complete"
     assert payload["log_cursor"] not in ("", "0")  # past the lines: a retry does not read them again
     assert 'TAO_PROGRESS {"bytes": 1e999}' in _job_lines(capsys.readouterr().out)

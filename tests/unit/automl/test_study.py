@@ -82,7 +82,7 @@ def test_reports_read_at_once_are_judged_step_by_step_best_first() -> None:
     promoted itself for being first, and ran every epoch (benchmarks/automl.py: 4-5 of 12 trials ran to the end)."""
     cfg, state = config(seed=3, pruner="asha", max_trials=10), SearchState.new()
     trials = [ask(cfg, state) for _ in range(3)]
-    for trial, value in zip(trials, (9.0, 1.0, 5.0)):
+    for trial, value in zip(trials, (9.0, 1.0, 5.0), strict=True):
         trial.state = RUNNING
         for step in (1, 2, 3):
             trial.report(step, {"val_loss": value + 1.0 / step}, ("val_loss",))
