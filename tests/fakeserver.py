@@ -1,6 +1,7 @@
 """How the fake API servers (``tests.kubefake``, ``tests.leptonfake``) run as processes of their own, and stop.
 
-Server side: :func:`hold_stop_signals` before any thread starts, :func:`wait_for_stop_signal`, clean up, then
+Server side: :func:`hold_stop_signals` before any thread starts, :func:`announce_ready` once it answers,
+:func:`wait_for_stop_signal`, clean up, then
 :func:`exit_process`. SIGTERM / SIGINT are taken with ``sigwait``: no Python handler runs in the middle of the main
 thread's own locking (a handler setting an Event once left a fake deaf to SIGTERM), and SIGUSR1 prints every
 thread's stack. Test side: :func:`stop_process` stops one and, if it does not stop, fails with those stacks.
@@ -9,6 +10,7 @@ thread's stack. Test side: :func:`stop_process` stops one and, if it does not st
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import signal
 import subprocess
@@ -27,6 +29,14 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
+
+
+def announce_ready(ready_file: str, info: dict[str, object]) -> None:
+    """Write the ready file whole or not at all (a rename): the test side reads it as soon as it exists, and on a
+    busy machine once read an empty file (the Kubernetes lane's every setup failed with a JSONDecodeError)."""
+    partial = Path(f"{ready_file}.partial")
+    partial.write_text(json.dumps(info))
+    os.replace(partial, ready_file)
 
 
 def hold_stop_signals() -> None:

@@ -585,9 +585,18 @@ class AirflowClient:
         return links
 
     def get_xcom(
-        self, dag_id: str, run_id: str, task_id: str, key: str = "return_value", *, map_index: int = -1
+        self,
+        dag_id: str,
+        run_id: str,
+        task_id: str,
+        key: str = "return_value",
+        *,
+        map_index: int = -1,
+        decode: bool = True,
     ) -> Any:
-        """Value of one XCom, decoded from JSON; raises ``KeyError`` if it does not exist."""
+        """Value of one XCom, decoded from JSON (``decode=False``: as the endpoint returned it -- a string XCom
+        may come back bare, and a job id like ``812345e67890`` then decodes as a number); raises ``KeyError`` if it
+        does not exist."""
         response = self.http.get(
             f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}",
             params={"map_index": map_index},
@@ -602,10 +611,16 @@ class AirflowClient:
             )
         value = response.json()["value"]
         # The native endpoint returns what the database holds: JSON text for values pushed by tasks.
-        if isinstance(value, str):
+        if isinstance(value, str) and decode:
             with contextlib.suppress(ValueError):
                 return json.loads(value)
         return value
+
+    def get_job_id(self, dag_id: str, run_id: str, task_id: str) -> str:
+        """The job id a task pushed (XCom ``tao_job_id``), kept a string: a bare id like ``812345e67890`` would
+        decode as a number."""
+        value = str(self.get_xcom(dag_id, run_id, task_id, "tao_job_id", decode=False))
+        return str(json.loads(value)) if value.startswith('"') else value  # JSON text of the string, or bare
 
     def get_task_log(
         self,
@@ -1255,9 +1270,11 @@ class AirflowStandalone:
             task's trigger has moved over (after a SIGKILL that takes up to
             ``config.triggerer_health_check_threshold`` seconds).
         """
-        alive = self.client.list_jobs("TriggererJob", alive_only=True)
-        if not alive:
-            raise HarnessError("no alive TriggererJob before restart")
+        # a busy machine delays heartbeats (and a triggerer that died by itself is being restarted): wait for one
+        alive = wait_until(
+            lambda: self.client.list_jobs("TriggererJob", alive_only=True) or None,
+            timeout=timeout, interval=0.5, message="no alive TriggererJob before restart",
+        )  # fmt: skip
         old_id = int(alive[0]["id"])
         self.kill_triggerer(sig)
         proc = self.start_triggerer()

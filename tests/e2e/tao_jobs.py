@@ -46,8 +46,7 @@ def job_processes(job_ids: list[str]) -> list[int]:
 
 
 def local_handle(client: AirflowClient, dag_id: str, run_id: str) -> JobHandle:
-    job_id = client.get_xcom(dag_id, run_id, TASK, "tao_job_id")
-    return JobHandle(platform="local", conn_id="tao_e2e", job_id=job_id, name="")
+    return JobHandle(platform="local", conn_id="tao_e2e", job_id=client.get_job_id(dag_id, run_id, TASK), name="")
 
 
 def start_run(client: AirflowClient, dag_id: str, marks: Path, seconds: int) -> str:

@@ -45,7 +45,7 @@ def test_a_deferred_run_succeeds_through_the_triggerer_and_links_resolve_while_d
     )
 
     links = dags.get_task_instance_links("tao_e2e_deferred", run_id, TASK)
-    job_id = dags.get_xcom("tao_e2e_deferred", run_id, TASK, "tao_job_id")
+    job_id = dags.get_job_id("tao_e2e_deferred", run_id, TASK)
     url = links.get("TAO job") if isinstance(links, dict) else None
     # local has no web console: the link is the provider's job page of this task instance (tests/e2e/ui opens it)
     assert url == f"{dags.base_url}{job_page_path('tao_e2e_deferred', run_id, TASK)}", links

@@ -8,14 +8,12 @@ containers its kubelet made. SIGUSR1 prints every thread's stack (a test that wa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import threading
-from pathlib import Path
 from typing import NoReturn
 
-from tests.fakeserver import exit_process, hold_stop_signals, wait_for_stop_signal
+from tests.fakeserver import announce_ready, exit_process, hold_stop_signals, wait_for_stop_signal
 from tests.kubefake.api import FakeApiServer
 from tests.kubefake.authz import Authorizer
 from tests.kubefake.cluster import Cluster, DockerRuntime, SimRuntime, workdir_for
@@ -59,7 +57,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     hold_stop_signals()
     cluster.start()
     threading.Thread(target=server.serve_forever, name="kubefake-http", daemon=True).start()
-    Path(args.ready_file).write_text(json.dumps({"port": server.server_address[1], "pid": os.getpid()}))
+    announce_ready(args.ready_file, {"port": server.server_address[1], "pid": os.getpid()})
     wait_for_stop_signal()
     server.shutdown()
     cluster.stop()

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import NoReturn
 
-from tests.fakeserver import exit_process, hold_stop_signals, wait_for_stop_signal
+from tests.fakeserver import announce_ready, exit_process, hold_stop_signals, wait_for_stop_signal
 from tests.leptonfake.api import FakeLeptonServer
 from tests.leptonfake.controller import Controller
 from tests.leptonfake.runtime import DockerRuntime, Runtime, SimRuntime, workdir_for
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         "pid": os.getpid(),
         "workdir": str(workdir),
     }
-    Path(args.ready_file).write_text(json.dumps(ready))
+    announce_ready(args.ready_file, ready)
     wait_for_stop_signal()
     server.shutdown()
     controller.stop()

@@ -183,7 +183,7 @@ def test_a_deferred_training_task_in_the_ui(
         message="the trigger form started no run with our parameters",
     )
     ui_dags.wait_for_task_instance("tao_quickstart", run_id, "train", ["deferred"], timeout=120)
-    job_id = ui_dags.get_xcom("tao_quickstart", run_id, "train", key="tao_job_id")
+    job_id = ui_dags.get_job_id("tao_quickstart", run_id, "train")
 
     # the task while deferred: new log lines arrive without a reload
     page.goto(f"{url}/dags/tao_quickstart/runs/{run_id}/tasks/train")
@@ -277,7 +277,7 @@ def test_the_cancel_button_is_for_editors_only(
     url = airflow_standalone.api_url
     run_id = ui_dags.trigger_dag_run("tao_ui_cancel")
     ui_dags.wait_for_task_instance("tao_ui_cancel", run_id, "train", ["deferred"], timeout=120)
-    job_id = ui_dags.get_xcom("tao_ui_cancel", run_id, "train", key="tao_job_id")
+    job_id = ui_dags.get_job_id("tao_ui_cancel", run_id, "train")
     job_page = url + job_page_path("tao_ui_cancel", run_id, "train")
 
     def as_user(name: str, role: str) -> Any:

@@ -52,7 +52,7 @@ def test_cancel_fails_the_deferred_task_with_err_canceled(
     run_id = ui_dags.trigger_dag_run("tao_ui_cancel")
     ui_dags.wait_for_task_instance("tao_ui_cancel", run_id, "train", ["deferred"], timeout=120)
     # str: XCom's JSON reads an id that happens to be 12 digits back as a number
-    job_id = str(ui_dags.get_xcom("tao_ui_cancel", run_id, "train", key="tao_job_id"))  # pushed before deferring
+    job_id = ui_dags.get_job_id("tao_ui_cancel", run_id, "train")  # pushed before deferring
     (row,) = cli_json(airflow_standalone, "tao", "jobs", "--run-id", run_id)
     assert (row["job_id"], row["state"], row["task_state"]) == (job_id, "Running", "deferred")
     pid = int(row["backend_job_id"])
@@ -95,7 +95,7 @@ def test_reap_cancels_the_job_of_a_killed_worker(airflow_standalone: AirflowStan
     dry = cli_json(airflow_standalone, "tao", "reap", "--dry-run", "--min-age-minutes", "0")
     verdicts = {r["job_id"]: (r["action"], r["why"]) for r in dry}
     assert verdicts[job_id] == ("would cancel", "orphan: its task is failed"), dry
-    watched_job = str(ui_dags.get_xcom("tao_ui_cancel", watched, "train", key="tao_job_id"))
+    watched_job = ui_dags.get_job_id("tao_ui_cancel", watched, "train")
     assert verdicts[watched_job] == ("kept", "its task is deferred"), dry
     assert _alive(pid)  # a dry run changes nothing
 

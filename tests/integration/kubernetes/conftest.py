@@ -125,7 +125,7 @@ def start_kubefake(engine_host: str, tmp: Path, *extra: str) -> tuple[subprocess
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"the fake Kubernetes API server did not start:\n{(tmp / 'kubefake.log').read_text()[-3000:]}")
