@@ -502,9 +502,13 @@ def test_as_pid_1_the_launcher_forwards_signals_and_keeps_the_exit_status(tmp_pa
     while not children and time.monotonic() < deadline:
         time.sleep(0.1)
         children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-    time.sleep(0.3)
-    os.kill(int(children[0]), signal.SIGTERM)  # what Slurm's RunTimeKill (runc kill) sends
-    assert proc.wait(10) == 128 + signal.SIGTERM
+    launcher = children[0]
+    # its trap is set before it starts the command: once the command runs, the launcher takes the signal
+    while not Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split():
+        assert time.monotonic() < deadline, "the launcher never started its command"
+        time.sleep(0.1)
+    os.kill(int(launcher), signal.SIGTERM)  # what Slurm's RunTimeKill (runc kill) sends
+    assert proc.wait(60) == 128 + signal.SIGTERM
 
 
 def test_stage_archive_modes_and_path_escapes() -> None:

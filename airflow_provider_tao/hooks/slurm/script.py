@@ -225,9 +225,11 @@ def render_launcher(layout: JobLayout, multi_node: bool) -> str:
         '  set -- /bin/bash -c "${cmd%.}"',
         "fi",
         'if [ "$$" = 1 ]; then',
+        # the trap before the command starts: PID 1 ignores a signal it has no handler for (exiting ends the
+        # namespace's every process, the command too, if it started before its pid was kept)
+        '  child=; trap \'if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; else exit 143; fi\' TERM INT HUP',
         '  "$@" &',
         "  child=$!",
-        "  trap 'kill -TERM \"$child\" 2>/dev/null' TERM INT HUP",
         '  while :; do wait "$child"; rc=$?; kill -0 "$child" 2>/dev/null || break; done',
         '  exit "$rc"',
         "fi",
