@@ -6,9 +6,9 @@ nothing even if the platform refuses the cancel now), then the one cancel routin
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
+from airflow_provider_tao.asking import asked_again
 from airflow_provider_tao.hooks.base import TAOPlatformHook
 from airflow_provider_tao.jobindex import WAITING_TI_STATES, IndexedJob
 from airflow_provider_tao.person_cancel import record_cancel, void_cancel
@@ -50,16 +50,10 @@ def cancel_as_person(job: IndexedJob, hook: TAOPlatformHook, by: str) -> dict[st
 
 def _cancel(hook: TAOPlatformHook, job: IndexedJob, by: str) -> bool:
     """The one cancel routine, asked again while a read fails (it then decides nothing: ``DecideLater``, a blip)."""
-    ask = 1
-    while True:
-        try:
-            return hook.cancel_job(job.record.job, requested_by=by)
-        except Exception as exc:
-            if ask == CANCEL_ASKS:
-                raise
-            log.warning("Could not cancel job %s yet (%s): asking again", job.job_id, exc)
-            time.sleep(CANCEL_PAUSE * 2 ** (ask - 1))
-            ask += 1
+    return asked_again(
+        lambda: hook.cancel_job(job.record.job, requested_by=by), asks=CANCEL_ASKS, pause=CANCEL_PAUSE, log=log,
+        what=f"Canceling job {job.job_id}",
+    )  # fmt: skip
 
 
 def _state_now(hook: TAOPlatformHook, job: IndexedJob) -> str:

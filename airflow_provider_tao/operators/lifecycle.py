@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
 from airflow_provider_tao import settings
+from airflow_provider_tao.asking import asked_again
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError
 from airflow_provider_tao.hooks.shared.secrets import register_secrets
@@ -502,15 +503,10 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
             return
         # a read that failed decides nothing (DecideLater, a blip): ask again -- a task marked failed has no later
         # try to stop the job, only the sweeper's next pass (pair explorer: mark_failed x blip)
-        for attempt in range(KILL_ATTEMPTS):
-            try:
-                self._cancel_own_job()
-                return
-            except Exception as exc:
-                if attempt == KILL_ATTEMPTS - 1:
-                    raise
-                self.log.warning("Could not decide the kill of this try's job (%s): asking again", exc)
-                time.sleep(KILL_PAUSE_SECONDS * 2**attempt)
+        asked_again(
+            self._cancel_own_job, asks=KILL_ATTEMPTS, pause=KILL_PAUSE_SECONDS, log=self.log,
+            what="Deciding the kill of this try's job",
+        )  # fmt: skip
 
     def _cancel_own_job(self) -> None:
         own = [self._handle] if self._handle else [h for h in [self._submitted()] if h] or self._reattached()

@@ -183,7 +183,7 @@ class TAOAutoMLTrigger(BaseTrigger):
             stop_at_deadline(poller.hook, watch.handle, self.log)
             for poller, watches in watched
             for number, watch in watches.items()
-            if not (statuses.get(number) or JobStatus.unknown("")).state.is_terminal
+            if (status := statuses.get(number)) is None or not status.state.is_terminal
         ]
         await asyncio.gather(*live)
 
