@@ -417,10 +417,12 @@ class TAOJobTrigger(BaseTrigger):
                 await asyncio.shield(cancel)
                 return
             except asyncio.CancelledError:
-                if cancel.done() or time.monotonic() >= deadline:
+                if cancel.cancelled() or time.monotonic() >= deadline:
                     raise
                 if task := asyncio.current_task():
                     task.uncancel()  # a repeated cancel of the same kill: keep waiting for the cancel to finish
+                if cancel.done():
+                    return  # the cancel finished as the repeated cancel came: on_kill has done its work
 
     async def _kill_verdict(self) -> Verdict:
         """The decision's first half (operators/decisions.py, KILL) on the task's state, asked again while it

@@ -307,6 +307,32 @@ async def test_on_kill_finishes_its_cancel_through_the_triggerers_repeated_cance
     assert fake_platform.jobs[handle.job_id]["state"] is JobState.CANCELED
 
 
+async def test_on_kill_whose_cancel_finishes_as_a_repeated_cancel_comes_returns(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repeated cancel that lands as the job's cancel finishes (a slow triggerer: the CI's Python 3.12 run) is
+    the same kill: on_kill has done its work and returns, it does not raise the triggerer's cancel."""
+    from airflow_provider_tao.triggers import job as job_trigger
+
+    gate = asyncio.Event()
+    real_cancel = FakeHook._acancel
+
+    async def gated_cancel(self: FakeHook, handle: JobHandle) -> bool:
+        await gate.wait()
+        return await real_cancel(self, handle)
+
+    monkeypatch.setattr(FakeHook, "_acancel", gated_cancel)
+    handle = _submit(fake_platform)
+    kill = asyncio.ensure_future(_trigger(handle).on_kill())
+    while not job_trigger._CANCELS:  # on_kill has started the cancel and waits on it
+        await asyncio.sleep(0)
+    (cancel,) = job_trigger._CANCELS
+    cancel.add_done_callback(lambda _: kill.cancel("__airflow_user_action__"))  # lands as the cancel finishes
+    gate.set()
+    await kill
+    assert fake_platform.jobs[handle.job_id]["state"] is JobState.CANCELED
+
+
 @pytest.mark.parametrize(("state", "canceled"), [("deferred", False), ("failed", True), ("success", True),
                                                   (None, True), ("unreadable", True)])  # fmt: skip
 async def test_on_kill_of_a_trigger_that_moved_to_another_triggerer_leaves_the_job_running(
