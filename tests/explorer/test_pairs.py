@@ -161,3 +161,32 @@ def test_pairs(pair_runs: Any, platform: str) -> None:
     )
     assert runs["product"] > 0, "no pair: no decision followed any interruption"
     assert not failed, "\n".join(failed)
+
+
+def test_a_clear_while_a_persons_cancel_asks_again_is_judged_by_what_the_person_was_told(
+    backends: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI's cancel asks the job's state again while the trigger polls on (a loaded machine: the CI's Docker pair
+    slice), and the pair's clear lands meanwhile: the CLI then reads the task cleared, keeps the cancel and tells the
+    person the task fails ERR_CANCELED when it next runs. It does; that honours the person (I3), it is no I4."""
+    from tests.explorer.backends import COMMAND, JOB_SECONDS
+    from tests.explorer.simulate import TaskSim
+
+    person_cancel = TaskSim._person_cancel
+
+    def cancel_asked_again(sim: TaskSim) -> None:
+        deadline = time.monotonic() + 300  # a safety net: the assertions below tell what did not happen
+        while (sim.rec.second_fired is None or sim.ti_state is not None) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the clear has landed
+        person_cancel(sim)
+
+    monkeypatch.setattr(TaskSim, "_person_cancel", cancel_asked_again)
+    # a job that outlives the trigger's third poll however slow the machine (the cancel stops it)
+    monkeypatch.setitem(JOBS, "ok", COMMAND.replace(f"sleep {JOB_SECONDS}", "sleep 300"))
+    (pair,) = _one("ok|trigger:aget_job_logs#1|cli_cancel|trigger:aget_job_statuses#3|clear", "local")
+    sim = PairSim(backends["local"], pair)
+    outcome = sim.run()
+    assert sim.rec.second_fired is not None and outcome.person_cancel is not None
+    assert "cleared" in str(outcome.person_cancel["told"]), outcome.person_cancel
+    assert (outcome.state, "ERR_CANCELED" in outcome.error) == ("failed", True), outcome.error
+    assert violations(backends["local"], judged_as(pair), outcome, sim.store) == []
