@@ -6,7 +6,8 @@ nothing even if the platform refuses the cancel now), then the one cancel routin
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from airflow_provider_tao.asking import asked_again
 from airflow_provider_tao.hooks.base import TAOPlatformHook
@@ -18,6 +19,7 @@ log = logging.getLogger(__name__)
 #: Times the person's cancel is asked again while the platform cannot be read (a blip, a status it could not tell),
 #: the first pause in seconds, doubling.
 CANCEL_ASKS, CANCEL_PAUSE = 3, 1.0
+T = TypeVar("T")
 
 
 def cancel_as_person(job: IndexedJob, hook: TAOPlatformHook, by: str) -> dict[str, Any]:
@@ -28,32 +30,52 @@ def cancel_as_person(job: IndexedJob, hook: TAOPlatformHook, by: str) -> dict[st
     :param by: who cancels (``cli:<user>``, ``ui:<user>``): kept on the job and in the task's failure.
     """
     handle = job.record.job
-    before = hook.get_job_status(handle).state
+    try:
+        before = _asked(lambda: hook.get_job_status(handle), f"Reading the state of job {job.job_id}").state
+    except Exception as exc:  # nothing kept, nothing canceled: the person is told to run it again
+        return _row(job, "Unknown", False, "Unknown", by=by, note=unsent_note(exc, None))
     # Kept first: the task's next try reads it before submitting, even if the platform refuses the cancel now. A
     # search's trial keeps none: its job's canceled_by mark ends that trial alone, and the search goes on.
     ti_state = record_cancel(job, by) if job.trial is None else job.ti_state
     try:
-        stopped = _cancel(hook, job, by)
+        stopped = _asked(lambda: hook.cancel_job(handle, requested_by=by), f"Canceling job {job.job_id}")
     except Exception as exc:  # the person's cancel stands where it was kept; the job's is theirs to ask again
         kept = ti_state if job.trial is None else None  # a trial keeps no cancel record
         return _row(job, before.value, False, _state_now(hook, job), by=by, note=unsent_note(exc, kept))
     # Canceled only if the routine itself found the job running and marked it (its task then fails ERR_CANCELED
     # even if the job ends by itself meanwhile); one that ended since `before` keeps its verdict, and its task too.
-    canceled = stopped and not before.is_terminal and bool(hook.canceled_by(handle))
+    canceled = stopped and not before.is_terminal and _marked(hook, job)
     if not canceled and ti_state in WAITING_TI_STATES and job.trial is None:
         void_cancel(job, log)  # its waiting try takes the job's own verdict, as the person is told below
     if stopped and not before.is_terminal and not task_resumes(job):
-        hook.cleanup_job(handle)  # no task will resume to clean up after it
+        _cleanup(hook, job)  # no task will resume to clean up after it
     note = cancel_note(not canceled, ti_state) if job.trial is None else trial_note(canceled, job.trial)
     return _row(job, before.value, canceled, _state_now(hook, job), by=by, note=note)
 
 
-def _cancel(hook: TAOPlatformHook, job: IndexedJob, by: str) -> bool:
-    """The one cancel routine, asked again while a read fails (it then decides nothing: ``DecideLater``, a blip)."""
-    return asked_again(
-        lambda: hook.cancel_job(job.record.job, requested_by=by), asks=CANCEL_ASKS, pause=CANCEL_PAUSE, log=log,
-        what=f"Canceling job {job.job_id}",
-    )  # fmt: skip
+def _asked(call: Callable[[], T], what: str) -> T:
+    """``call`` asked again while it fails (a blip; a cancel routine that could not read the job decides nothing,
+    ``DecideLater``)."""
+    return asked_again(call, asks=CANCEL_ASKS, pause=CANCEL_PAUSE, log=log, what=what)
+
+
+def _marked(hook: TAOPlatformHook, job: IndexedJob) -> bool:
+    """Whether the job carries a cancel mark, read back after the routine stopped it; a read that fails after the
+    routine found the job running and stopped it leaves it canceled (the kept cancel binds its task)."""
+    try:
+        return bool(_asked(lambda: hook.canceled_by(job.record.job), f"Reading the cancel mark of job {job.job_id}"))
+    except Exception as exc:
+        log.warning("Could not read the cancel mark of job %s back (%s): it was stopped, so it is canceled",
+                    job.job_id, exc)  # fmt: skip
+        return True
+
+
+def _cleanup(hook: TAOPlatformHook, job: IndexedJob) -> None:
+    """Best effort: what a canceled job holds that no resumed task will let go of (the sweeper takes the rest)."""
+    try:
+        hook.cleanup_job(job.record.job)
+    except Exception as exc:
+        log.warning("Could not clean up after job %s (the sweeper will): %s", job.job_id, exc)
 
 
 def _state_now(hook: TAOPlatformHook, job: IndexedJob) -> str:

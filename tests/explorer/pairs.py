@@ -40,6 +40,8 @@ STOPPING = frozenset({"clear", "mark_failed"})
 #: Boundaries of a decision's acts explored after its ``decide`` call.
 ACTS = 6
 #: Interruptions after which the task must still end successfully (a blip and a sweep of a live task are harmless).
+#: The phase of ``airflow tao cancel``'s boundaries and decisions (:data:`tests.explorer.recorder.PHASE`).
+CLI = "cli:"
 HARMLESS = frozenset({"blip", "reap", "outage", "clear", "worker_kill", "triggerer_kill", "execution_timeout"})
 
 
@@ -81,19 +83,34 @@ def pair_key(platform: str, situation: str, facts: str, place: str, fault: str) 
 
 
 def pairs_of(first: Schedule, level: FirstLevel) -> list[Pair]:
-    """Every pair of ``first``: each boundary of the decision following its interruption x each second fault."""
+    """Every pair of ``first``: each boundary of the decision following its interruption x each second fault. A
+    person's cancel (``cli:`` boundaries, beside the task's) has two: the CLI's own and the task's next."""
     if level.fired is None or level.fired not in level.boundaries:
         return []
     fired = level.boundaries.index(level.fired) + 1
-    following = next(((at, s, f) for at, s, f in level.decisions if at >= fired), None)
-    if following is None:
-        return []
-    at, situation, facts = following
-    window = level.boundaries[fired - 1 : at + ACTS]
+    out = []
+    for cli in (True, False):
+        following = next(((at, s, f) for at, s, f in level.decisions if at >= fired and s.startswith(CLI) == cli), None)
+        if following is not None:
+            out += _pairs_at(first, level, fired, following, cli=cli)
+    return out
+
+
+def _pairs_at(
+    first: Schedule, level: FirstLevel, fired: int, decision: tuple[int, str, str], *, cli: bool
+) -> list[Pair]:
+    """The pairs of one decision: its boundaries (the CLI's, or the task's) from the interruption's through its
+    fact read to ``ACTS`` of its acts, each with each second fault."""
+    at, situation, facts = decision
+    # the interruption's own boundary opens the task's window; the CLI's starts at its first call
+    window = [(i, b) for i, b in enumerate(level.boundaries[fired - 1 :], fired - 1)
+              if b.startswith(CLI) == cli or (i == fired - 1 and not cli)]  # fmt: skip
+    acts = [i for i, _ in window if i >= at][ACTS : ACTS + 1]
+    window = [(i, b) for i, b in window if not acts or i < acts[0]]
     seen: dict[str, int] = {}
     since_step: set[str] = set()
     out = []
-    for offset, boundary in enumerate(window):
+    for i, boundary in window:
         phase, call = boundary.split(":", 1)
         method = f"{phase}:{call.rsplit('#', 1)[0]}"
         seen[method] = seen.get(method, 0) + 1
@@ -103,9 +120,9 @@ def pairs_of(first: Schedule, level: FirstLevel) -> list[Pair]:
             continue  # a read repeated with no step between reads the same state: its first is the one explored
         else:
             since_step.add(method)
-        place = f"{'read' if fired - 1 + offset < at else 'act'}:{method}#{seen[method]}"
+        place = f"{'read' if i < at else 'act'}:{method}#{seen[method]}"
         for fault in SECOND_FAULTS:
-            if fault in STOPPING and (offset == 0 or phase not in (*WORKER_PHASES, "trigger")):
+            if fault in STOPPING and (i == fired - 1 or phase not in (*WORKER_PHASES, "trigger")):
                 continue  # a stop lands where a worker or a trigger step runs, not with the interruption's own
             key = pair_key(first.platform, situation, facts, place, fault)
             out.append(Pair(first, boundary, fault, key))

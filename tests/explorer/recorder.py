@@ -56,8 +56,11 @@ class Outage(ConnectionError):
 
 #: The recorder of the schedule running in this context (threads and tasks started from it inherit it).
 CURRENT: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("explorer_recorder", default=None)
-#: Calls the harness makes itself (the person's cancel, the backend checks) are neither boundaries nor interrupted.
+#: Calls the harness makes itself (the backend checks) are neither boundaries nor interrupted.
 MUTED: contextvars.ContextVar[bool] = contextvars.ContextVar("explorer_muted", default=False)
+#: The phase of the calls made in this context when it is not the task's (``cli``: ``airflow tao cancel``, which
+#: runs beside the task's steps, its boundaries numbered apart so that theirs keep their numbers).
+PHASE: contextvars.ContextVar[str | None] = contextvars.ContextVar("explorer_phase", default=None)
 
 
 @contextmanager
@@ -105,7 +108,7 @@ class Recorder:
 
     def passed(self, name: str) -> None:
         with self.lock:
-            key = f"{self.phase}:{name}"
+            key = f"{PHASE.get() or self.phase}:{name}"
             self.counts[key] += 1
             label = f"{key}#{self.counts[key]}"
             self.boundaries.append(label)
@@ -125,8 +128,11 @@ class Recorder:
 
     def decided(self, facts: Any, situation: Any) -> None:
         """A call of ``operators.decisions.decide``: the schedules reaching it with the same facts are one."""
+        named = str(getattr(situation, "value", situation))
         with self.lock:
-            self.decisions.append((len(self.boundaries), str(getattr(situation, "value", situation)), repr(facts)))
+            self.decisions.append(
+                (len(self.boundaries), f"{PHASE.get()}:{named}" if PHASE.get() else named, repr(facts))
+            )
 
     def check_outage(self) -> None:
         with self.lock:

@@ -73,3 +73,31 @@ def test_a_clear_after_a_persons_cancel_is_judged_as_a_clear() -> None:
     clear_first = Schedule("local", "ok", "execute:defer#1", "clear")
     after = next(p for p in pairs_of(clear_first, _level()) if p.fault == "cli_cancel")
     assert judged_as(after).interruption == "cli_cancel"
+
+
+def test_a_persons_cancel_has_second_faults_inside_the_cli_and_at_the_tasks_next_decision() -> None:
+    """``airflow tao cancel`` runs beside the task (its boundaries ``cli:``): a blip, an outage, a reap or a
+    second person's cancel lands at each of its calls, and the task's next decision keeps its own pairs."""
+    boundaries = (
+        "execute:create_job#1",
+        "execute:defer#1",
+        "trigger:aget_job_logs#1",  # the person's cancel starts here
+        "cli:get_job_status#1",
+        "trigger:aget_job_statuses#2",  # the trigger polls on beside the CLI
+        "cli:store.set[tao_cancel]#1",
+        "cli:get_job_status#2",  # the cancel routine decides after this one (index 7)
+        "cli:cancel_job#1",
+        "cli:canceled_by#1",
+        "trigger:aget_job_statuses#3",
+        "resume:find_job#1",  # the task resumes and decides (index 11)
+        "resume:cancel_job#1",
+    )
+    decisions = ((7, "cli:cancel", "Facts(cli)"), (11, "resume", "Facts(task)"))
+    first = Schedule("local", "ok", "trigger:aget_job_logs#1", "cli_cancel")
+    pairs = pairs_of(first, FirstLevel(boundaries, "trigger:aget_job_logs#1", decisions))
+    inside = [p for p in pairs if "|cli:cancel|" in p.key]
+    assert {p.second for p in inside} == {b for b in boundaries if b.startswith("cli:")}
+    assert {p.fault for p in inside} == set(SECOND_FAULTS) - STOPPING  # no stop inside a person's command
+    task = [p for p in pairs if "|resume|" in p.key]
+    assert not any(p.second.startswith("cli:") for p in task)
+    assert {p.second for p in task} >= {"trigger:aget_job_logs#1", "resume:find_job#1", "resume:cancel_job#1"}

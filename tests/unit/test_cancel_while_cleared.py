@@ -82,3 +82,42 @@ def test_a_cancel_whose_status_read_fails_asks_again_and_never_voids_the_persons
     else:
         assert not row["canceled"] and len(calls) == canceling.CANCEL_ASKS
         assert "the cancel is kept: its task fails with ERR_CANCELED when it resumes" in row["note"]
+
+
+@pytest.mark.parametrize("call", ["get_job_status", "canceled_by", "cleanup_job"])
+@pytest.mark.parametrize("fails", ["once", "always"])
+def test_a_blip_at_any_platform_call_of_a_persons_cancel_is_told_never_a_traceback(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, call: str, fails: str
+) -> None:
+    """A platform call of ``airflow tao cancel`` that fails (the pair explorer's second fault inside the CLI's
+    cancel): the state read before anything is asked again, and if it never answers nothing is kept or canceled
+    and the person is told to run it again; the mark read back after the routine stopped the job leaves it
+    canceled; the cleanup after it is best effort. Each ended in a traceback before."""
+    from airflow_provider_tao import canceling
+
+    hook = FakeHook(conn_id="fake_conn")
+    handle = hook.create_job(JobSpec(name="train-w", job_id="defabcdefabc", command="train"))
+    kept: list[dict[str, Any]] = []
+    monkeypatch.setattr(person_cancel, "_task_instance_now", lambda job: ("ti-1", "failed"))  # no try resumes
+    monkeypatch.setattr(person_cancel, "_keep", lambda job, value: kept.append(value))
+    monkeypatch.setattr(canceling, "CANCEL_PAUSE", 0.0)
+    real, failed = getattr(FakeHook, call), []
+
+    def blip(self: FakeHook, *args: Any, **kwargs: Any) -> Any:
+        if fails == "always" or not failed:
+            failed.append(call)
+            raise ConnectionResetError(f"{call}: the connection was reset")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(FakeHook, call, blip)
+    job = IndexedJob(JobRecord(handle=handle.to_json()), "dag", "manual__1", "train", -1, None, 1, None, True)
+
+    row = cancel_as_person(job, hook, "cli:someone")
+
+    if call == "get_job_status" and fails == "always":
+        assert (row["canceled"], kept) == (False, [])
+        assert "run the cancel again" in row["note"]
+        assert fake_platform.jobs[handle.job_id]["state"] is JobState.RUNNING
+    else:
+        assert row["canceled"], row
+        assert fake_platform.jobs[handle.job_id]["state"] is JobState.CANCELED
