@@ -4,9 +4,10 @@ it from outside its task).
 Marks are labels of the job, patched: try numbers as digits, who canceled the job in label characters (``cli:jdoe``
 is kept as ``cli-jdoe``). Whether a workspace lets a PATCH change labels is not documented, so every write is read
 back; where labels do not change, the marks are user secrets named ``tao.<job_id>.mark.<key>.<value>`` (try numbers
-only ever grow, so the highest wins). Reads merge both. Mark secrets live as long as their job: those of jobs that no
-longer exist are swept before the next submission (who canceled a job outlives its deletion until then: its task
-reads it when it resumes).
+only ever grow, so the highest wins); an archived job's too (a PATCH names alive jobs only, so the one mark written
+after a job ends -- its result used -- is a secret once its TTL passed). Reads merge both. Mark secrets live as long
+as their job: those of jobs that no longer exist are swept before the next submission (who canceled a job outlives
+its deletion until then: its task reads it when it resumes).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from airflow_provider_tao.hooks.lepton.status import (
     mark_text,
     mark_value,
     marks_of,
+    state_of,
 )
 from airflow_provider_tao.jobs import JobHandle
 
@@ -49,7 +51,7 @@ class LeptonMarksHook(LeptonAPIHook):
         if job is None:
             return {}  # gone, or a newer job: nothing of this one was claimed
         marks = marks_of(job)
-        if self._labels_patchable() is not True:
+        if self._labels_patchable() is not True or _archived(job):
             prefix = mark_prefix(handle.job_id)
             for name in self._secret_names():
                 for key in MARK_LABELS:
@@ -63,33 +65,42 @@ class LeptonMarksHook(LeptonAPIHook):
         return marks
 
     def write_mark(self, handle: JobHandle, key: str, value: Any) -> None:
-        """Patch the job's label and read it back; where the workspace keeps labels as created, a mark secret."""
+        """Patch the job's label and read it back; where the workspace keeps labels as created, or the job was
+        archived (a PATCH names alive jobs only), a mark secret."""
         self._ready()
         job = self._own_job(handle)
         if job is None:
             self.log.info("Lepton job %s no longer exists: mark %s not kept", handle.backend_job_id, key)
             return
-        url, label, text = self._url(), MARK_LABELS[key], mark_text(key, value)
-        if _LABELS_PATCHABLE.get(url) is not False:
-            labels = {**labels_of(job), label: text}
-            try:
-                self._api("marking the job", lambda c: c.job.update(id_of(job), spec={"metadata": {"labels": labels}}))
-                after = self._get_job(id_of(job))
-                _LABELS_PATCHABLE[url] = after is not None and labels_of(after).get(label) == text
-            except Exception as exc:
-                code = status_of(exc)  # None for a refused token (JobValidationError): raised
-                if code is None or code >= 500 or code == 404:
-                    raise
-                _LABELS_PATCHABLE[url] = False
-            if _LABELS_PATCHABLE[url]:
-                return
-            self.log.info("This Lepton workspace keeps job labels as created: ownership marks are kept in secrets")
+        text = mark_text(key, value)
+        patchable = not _archived(job) and _LABELS_PATCHABLE.get(self._url()) is not False
+        if patchable and self._patched(handle, job, MARK_LABELS[key], text):
+            return
         name = f"{mark_prefix(handle.job_id)}{key}.{text}"
         try:
             self._create_secrets({name: str(value)})
         except Exception as exc:
             if status_of(exc) != 409:  # the same mark, written before
                 raise
+
+    def _patched(self, handle: JobHandle, job: dict[str, Any], label: str, text: str) -> bool:
+        """Whether the mark was kept as the job's label; learns whether this workspace changes labels."""
+        url = self._url()
+        labels = {**labels_of(job), label: text}
+        try:
+            self._api("marking the job", lambda c: c.job.update(id_of(job), spec={"metadata": {"labels": labels}}))
+            after = self._get_job(id_of(job))
+            _LABELS_PATCHABLE[url] = after is not None and labels_of(after).get(label) == text
+        except Exception as exc:
+            code = status_of(exc)  # None for a refused token (JobValidationError): raised
+            if code == 404 and _archived(self._own_job(handle)):
+                return False  # archived since it was read (its TTL passed as it ended)
+            if code is None or code >= 500 or code == 404:
+                raise
+            _LABELS_PATCHABLE[url] = False
+        if not _LABELS_PATCHABLE[url]:
+            self.log.info("This Lepton workspace keeps job labels as created: ownership marks are kept in secrets")
+        return _LABELS_PATCHABLE[url]
 
     def _sweep_orphan_marks(self) -> None:
         """Where marks are secrets, those of jobs that no longer exist (expired after their TTL, deleted outside
@@ -122,3 +133,9 @@ class LeptonMarksHook(LeptonAPIHook):
     async def awrite_mark(self, handle: JobHandle, key: str, value: Any) -> None:
         await self._aready()
         await asyncio.to_thread(self.write_mark, handle, key, value)
+
+
+def _archived(job: dict[str, Any] | None) -> bool:
+    """Whether the job is gone, archived (its ``ttl_seconds_after_finished`` passed) or deleted: a PATCH of its
+    labels is refused (404), so its marks from then on are secrets."""
+    return job is None or state_of(job) in ("Archived", "Deleted")

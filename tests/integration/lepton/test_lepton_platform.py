@@ -40,6 +40,7 @@ from tests.integration.lepton.conftest import CONN_ID, LeptonFake, lepton_connec
 from tests.integration.taskrun import (
     TaskRun,
     Triggerer,
+    event_of,
     finish,
     kill,
     make_operator,
@@ -542,6 +543,24 @@ def test_where_labels_do_not_change_the_marks_of_a_job_that_expired_are_swept(
     second = start(triggerer, ws.op(docker_engine.busybox, "echo next"))
     assert ws.secrets_of(first.job_id) == []  # swept when the next job was created
     assert finish(second)["state"] == "Complete"
+
+
+def test_a_job_archived_before_its_task_resumes_succeeds_and_a_clear_runs_it_again(
+    docker_engine: DockerEngine, ws: Workspace, triggerer: Triggerer, label_mode: str
+) -> None:
+    """The job's TTL passes before its task resumes (a worker slot that takes a while; a loaded machine with a TTL
+    of 1 s): Lepton refuses a PATCH of an archived job (404), so the result-used mark is a secret -- the task
+    succeeded no longer waits forever on that 404 as if the platform were down -- and a clear with the store
+    emptied runs the job again rather than reuse its result."""
+    run_id = _run_id()
+    short = ws.op(docker_engine.busybox, "echo done", backend_details={"ttl_seconds_after_finished": 1})
+    first = start(triggerer, short, run_id=run_id)
+    assert event_of(first)["status"] == "complete"
+    ws.fake.wait_state(ws.job(first.job_id)["id"], "Archived")
+    assert finish(first)["state"] == "Complete"
+    assert _hook().read_marks(JobHandle.from_json(first.handle)).get("consumed_by") == 1
+    again = start(triggerer, ws.op(docker_engine.busybox, "echo again"), try_number=2, run_id=run_id)
+    assert again.job_id != first.job_id and finish(again)["state"] == "Complete"
 
 
 # --------------------------------------------------------------------------- polling
