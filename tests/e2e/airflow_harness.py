@@ -106,6 +106,8 @@ TERMINAL_TI_STATES: frozenset[str] = frozenset({"success", "failed", "skipped", 
 TERMINAL_DAG_RUN_STATES: frozenset[str] = frozenset({"success", "failed"})
 
 DEFAULT_TRIGGERER_HEALTH_CHECK_THRESHOLD = 15
+#: Times a GET of the REST API is sent while the API server does not answer (a timeout, a reset connection).
+READ_ATTEMPTS = 3
 """Seconds without heartbeat after which a triggerer counts as dead (Airflow default 30; heartbeat every 5)."""
 
 _SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
@@ -300,7 +302,15 @@ class AirflowClient:
     # -- plumbing ------------------------------------------------------------------------------------------
 
     def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        response = self.http.request(method, url, **kwargs)
+        # A read the API server did not answer in time (a loaded machine: the standalone's API server starved for
+        # its 30 s) is asked again, as a deployment's client would; a write is not (it may have been done).
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            try:
+                response = self.http.request(method, url, **kwargs)
+                break
+            except httpx.TransportError:
+                if method.upper() != "GET" or attempt == READ_ATTEMPTS:
+                    raise
         if response.is_error:
             raise httpx.HTTPStatusError(
                 f"{method} {url} -> {response.status_code}: {response.text[:2000]}",

@@ -195,3 +195,32 @@ def test_a_triggerer_that_dies_by_itself_is_restarted_and_one_a_test_stops_is_no
     wait_until(lambda: smoke.stats.samples >= rounds + 3, timeout=120, interval=0.5, message="the sampler stopped")
     assert smoke.find_triggerer() is None, "a triggerer a test stopped was started again"
     smoke.ensure_triggerer()
+
+
+@pytest.mark.parametrize(("method", "asked"), [("GET", 2), ("POST", 1)])
+def test_a_read_the_api_server_did_not_answer_is_asked_again_and_a_write_is_not(method: str, asked: int) -> None:
+    """The loaded rehearsal: the standalone's API server starved past the client's 30 s, and a test waiting on a task
+    state failed on the ReadTimeout. A GET is asked again; a write that may have been done is not."""
+    import httpx
+
+    from tests.e2e.airflow_harness import AirflowClient
+
+    calls: list[str] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        calls.append(request.method)
+        if len(calls) == 1:
+            raise httpx.ReadTimeout("timed out", request=request)
+        return httpx.Response(200, json={"state": "deferred"})
+
+    client = AirflowClient("http://api.invalid")
+    client.http = httpx.Client(base_url="http://api.invalid/api/v2", transport=httpx.MockTransport(server))
+    try:
+        if method == "GET":
+            assert client._json("GET", "/dags") == {"state": "deferred"}
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                client._json("POST", "/dags")
+        assert calls == [method] * asked
+    finally:
+        client.close()
