@@ -256,7 +256,9 @@ def test_two_node_indexed_job_gets_ranks_and_one_master_address(
 def test_mark_failed_while_deferred_deletes_the_job_its_pods_and_its_secret(
     docker_engine: DockerEngine, kubefake: KubeFake, triggerer: Triggerer, storage: str
 ) -> None:
-    run = start(triggerer, _op(docker_engine.busybox, "sleep 60", storage_conn_id=storage))
+    # the in-job runner (storage) needs python3: on busybox the job itself failed ERR_CONFIG at once, and on a
+    # loaded machine before the mark -- a finished Job stays until its TTL, so the test raced the job's own end
+    run = start(triggerer, _op(docker_engine.python, "sleep 60", storage_conn_id=storage))
     kubefake.wait_running(_name(run))
     owned = kubefake.objects_of(run.job_id)
     assert set(owned) == {"jobs", "pods", "secrets", "configmaps"}, owned
