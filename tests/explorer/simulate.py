@@ -172,6 +172,10 @@ class TaskSim:
         self.ti_state: str | None = "running"  # the task instance's Airflow state (a person's cancel reads it)
         self.max_tries = MAX_TRIES
         self.rec.task = self
+        # persons' cancels under way: one runs in the thread of the step it landed in (a triggerer's poll, while the
+        # task goes on), and the outcome waits for what the CLI told the person
+        self.cli_calls = 0
+        self.cli_done = threading.Condition()
 
     # ----------------------------------------------------------------- the interruption
 
@@ -199,6 +203,17 @@ class TaskSim:
             raise Killed("triggerer")
 
     def _person_cancel(self) -> None:
+        """A person's cancel (:meth:`_cancel_as_person`), counted so that the outcome waits for its end."""
+        with self.cli_done:
+            self.cli_calls += 1
+        try:
+            self._cancel_as_person()
+        finally:
+            with self.cli_done:
+                self.cli_calls -= 1
+                self.cli_done.notify_all()
+
+    def _cancel_as_person(self) -> None:
         """``airflow tao cancel <job>``: the CLI's routine (:func:`~airflow_provider_tao.canceling.cancel_as_person`)
         on the job Airflow has recorded, its cancel record kept in the task's store (:meth:`person_record`). Its
         platform calls are boundaries of their own (``cli:<method>#<n>``): the pair explorer's second fault lands
@@ -255,6 +270,8 @@ class TaskSim:
         finally:
             CURRENT.reset(token)
             self.release.set()
+            with self.cli_done:  # a safety net only: a CLI routine ends in a few platform calls
+                self.cli_done.wait_for(lambda: not self.cli_calls, timeout=300)
             for close in self.rec.closers:
                 with contextlib.suppress(Exception):
                     close()
