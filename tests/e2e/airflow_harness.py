@@ -290,10 +290,23 @@ class AirflowClient:
     unexpected HTTP status. Task instance methods take ``map_index=-1`` for unmapped tasks.
     """
 
-    def __init__(self, base_url: str, *, timeout: float = 30.0) -> None:
-        """:param base_url: the API server root, e.g. ``http://127.0.0.1:41234``."""
+    def __init__(self, base_url: str, *, timeout: float = 30.0, server_logs: Callable[[], list[Path]] = list) -> None:
+        """:param base_url: the API server root, e.g. ``http://127.0.0.1:41234``.
+        :param server_logs: the instance's own logs (its executor's and supervisors' lines are there, not in a task
+            log): a failure's description quotes their lines about the try.
+        """
         self.base_url = base_url.rstrip("/")
         self.http = httpx.Client(base_url=f"{self.base_url}/api/v2", timeout=timeout)
+        self.server_logs = server_logs
+
+    def _server_lines(self, ti_id: str, limit: int = 40) -> str:
+        """The instance's log lines naming the try (a supervisor's failed heartbeats, the executor's verdict): why a
+        try ended that its task log cannot say, as when its process was killed."""
+        found: list[str] = []
+        for path in self.server_logs() if ti_id else []:
+            with contextlib.suppress(OSError):
+                found += [line for line in path.read_text(errors="replace").splitlines() if ti_id in line]
+        return f"\n--- instance log lines naming try {ti_id} ---\n" + "\n".join(found[-limit:]) if found else ""
 
     def close(self) -> None:
         """Close the underlying HTTP connection pool."""
@@ -517,6 +530,7 @@ class AirflowClient:
                 f"{prefix}: task {dag_id}/{run_id}/{task_id}[{map_index}] is {last.get('state')!r} "
                 f"(try {try_number}), expected {sorted(wanted)}\n"
                 f"{self._task_states_text(dag_id, run_id)}\n--- task log (try {try_number}) ---\n{log}"
+                f"{self._server_lines(str(last.get('id') or ''))}"
             )
 
         def check() -> dict[str, Any] | None:
@@ -802,7 +816,7 @@ class AirflowStandalone:
         self.airflow_bin = str(Path(sys.executable).with_name("airflow"))
         self.env = self._build_env()
         self.stats = StandaloneStats()
-        self.client = AirflowClient(self.api_url)
+        self.client = AirflowClient(self.api_url, server_logs=lambda: [self.log_path, *self._extra_logs])
         self._proc: subprocess.Popen[bytes] | None = None
         self._extra_procs: list[subprocess.Popen[bytes]] = []
         self.sessions: list[int] = []
@@ -856,6 +870,10 @@ class AirflowStandalone:
                 "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
                 "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
                 "AIRFLOW__DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL": "2",
+                # Airflow's own remedy for a busy API server ([workers] execution_api_timeout, 5 s by default): a
+                # worker's "start" answered later than that is retried and refused, and the try dies after "Pre
+                # Execute" (docs/troubleshooting.md). A test instance on a 2-core machine beside a CPU hog is one.
+                "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
                 "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": str(
                     self.config.triggerer_health_check_threshold
                 ),

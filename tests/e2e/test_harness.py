@@ -224,3 +224,37 @@ def test_a_read_the_api_server_did_not_answer_is_asked_again_and_a_write_is_not(
         assert calls == [method] * asked
     finally:
         client.close()
+
+
+def test_a_try_that_died_without_a_log_line_is_described_with_the_instance_log_lines_that_name_it(
+    tmp_path: Path,
+) -> None:
+    """A try killed by its worker before the operator ran (its log ends at "Pre Execute") is explained by the
+    scheduler's and the API server's lines in the instance's own log, which name the try's id: the failure's
+    description quotes them, and no line about another try."""
+    import httpx
+
+    from tests.e2e.airflow_harness import AirflowClient, HarnessTimeout
+
+    ti_id = "01a223e7-b8bc-799f-984f-e6c2c751e9c6"
+    log = tmp_path / "standalone.log"
+    log.write_text(
+        f"scheduler  | Executor reported that the task instance ti_id={ti_id} finished with state failed\n"
+        "scheduler  | ti_id=another-try finished\n"
+        f"api-server | request finished duration_us=7606964 path=/execution/task-instances/{ti_id}/run\n"
+    )
+
+    def server(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/taskInstances/train"):
+            return httpx.Response(200, json={"id": ti_id, "state": "failed", "try_number": 1})
+        return httpx.Response(404, json={"detail": "not here"})
+
+    client = AirflowClient("http://api.invalid", server_logs=lambda: [log, tmp_path / "no-such.log"])
+    client.http = httpx.Client(base_url="http://api.invalid/api/v2", transport=httpx.MockTransport(server))
+    try:
+        with pytest.raises(HarnessTimeout) as raised:
+            client.wait_for_task_instance("dag", "run", "train", ["success"], timeout=30)
+    finally:
+        client.close()
+    quoted = str(raised.value).split(f"--- instance log lines naming try {ti_id} ---\n")[1].splitlines()
+    assert [line.split(" | ")[0] for line in quoted] == ["scheduler ", "api-server"]
