@@ -28,7 +28,7 @@ from tests.explorer.simulate import Outcome, Schedule
 
 #: How a task instance ends when a person marks it (the outcome's error is the mark).
 MARKS = frozenset({"mark_failed", "mark_success"})
-SETTLE_SECONDS = 8.0  # a cancel's grace (SIGTERM, then SIGKILL) before a job may count as left running
+SETTLE_SECONDS = 60.0  # a bound, not a wait: a cancel's grace (SIGTERM, then SIGKILL) landing late on a busy machine
 #: Interruptions after which the task is expected to end successfully on its retries.
 RECOVERABLE = frozenset({"worker_kill", "triggerer_kill", "clear", "outage", "execution_timeout", None})
 
@@ -59,7 +59,9 @@ def violations(backend: Backend, schedule: Schedule, outcome: Outcome, store: An
     for job in jobs:
         if job.live:
             found.append(f"I2: job {job.job_id} still runs after the task ended ({outcome.state})")
-        elif job.job_id in outcome.live_at_end and job.ran and not job.stopped:  # not ran: removed while queued
+        # not ran: removed while queued; cancel-marked: the cancel reached it and it exited on its own before the
+        # platform's stop landed (a Job controller lagging under load; a job live past the settle is caught above)
+        elif job.job_id in outcome.live_at_end and job.ran and not job.stopped and not job.cancel_marked:
             found.append(f"I2: job {job.job_id} was left running when the task ended ({outcome.state}: "
                          f"{outcome.error[:120]}) and ran to its end (exit {job.exit_code})")  # fmt: skip
     newest = jobs[-1] if jobs else None

@@ -18,6 +18,7 @@ from typing import Any
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.lepton.api import LeptonAPIHook, mark_prefix, status_of
 from airflow_provider_tao.hooks.lepton.status import (
+    GONE_STATES,
     LABEL_JOB_ID,
     LABEL_MANAGED,
     MARK_LABELS,
@@ -138,4 +139,4 @@ class LeptonMarksHook(LeptonAPIHook):
 def _archived(job: dict[str, Any] | None) -> bool:
     """Whether the job is gone, archived (its ``ttl_seconds_after_finished`` passed) or deleted: a PATCH of its
     labels is refused (404), so its marks from then on are secrets."""
-    return job is None or state_of(job) in ("Archived", "Deleted")
+    return job is None or state_of(job) in GONE_STATES

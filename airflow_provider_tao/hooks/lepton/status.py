@@ -47,6 +47,8 @@ QUEUE_STATES = frozenset({"Queueing", "Awaiting", "PendingRetry"})
 START_STATES = frozenset({"Starting", "Restarting"})
 #: Lepton states after which the job runs nothing more (Stopped is a pause: it can be started again).
 FINISHED_STATES = frozenset({"Completed", "Failed", "Deleted", "Archived"})
+#: States of a job whose labels Lepton no longer patches (404): its TTL passed, or it was deleted.
+GONE_STATES = frozenset({"Deleted", "Archived"})
 #: States of a job on its way out (a delete under way).
 ENDING_STATES = frozenset({"Deleting", "Terminating"})
 _READINESS_ORDER = ("Failed", "ConfigError", "SystemError", "NoCapacity", "Queueing", "InProgress")

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The pair explorer's whole product (docs/reliability.md, "The pair explorer"): every pair of every single schedule,
+# one pytest process per platform so that the platforms use every core (a process's threads share one), at most
+# TAO_EXPLORE_PROCESSES (the cores) at once. Run after scripts/test.sh has made the environment and the backends.
+#
+#   bash scripts/explore-pairs.sh                         # all six platforms
+#   bash scripts/explore-pairs.sh lepton brev             # these platforms
+#
+# Each pair's result is one JSON line in $TAO_EXPLORE_OUT/pairs-<platform>.jsonl as it ends (a violation's line
+# holds its reproducer), each platform's pytest output in $TAO_EXPLORE_OUT/pairs-<platform>.log. The exit code is 0
+# only if every platform's product ran with no violation; its summary line (product, explored, violations, CPU
+# seconds) is printed per platform at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+platforms=("$@")
+[ ${#platforms[@]} -gt 0 ] || platforms=(local docker kubernetes slurm lepton brev)
+OUT=${TAO_EXPLORE_OUT:-build/explore-pairs}
+PROCESSES=${TAO_EXPLORE_PROCESSES:-$(nproc)}
+mkdir -p "$OUT"
+t0=$(date +%s)
+run_platform() {
+  TAO_EXPLORE_PAIRS=all TAO_EXPLORE_PLATFORMS="$1" TAO_EXPLORE_SLICED= \
+    TAO_EXPLORE_PAIR_REPORT="$OUT/pairs-$1.jsonl" \
+    python -m pytest -p no:cacheprovider -s -q tests/explorer -k "test_pairs and $1" > "$OUT/pairs-$1.log" 2>&1
+  echo $? > "$OUT/pairs-$1.rc"
+}
+for platform in "${platforms[@]}"; do
+  rm -f "$OUT/pairs-$platform.jsonl" "$OUT/pairs-$platform.rc"
+  while [ "$(jobs -rp | wc -l)" -ge "$PROCESSES" ]; do sleep 1; done
+  echo "==> $platform pairs: $OUT/pairs-$platform.log"
+  run_platform "$platform" &
+done
+wait
+rc=0
+for platform in "${platforms[@]}"; do
+  grep -h "^$platform pairs: " "$OUT/pairs-$platform.log" || echo "$platform pairs: no summary (see $OUT/pairs-$platform.log)"
+  [ "$(cat "$OUT/pairs-$platform.rc" 2>/dev/null)" = 0 ] || rc=1
+done
+echo "==> pair product of ${platforms[*]}: exit code $rc after $(( $(date +%s) - t0 )) s"
+exit "$rc"
