@@ -33,6 +33,14 @@ async def _polls(fake: type[FakeHook], count: int) -> None:
         await asyncio.sleep(0.01)
 
 
+async def _log_reads(fake: type[FakeHook], count: int) -> None:
+    """Return once the trigger has begun ``count`` more log reads: each read's lines are written before the next
+    begins, so every read but the last has been written (the status poller runs apart, a log read may lag it)."""
+    until = len(fake.log_reads) + count
+    while len(fake.log_reads) < until:
+        await asyncio.sleep(0.01)
+
+
 def _job_lines(out: str) -> list[str]:
     """The job's lines in the (console-rendered) log output, without the logger's trailing fields."""
     lines = [line.split("[job] ", 1)[1] for line in out.splitlines() if "[job] " in line]
@@ -105,7 +113,7 @@ async def test_a_progress_bar_shows_its_latest_state_and_a_line_without_end_neve
     task = asyncio.ensure_future(trigger.run().__anext__())
     for percent in range(0, 101, 10):  # tqdm: one line rewritten with \r, its newline only at the very end
         log[handle.job_id] += f"\rtrain: {percent:3d}%|" + "#" * (percent // 10)
-        await _polls(fake_platform, 2)
+        await _log_reads(fake_platform, 2)
     shown = _job_lines(capsys.readouterr().out)
     assert shown[0] == "starting"
     assert "train: 100%|##########" in shown  # shown while the job runs, not only when it ends
@@ -113,7 +121,7 @@ async def test_a_progress_bar_shows_its_latest_state_and_a_line_without_end_neve
     assert len(shown) == len(set(shown))  # each state once
 
     log[handle.job_id] += "\n" + "x" * 100_000  # a line that never ends (no newline, no \r)
-    await _polls(fake_platform, 3)
+    await _log_reads(fake_platform, 3)
     assert len(trigger._writer.partial) < 20_000  # capped, not held without bound
     assert any(line.startswith("xxxx") for line in _job_lines(capsys.readouterr().out))  # flushed at the limit
     fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
