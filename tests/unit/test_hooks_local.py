@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -807,6 +808,25 @@ def test_cancel_terminates_a_running_job(local_env):
     assert hook.cancel_requested_by(handle) == 2
     analysis = hook.get_failure_analysis(handle)
     assert analysis.err_class is ErrClass.ERR_CANCELED
+
+
+def test_a_job_submitted_from_a_thread_that_blocks_sigterm_still_stops_on_term(local_env):
+    # A signal mask survives fork and exec: a worker thread that blocked SIGTERM must not leave its job deaf.
+    hook = LocalHook(conn_id=PATIENT_CONN_ID)
+    handles = []
+
+    def submit() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        handles.append(hook.create_job(make_spec("echo started; sleep 30")))
+
+    thread = threading.Thread(target=submit)
+    thread.start()
+    thread.join()
+    (handle,) = handles
+    wait_log(hook, handle, "started")
+    assert hook.cancel_job(handle) is True
+    status = wait_terminal(hook, handle)
+    assert (status.state, status.exit_code) == (JobState.CANCELED, -signal.SIGTERM)  # not the grace's SIGKILL
 
 
 def test_issue_22_hole_5_a_job_that_exits_0_on_sigterm_reads_as_canceled(local_env):

@@ -111,8 +111,11 @@ def main(job_dir: str) -> int:
         # The command gets the same signal from the group-wide kill; we stay to record how it ended.
         stop_requested.append(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    stop_signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    for sig in stop_signals:
         signal.signal(sig, on_signal)
+    # A mask survives exec: a worker thread that blocked SIGTERM would leave this job deaf to its cancel.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stop_signals)
     # Record ourselves first, then look for a cancel: a cancel that came before this point finds no pid file
     # and waits for it, so either it sees the mark here or it kills our group afterwards.
     identity = {

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 PLACEHOLDERS = ("{config_path}", "{results_dir}", "{job_id}")
 # Forwarded to the command's whole process group: a cancel stops every process the command started.
 GROUP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+FORWARDED_SIGNALS = (*GROUP_SIGNALS, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def replace_placeholders(text: str, values: Mapping[str, str], quote: bool) -> str:
@@ -90,6 +91,7 @@ def run_process(argv: Sequence[str], env: Mapping[str, str], reporter: Reporter)
     """
     watcher = StepWatcher(reporter)
     reporter.progress("run", status="starting")
+    _reset_inherited_signals()
     try:
         # Its own process group: a background process it leaves behind (``tensorboard &``) can be found and
         # stopped, and a cancel reaches every process of the command, not only the first one.
@@ -112,7 +114,7 @@ def run_process(argv: Sequence[str], env: Mapping[str, str], reporter: Reporter)
             else:  # SIGUSR1/2 ask the trainer for something (a checkpoint); helpers would die of them
                 proc.send_signal(signum)
 
-    for sig in (*GROUP_SIGNALS, signal.SIGUSR1, signal.SIGUSR2):
+    for sig in FORWARDED_SIGNALS:
         with contextlib.suppress(ValueError, OSError):
             previous[sig] = signal.signal(sig, forward)
     pumps = [
@@ -136,6 +138,21 @@ def run_process(argv: Sequence[str], env: Mapping[str, str], reporter: Reporter)
     rc = 128 - rc if rc < 0 else rc
     watcher.emit(final=True, exit_code=rc)
     return rc
+
+
+def _reset_inherited_signals() -> None:
+    """Undo a stop signal blocked or ignored by whoever started the runner, before the command inherits it.
+
+    A blocked mask and an ignored disposition both survive ``exec``: a runner started by a parent that blocked
+    SIGTERM (a Python thread's mask, some container inits) would start a command no cancel reaches, and would not
+    hear the cancel itself. Only SIGTERM, the signal every platform's stop sends, loses an ignore: ``nohup`` or a
+    shell's ``&`` ignore SIGHUP / SIGINT on purpose.
+    """
+    with contextlib.suppress(ValueError, OSError):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
+    with contextlib.suppress(ValueError, OSError):
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _drain(pumps: Sequence[threading.Thread], seconds: float) -> None:

@@ -9,6 +9,7 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
 import tomllib
 from collections.abc import Callable
@@ -278,19 +279,42 @@ def test_a_process_that_left_the_group_cannot_hold_the_job_either(run_job: RunJo
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
-def test_a_cancel_stops_every_process_of_the_command(tmp_path: Path) -> None:
+def _start_runner(argv: list[str], env: dict[str, str], inherited: str) -> subprocess.Popen[str]:
+    """Start the runner with SIGTERM as a parent may leave it: default, blocked (a mask) or ignored."""
+    if inherited == "ignored":  # an ignore set by the shell survives its exec
+        argv = ["/bin/sh", "-c", "trap '' TERM; exec \"$@\"", "sh", *argv]
+    if inherited != "blocked":
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+    started: list[subprocess.Popen[str]] = []
+
+    def start() -> None:  # a thread's mask is what its fork inherits
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        started.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join()
+    return started[0]
+
+
+# A mask and an ignore survive exec: a worker thread that blocked SIGTERM (CI saw one) started a runner no cancel
+# reached, and the command ran its whole 600 s.
+@pytest.mark.parametrize("inherited", ["default", "blocked", "ignored"])
+def test_a_cancel_stops_every_process_of_the_command(tmp_path: Path, inherited: str) -> None:
     pid_file = tmp_path / "helper.pid"
     ep = build_entrypoint(f"sleep 600 & echo $! > {pid_file}; echo READY; wait")
     root = tmp_path / "cancel"
     stage(ep, root / "files")
-    with subprocess.Popen(ep.command, env=job_env(root, "canceljob"), stdout=subprocess.PIPE, text=True) as proc:
+    with _start_runner(list(ep.command), job_env(root, "canceljob"), inherited) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.strip() == "READY":
-                break
-        proc.send_signal(signal.SIGTERM)
-        proc.stdout.read()
-        rc = proc.wait(timeout=60)
+        try:
+            for line in proc.stdout:
+                if line.strip() == "READY":
+                    break
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=60)  # a deaf runner fails here, not after the command's 600 s
+        finally:
+            proc.kill()  # a no-op once it ended; the test's failure is then the assertion below
     assert rc == 128 + signal.SIGTERM
     assert _gone(int(pid_file.read_text()))
 
