@@ -108,6 +108,11 @@ def airflow_cli(instance: AirflowStandalone, *args: str, timeout: float = 180) -
 
 
 def cli_json(instance: AirflowStandalone, *args: str) -> Any:
+    return cli_json_run(instance, *args)[0]
+
+
+def cli_json_run(instance: AirflowStandalone, *args: str) -> tuple[Any, subprocess.CompletedProcess[str]]:
+    """``airflow <args> -o json``: its JSON answer, and the whole run (what it printed besides)."""
     proc = airflow_cli(instance, *args, "-o", "json")
     assert proc.returncode == 0, f"airflow {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc

@@ -12,7 +12,7 @@ import pytest
 
 from tests.brevfake.control import BrevWorld
 from tests.e2e.airflow_harness import AirflowClient, AirflowStandalone, wait_until
-from tests.e2e.ui.conftest import airflow_cli, cli_json
+from tests.e2e.ui.conftest import airflow_cli, cli_json, cli_json_run
 
 
 def test_jobs_lists_the_jobs_of_a_run_on_two_platforms(airflow_standalone: AirflowStandalone, ui_dags: AirflowClient):
@@ -185,9 +185,8 @@ def test_reap_deletes_an_expired_brev_lease_and_keeps_a_running_tasks_and_a_hand
     assert jobs[rows["running"]["job_id"]] == ("kept", "its task is deferred"), jobs
     assert all(ui_brev_world.instance(i)["status"] in ("RUNNING", "FAILURE") for i in instances.values())  # a dry run
 
-    reap = airflow_cli(airflow_standalone, "tao", "reap", "--min-age-minutes", "0", "-o", "json")
-    assert reap.returncode == 0, f"airflow tao reap failed:\n{reap.stdout}\n{reap.stderr}"
-    machines, jobs = verdicts(json.loads(reap.stdout.strip().splitlines()[-1]))
+    answer, reap = cli_json_run(airflow_standalone, "tao", "reap", "--min-age-minutes", "0")
+    machines, jobs = verdicts(answer)
     assert machines[instances["orphan"]][0] == "deleted" and machines[instances["broken"]][0] == "deleted", machines
     assert machines[instances["expired"]][0] == "jobs canceled", machines
     assert machines[instances["running"]][0] == "kept" and machines["made-by-hand"][0] == "kept", machines
