@@ -7,7 +7,8 @@ back; where labels do not change, the marks are user secrets named ``tao.<job_id
 only ever grow, so the highest wins); an archived job's too (a PATCH names alive jobs only, so the one mark written
 after a job ends -- its result used -- is a secret once its TTL passed). Reads merge both. Mark secrets live as long
 as their job: those of jobs that no longer exist are swept before the next submission (who canceled a job outlives
-its deletion until then: its task reads it when it resumes).
+its deletion until then: its task reads it when it resumes). A deleted job -- gone, or still shown as ``Deleted`` --
+takes no mark: its secrets went with its deletion, and one written after would outlive it.
 """
 
 from __future__ import annotations
@@ -70,12 +71,15 @@ class LeptonMarksHook(LeptonAPIHook):
         archived (a PATCH names alive jobs only), a mark secret."""
         self._ready()
         job = self._own_job(handle)
-        if job is None:
+        if job is None or _deleted(job):
             self.log.info("Lepton job %s no longer exists: mark %s not kept", handle.backend_job_id, key)
             return
         text = mark_text(key, value)
         patchable = not _archived(job) and _LABELS_PATCHABLE.get(self._url()) is not False
         if patchable and self._patched(handle, job, MARK_LABELS[key], text):
+            return
+        if patchable and _deleted(self._own_job(handle)):  # deleted as it was patched (the PATCH's 404)
+            self.log.info("Lepton job %s was deleted meanwhile: mark %s not kept", handle.backend_job_id, key)
             return
         name = f"{mark_prefix(handle.job_id)}{key}.{text}"
         try:
@@ -134,6 +138,11 @@ class LeptonMarksHook(LeptonAPIHook):
     async def awrite_mark(self, handle: JobHandle, key: str, value: Any) -> None:
         await self._aready()
         await asyncio.to_thread(self.write_mark, handle, key, value)
+
+
+def _deleted(job: dict[str, Any] | None) -> bool:
+    """Whether the job is gone or deleted (Lepton shows a deleted job as ``Deleted`` for a while)."""
+    return job is None or state_of(job) == "Deleted"
 
 
 def _archived(job: dict[str, Any] | None) -> bool:

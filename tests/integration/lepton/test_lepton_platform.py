@@ -456,6 +456,24 @@ def test_mark_failed_while_deferred_stops_and_deletes_the_job_and_its_secrets(
     assert calls.index("DELETE") > calls.index("PATCH"), calls  # ... then deleted
 
 
+def test_a_mark_written_after_its_job_was_deleted_keeps_no_secret(
+    docker_engine: DockerEngine, ws: Workspace, triggerer: Triggerer, label_mode: str
+) -> None:
+    """A try claims the job a person's cancel has just deleted (the pair explorer on Lepton: a person's cancel, then
+    a clear while the trigger read the replicas). Lepton still shows the job, Deleted, for a while; a mark written
+    then was kept as a secret (a PATCH names alive jobs only) that nothing deleted -- the job's secrets went with its
+    deletion, and a workspace whose labels change never sweeps marks. A deleted job's mark is not kept."""
+    run = start(triggerer, ws.op(docker_engine.busybox, "sleep 60"))
+    ws.wait_running(run.job_id)
+    kill(run)
+    ws.wait_gone(run.job_id)
+    handle = JobHandle.from_json(run.handle)
+    hook = _hook()
+    assert ls.state_of(hook._get_job(str(handle.backend_job_id)) or {}) == "Deleted"  # still shown
+    hook.write_mark(handle, "owner_try", 3)
+    assert ws.secrets_of(run.job_id) == []
+
+
 def test_execution_timeout_stops_and_deletes_everything(
     docker_engine: DockerEngine, ws: Workspace, triggerer: Triggerer, storage: str
 ) -> None:
