@@ -5,11 +5,13 @@
 #
 #   bash scripts/explore-pairs.sh                         # all six platforms
 #   bash scripts/explore-pairs.sh lepton brev             # these platforms
+#   TAO_EXPLORE_PAIR_RESUME=1 bash scripts/explore-pairs.sh brev   # on from where an earlier run stopped
 #
 # Each pair's result is one JSON line in $TAO_EXPLORE_OUT/pairs-<platform>.jsonl as it ends (a violation's line
-# holds its reproducer), each platform's pytest output in $TAO_EXPLORE_OUT/pairs-<platform>.log. The exit code is 0
-# only if every platform's product ran with no violation; its summary line (product, explored, violations, CPU
-# seconds) is printed per platform at the end.
+# holds its reproducer; a resumed run appends to it and runs only the pairs with no passing line yet), each
+# platform's pytest output in $TAO_EXPLORE_OUT/pairs-<platform>.log. The exit code is 0 only if every platform's
+# product ran with no violation; its summary line (product, explored, violations, CPU seconds) is printed per
+# platform at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 platforms=("$@")
@@ -25,7 +27,8 @@ run_platform() {
   echo $? > "$OUT/pairs-$1.rc"
 }
 for platform in "${platforms[@]}"; do
-  rm -f "$OUT/pairs-$platform.jsonl" "$OUT/pairs-$platform.rc"
+  [ -n "${TAO_EXPLORE_PAIR_RESUME:-}" ] || rm -f "$OUT/pairs-$platform.jsonl"
+  rm -f "$OUT/pairs-$platform.rc"
   while [ "$(jobs -rp | wc -l)" -ge "$PROCESSES" ]; do sleep 1; done
   echo "==> $platform pairs: $OUT/pairs-$platform.log"
   run_platform "$platform" &

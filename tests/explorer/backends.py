@@ -354,7 +354,10 @@ class KubernetesBackend(Backend):
         left = []
         for job_id in ids:
             objects = self.fake.objects_of(job_id)
-            deadline = time.monotonic() + 5  # what a deleted Job owns goes with it, soon after (background deletion)
+            # a bound, not a wait: what a deleted Job owns goes with it (background deletion), a pod once its container
+            # stopped -- a container cut before its shell's trap ignores SIGTERM (PID 1) for the grace, as the
+            # hook's own wait for its pods allows (cancel_grace_seconds + 30)
+            deadline = time.monotonic() + 30 + 30
             while objects and not objects.get("jobs") and time.monotonic() < deadline:
                 time.sleep(0.3)
                 objects = self.fake.objects_of(job_id)
