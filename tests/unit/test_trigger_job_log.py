@@ -26,18 +26,11 @@ def _submit(conn_id: str = "fake_conn") -> JobHandle:
     return FakeHook(conn_id=conn_id).create_job(spec)
 
 
-async def _polls(fake: type[FakeHook], count: int) -> None:
-    """Return once the trigger has asked the platform for status ``count`` more times (a loaded machine polls late)."""
-    until = len(fake.status_calls) + count
-    while len(fake.status_calls) < until:
-        await asyncio.sleep(0.01)
-
-
-async def _log_reads(fake: type[FakeHook], count: int) -> None:
-    """Return once the trigger has begun ``count`` more log reads: each read's lines are written before the next
-    begins, so every read but the last has been written (the status poller runs apart, a log read may lag it)."""
-    until = len(fake.log_reads) + count
-    while len(fake.log_reads) < until:
+async def _more(calls: list[Any], count: int) -> None:
+    """Return once the fake has recorded ``count`` more of these calls (``status_calls``: status polls; ``log_reads``:
+    the trigger's log reads, each written before the next begins -- they run apart from the poller and may lag it)."""
+    until = len(calls) + count
+    while len(calls) < until:
         await asyncio.sleep(0.01)
 
 
@@ -59,7 +52,8 @@ async def test_a_waiting_job_says_why_again_and_again_and_names_it_in_the_timeou
 
     async def schedule_fails_then_time_out() -> None:
         nonlocal seen
-        await _polls(fake_platform, 2)  # the trigger has seen the first reason, however slowly a loaded machine runs
+        # the trigger has seen the first reason, however slowly a loaded machine runs
+        await _more(fake_platform.status_calls, 2)
         job["message"] = UNSCHEDULABLE
         # the deadline passes once two reminders are out: a poll count, not a wall-clock time (a loaded machine
         # polled too few times within a fixed 1.2 s for a second reminder, issue 35)
@@ -90,9 +84,9 @@ async def test_the_state_change_that_ends_a_wait_is_logged(
     job.update(state=JobState.PENDING, message="PENDING (Resources)")
 
     async def run_then_end() -> None:
-        await _polls(fake_platform, 2)
+        await _more(fake_platform.status_calls, 2)
         job.update(state=JobState.RUNNING, message="RUNNING on node1")
-        await _polls(fake_platform, 2)
+        await _more(fake_platform.status_calls, 2)
         job.update(state=JobState.COMPLETE, message="COMPLETED")
 
     asyncio.get_running_loop().create_task(run_then_end())
@@ -113,7 +107,7 @@ async def test_a_progress_bar_shows_its_latest_state_and_a_line_without_end_neve
     task = asyncio.ensure_future(trigger.run().__anext__())
     for percent in range(0, 101, 10):  # tqdm: one line rewritten with \r, its newline only at the very end
         log[handle.job_id] += f"\rtrain: {percent:3d}%|" + "#" * (percent // 10)
-        await _log_reads(fake_platform, 2)
+        await _more(fake_platform.log_reads, 2)
     shown = _job_lines(capsys.readouterr().out)
     assert shown[0] == "starting"
     assert "train: 100%|##########" in shown  # shown while the job runs, not only when it ends
@@ -121,7 +115,7 @@ async def test_a_progress_bar_shows_its_latest_state_and_a_line_without_end_neve
     assert len(shown) == len(set(shown))  # each state once
 
     log[handle.job_id] += "\n" + "x" * 100_000  # a line that never ends (no newline, no \r)
-    await _log_reads(fake_platform, 3)
+    await _more(fake_platform.log_reads, 3)
     assert len(trigger._writer.partial) < 20_000  # capped, not held without bound
     assert any(line.startswith("xxxx") for line in _job_lines(capsys.readouterr().out))  # flushed at the limit
     fake_platform.jobs[handle.job_id]["state"] = JobState.COMPLETE
