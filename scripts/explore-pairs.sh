@@ -39,5 +39,8 @@ for platform in "${platforms[@]}"; do
   grep -h "^$platform pairs: " "$OUT/pairs-$platform.log" || echo "$platform pairs: no summary (see $OUT/pairs-$platform.log)"
   [ "$(cat "$OUT/pairs-$platform.rc" 2>/dev/null)" = 0 ] || rc=1
 done
+echo "==> over every sitting (python -m tests.explorer.pair_report):"
+reports=(); for platform in "${platforms[@]}"; do reports+=("$OUT/pairs-$platform.jsonl"); done
+python -m tests.explorer.pair_report "${reports[@]}" | sed 's/^/    /' || true
 echo "==> pair product of ${platforms[*]}: exit code $rc after $(( $(date +%s) - t0 )) s"
 exit "$rc"

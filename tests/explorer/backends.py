@@ -7,6 +7,7 @@ ended by a signal (a cancel) rather than by its own exit; ``created`` orders the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -114,6 +115,12 @@ class Backend:
     def records(self, name: str) -> list[str]:
         """What the backend keeps of the name's jobs outside the job's private secret channel (I7 reads them)."""
         return []
+
+    def forget(self, name: str) -> None:
+        """Once its schedule was judged: what the name's jobs left on the platform as it keeps ended jobs (exited
+        containers, finished Jobs until their TTL) goes. The engine lists every container it holds at each list,
+        the fakes' controllers list at each tick: a thousand schedules' leftovers made each list take 0.5 s and the
+        engine the busiest process of the machine."""
 
     def host_path(self, results_dir: str) -> Path:
         """A job's results folder as this machine sees it (I5 reads the job's own marker there)."""
@@ -241,6 +248,11 @@ class DockerBackend(Backend):
         """``docker inspect`` of the name's containers."""
         return _inspected(self.client, self.engine.named(name))
 
+    def forget(self, name: str) -> None:
+        for summary in self.engine.named(name):
+            with contextlib.suppress(Exception):  # removed meanwhile
+                self.client.remove_container(summary["Id"], force=True)
+
 
 def _inspected(client: Any, summaries: list[dict[str, Any]]) -> list[str]:
     texts = []
@@ -367,6 +379,12 @@ class KubernetesBackend(Backend):
             if objects:
                 left.append(f"job {job_id}: {objects} ({'suspended' if job and job.spec.suspend else 'no Job'})")
         return left
+
+    def forget(self, name: str) -> None:
+        batch = self.fake.api("batch")
+        for job in self.fake.jobs_named(name):  # its pods (and their containers) go with it
+            with contextlib.suppress(Exception):  # deleted meanwhile
+                batch.delete_namespaced_job(job.metadata.name, "default", propagation_policy="Background")
 
     def host_path(self, results_dir: str) -> Path:
         from airflow_provider_tao.hooks.kubernetes.spec import RESULTS_MOUNT

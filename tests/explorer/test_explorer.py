@@ -56,12 +56,22 @@ def run_schedule(backend: Any, schedule: Schedule) -> list[str]:
             found.append(f"the boundary {schedule.boundary} was never reached")
     except Exception as exc:  # one schedule's own failure is its result, not every other schedule's in the pool
         found = [f"the schedule raised {type(exc).__name__}: {exc}"[:500]]
+    forget(backend, sim)
     DURATIONS[schedule] = time.monotonic() - started
     if report := os.environ.get("TAO_EXPLORE_REPORT"):  # one JSON line per schedule as it ends, for the docs' table
         with _REPORT_LOCK, open(report, "a") as out:
             out.write(json.dumps([schedule.platform, schedule.job, schedule.boundary, schedule.interruption, found]))
             out.write("\n")
     return found
+
+
+def forget(backend: Any, sim: Any) -> None:
+    """What the judged run's jobs left on the platform goes (:meth:`~tests.explorer.backends.Backend.forget`)."""
+    if sim.outcome.job_name:
+        try:
+            backend.forget(sim.outcome.job_name)
+        except Exception as exc:  # the next schedules' lists are slower, nothing is judged wrong
+            print(f"forgetting {sim.outcome.job_name} failed: {exc!r}")
 
 
 def clean_boundaries(backends: Any, platform: str, job: str) -> list[str]:
@@ -74,6 +84,7 @@ def clean_boundaries(backends: Any, platform: str, job: str) -> list[str]:
         assert outcome.state == "success" and not found, (outcome, found)
         assert outcome.logs and outcome.trigger_kwargs, "I7 reads the schedule's log lines and trigger kwargs"
         assert backends[platform].records(outcome.job_name), "I7 reads the backend's records of the job"
+        forget(backends[platform], sim)
         _CLEAN[platform, job] = list(dict.fromkeys(outcome.boundaries))
     return _CLEAN[platform, job]
 

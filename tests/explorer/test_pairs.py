@@ -34,7 +34,14 @@ from tests.explorer.conftest import COMMIT, PART, PARTS, PLATFORMS, in_part
 from tests.explorer.invariants import violations
 from tests.explorer.pairs import Pair, PairSim, deduped, in_pair_slice, judged_as, pair_key, pairs_of
 from tests.explorer.simulate import INTERRUPTIONS, Schedule
-from tests.explorer.test_explorer import LEVELS, PARALLEL, clean_boundaries, run_schedule, schedule_boundaries
+from tests.explorer.test_explorer import (
+    LEVELS,
+    PARALLEL,
+    clean_boundaries,
+    forget,
+    run_schedule,
+    schedule_boundaries,
+)
 
 MODE = os.environ.get("TAO_EXPLORE_PAIRS", "slice")
 PAIR_SLICES = int(os.environ.get("TAO_EXPLORE_PAIR_SLICES") or 48 // PARTS)
@@ -50,7 +57,7 @@ def _passed_before() -> set[str]:
     last: dict[str, bool] = {}
     with open(report) as lines:
         for row in map(json.loads, lines):
-            if row[0] != "product":
+            if row[0] not in ("product", "whole"):
                 last[row[1]] = not row[4]
     return {key for key, passed in last.items() if passed}
 
@@ -67,6 +74,7 @@ def run_pair(backend: Any, pair: Pair) -> tuple[list[str], bool]:
         found = violations(backend, judged, outcome, sim.store)
     except Exception as exc:
         found = [f"the pair raised {type(exc).__name__}: {exc}"[:500]]
+    forget(backend, sim)
     reached = sim.rec.second_fired is not None
     _report([pair.first.platform, pair.key, pair.reproducer(), reached, found, round(time.monotonic() - started, 1)])
     return found, reached
@@ -157,6 +165,9 @@ def pair_runs(backends: Any) -> dict[str, Any]:
             _stream(pool, capped, backends, out, pairs)
         for pair, future in pairs.items():
             out[pair.first.platform]["results"].append((pair, *future.result()))
+    if MODE == "all" and not os.environ.get("TAO_EXPLORE_PAIR"):
+        for p in PLATFORMS:  # the product explored to its end (tests.explorer.pair_report)
+            _report(["whole", p, out[p]["product"], out[p]["explored"], out[p]["resumed"]])
     seconds = time.monotonic() - started
     used = time.process_time() + sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]) - cpu
     for runs in out.values():

@@ -1,0 +1,71 @@
+"""The pair product's account over every sitting that ran it (``TAO_EXPLORE_PAIR_REPORT`` files, appended to by
+resumed runs): per platform, its product's size, the pairs run, those whose last run passed, and the reproducer of
+each pair whose last run found a violation::
+
+    python -m tests.explorer.pair_report build/explore-pairs/pairs-*.jsonl
+
+Exit code 0 only if every product was explored whole with no violation left.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Account:
+    """One platform's pairs as its report files tell them.
+
+    :param product: the product's size as the last sitting counted it (0: no sitting listed it whole).
+    :param whole: whether a sitting explored the whole product to its end (its pairs run, or passed before).
+    :param last: each pair's key -> its last run's (violations, reproducer).
+    :param seconds: the pairs' own run time, summed over every run.
+    """
+
+    product: int = 0
+    whole: bool = False
+    last: dict[str, tuple[list[str], str]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def failing(self) -> list[str]:
+        return [reproducer for found, reproducer in self.last.values() if found]
+
+    def line(self, platform: str) -> str:
+        return (
+            f"{platform}: product {self.product or 'unknown'}{'' if self.whole else ' (not explored whole yet)'}, "
+            f"pairs run {len(self.last)}, passed "
+            f"{len(self.last) - len(self.failing)}, violations {len(self.failing)}, pair run time {self.seconds:.0f} s"
+        )
+
+
+def accounts(paths: list[str]) -> dict[str, Account]:
+    out: dict[str, Account] = {}
+    for path in paths:
+        with open(path) as lines:
+            for row in map(json.loads, lines):
+                if row[0] in ("product", "whole"):
+                    account = out.setdefault(row[1], Account())
+                    account.product = int(row[2])
+                    account.whole |= row[0] == "whole"
+                    continue
+                account = out.setdefault(row[0], Account())
+                account.last[row[1]] = (list(row[4]), str(row[2]))
+                account.seconds += float(row[5])
+    return out
+
+
+def main(paths: list[str]) -> int:
+    whole = True
+    for platform, account in sorted(accounts(paths).items()):
+        print(account.line(platform))
+        for reproducer in account.failing:
+            print(f"    {reproducer}")
+        whole &= account.whole and not account.failing
+    return 0 if whole else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
