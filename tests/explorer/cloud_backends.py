@@ -5,6 +5,7 @@ instances, and the containers its machines run jobs in on the test Docker engine
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Mapping
@@ -111,6 +112,13 @@ class LeptonBackend(Backend):
             if held:
                 left.append(f"job {job_id} ({'deleted' if gone else records[-1]['state']}): secrets {held}")
         return left
+
+    def forget(self, name: str) -> None:
+        client = self.fake.client()
+        for record in self._named(name):  # an ended job's replica containers go with it
+            if not record["deleted"]:
+                with contextlib.suppress(Exception):  # deleted meanwhile
+                    client.job.delete(record["id"])
 
     def host_path(self, results_dir: str) -> Path:
         relative = results_dir.removeprefix(_LUSTRE_MOUNT).strip("/")
