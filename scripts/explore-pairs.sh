@@ -23,7 +23,7 @@ t0=$(date +%s)
 run_platform() {
   TAO_EXPLORE_PAIRS=all TAO_EXPLORE_PLATFORMS="$1" TAO_EXPLORE_SLICED= \
     TAO_EXPLORE_PAIR_REPORT="$OUT/pairs-$1.jsonl" \
-    python -m pytest -p no:cacheprovider -s -q tests/explorer -k "test_pairs and $1" > "$OUT/pairs-$1.log" 2>&1
+    python -m pytest -p no:cacheprovider --timeout=0 -s -q tests/explorer -k "test_pairs and $1" > "$OUT/pairs-$1.log" 2>&1
   echo $? > "$OUT/pairs-$1.rc"
 }
 for platform in "${platforms[@]}"; do

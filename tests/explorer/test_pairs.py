@@ -8,7 +8,7 @@ and as 3 and 16 share no factor any 48 commits in a row cover the pair product);
 all six platforms is one command (docs/reliability.md)::
 
     TAO_EXPLORE_PAIRS=all TAO_EXPLORE_PLATFORMS=local,docker,kubernetes,slurm,lepton,brev TAO_EXPLORE_SLICED= \\
-        python -m pytest -p no:cacheprovider tests/explorer -k pairs
+        python -m pytest -p no:cacheprovider --timeout=0 tests/explorer -k pairs
 
 ``TAO_EXPLORE_PAIR='<job>|<boundary>|<interruption>|<second boundary>|<fault>'`` reruns one pair (a violation
 prints it). ``TAO_EXPLORE_PAIR_REPORT=<file>``: one JSON line per pair run; with ``TAO_EXPLORE_PAIR_RESUME=1`` the
