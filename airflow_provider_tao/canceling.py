@@ -36,7 +36,7 @@ def cancel_as_person(job: IndexedJob, hook: TAOPlatformHook, by: str) -> dict[st
         return _row(job, "Unknown", False, "Unknown", by=by, note=unsent_note(exc, None))
     # Kept first: the task's next try reads it before submitting, even if the platform refuses the cancel now. A
     # search's trial keeps none: its job's canceled_by mark ends that trial alone, and the search goes on.
-    ti_state = record_cancel(job, by) if job.trial is None else job.ti_state
+    ti_state = record_cancel(job, by, ended=before.is_terminal) if job.trial is None else job.ti_state
     try:
         stopped = _asked(lambda: hook.cancel_job(handle, requested_by=by), f"Canceling job {job.job_id}")
     except Exception as exc:  # the person's cancel stands where it was kept; the job's is theirs to ask again

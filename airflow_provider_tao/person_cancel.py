@@ -64,13 +64,19 @@ def void_cancel(job: IndexedJob, log: Any) -> None:
         log.warning("Could not void the cancel record of job %s: %s", job.job_id, exc)
 
 
-def record_cancel(job: IndexedJob, by: str) -> str | None:
+def record_cancel(job: IndexedJob, by: str, *, ended: bool = False) -> str | None:
     """Keep ``by``'s cancel of ``job`` for its task instance's next try; returns the task instance's state
     (``"cleared"`` for Airflow's None: a cleared task instance keeps the cancel too), or None when nothing was kept
     (the job is an earlier try's, or no try of the task instance will run again).
 
     Read, write, read again: a try that failed into up_for_retry meanwhile has a new id, which is recorded then
-    (the id is kept for the record's readers; the record binds the task whatever its id)."""
+    (the id is kept for the record's readers; the record binds the task whatever its id).
+
+    :param ended: the job has ended already: a try waiting on it (running, deferred) takes the job's own verdict,
+        so nothing is kept for it (its state is returned) -- a record kept, then voided, binds a try that resumes in
+        between (the pair explorer: the task's deadline stopped the job, then a person canceled it)."""
+    from airflow_provider_tao.jobindex import WAITING_TI_STATES
+
     if not job.current:
         return None  # a person canceling an old job of the task instance has not canceled the task
     recorded, state = None, None
@@ -79,7 +85,7 @@ def record_cancel(job: IndexedJob, by: str) -> str | None:
         if now is None or now[1] not in PENDING_TI_STATES:
             return None
         ti_id, state = now
-        if ti_id == recorded:
+        if ti_id == recorded or (ended and recorded is None and state in WAITING_TI_STATES):
             return state or "cleared"
         _keep(job, {"ti_id": ti_id, "by": by, "at": time.time(), "job": job.record.handle})
         recorded = ti_id

@@ -49,7 +49,7 @@ def world(fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch) -> Ite
     )
     kept: list[str] = []
     monkeypatch.setattr(plugin_app, "_load", lambda dags, *args, **kwargs: [job])
-    monkeypatch.setattr(canceling, "record_cancel", lambda indexed, by: kept.append(by) or "deferred")
+    monkeypatch.setattr(canceling, "record_cancel", lambda indexed, by, **_: kept.append(by) or "deferred")
     monkeypatch.setattr("airflow.api_fastapi.app.get_auth_manager", AuthManager)
     monkeypatch.setenv("AIRFLOW__API__SECRET_KEY", "unit-test-secret")
     monkeypatch.setattr(plugin_app.LIVE, "ask", lambda conn, handles: {})  # the records' word is enough here

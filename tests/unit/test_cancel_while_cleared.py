@@ -36,6 +36,27 @@ def test_a_cleared_task_keeps_the_cancel_and_the_person_is_told_its_next_try_fai
     assert row["note"] == "its task (cleared) fails with ERR_CANCELED when it next runs, submitting nothing"
 
 
+@pytest.mark.parametrize("ti_state", ["deferred", "running"])
+def test_a_cancel_of_an_ended_job_keeps_nothing_a_waiting_try_could_read_before_it_is_voided(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, ti_state: str
+) -> None:
+    """The task's deadline stopped its job, then a person canceled it (the pair explorer on Kubernetes): the job has
+    ended, so its waiting try takes the job's own verdict and the person is told "already ended". The cancel was
+    kept, then voided -- and the try resuming in between read it and failed ERR_CANCELED. Nothing is kept now."""
+    hook = FakeHook(conn_id="fake_conn")
+    handle = hook.create_job(JobSpec(name="train-w", job_id="cdefabcdefab", command="train"))
+    fake_platform.jobs[handle.job_id]["state"] = JobState.ERROR
+    kept: list[dict[str, Any]] = []
+    monkeypatch.setattr(person_cancel, "_task_instance_now", lambda job: ("ti-1", ti_state))
+    monkeypatch.setattr(person_cancel, "_keep", lambda job, value: kept.append(value))
+    job = IndexedJob(JobRecord(handle=handle.to_json()), "dag", "manual__1", "train", -1, None, 1, None, True)
+
+    row = cancel_as_person(job, hook, "cli:someone")
+
+    assert (row["canceled"], row["note"]) == (False, "already ended: left as it was")
+    assert not [k for k in kept if not k.get("void")], kept  # never a binding record, not even for a moment
+
+
 def test_an_earlier_tries_job_keeps_nothing_and_says_it_ended(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -439,7 +439,9 @@ def test_issue_22_a_persons_cancel_is_final_when_the_job_ends_by_itself_inside_i
             job_exits_0()
         real_write_mark(self, h, key, value)
 
-    def record_cancel(indexed: IndexedJob, by: str) -> str:  # kept between the CLI's first look and the routine
+    def record_cancel(
+        indexed: IndexedJob, by: str, **_: Any
+    ) -> str:  # kept between the CLI's first look and the routine
         if ends == "before_the_routine_looked":
             job_exits_0()
         return "deferred"
