@@ -354,6 +354,8 @@ class KubernetesBackend(Backend):
         then what is left of the name's jobs on the server: a Job that has not finished, or an object (Secret,
         ConfigMap, Service, pod) of a Job that is gone. A finished Job stays until its ``ttlSecondsAfterFinished``
         with what it owns (Kubernetes' own garbage collection, not ours)."""
+        from airflow_provider_tao.hooks.kubernetes.hook import PODS_GONE_MARGIN_SECONDS
+        from airflow_provider_tao.hooks.kubernetes.spec import CANCEL_GRACE_SECONDS
         from airflow_provider_tao.hooks.kubernetes.status import SETUP_TIMEOUT_SECONDS
         from airflow_provider_tao.hooks.shared import container as ct
 
@@ -368,8 +370,8 @@ class KubernetesBackend(Backend):
             objects = self.fake.objects_of(job_id)
             # a bound, not a wait: what a deleted Job owns goes with it (background deletion), a pod once its container
             # stopped -- a container cut before its shell's trap ignores SIGTERM (PID 1) for the grace, as the
-            # hook's own wait for its pods allows (cancel_grace_seconds + 30)
-            deadline = time.monotonic() + 30 + 30
+            # hook's own wait for its pods allows
+            deadline = time.monotonic() + CANCEL_GRACE_SECONDS + PODS_GONE_MARGIN_SECONDS
             while objects and not objects.get("jobs") and time.monotonic() < deadline:
                 time.sleep(0.3)
                 objects = self.fake.objects_of(job_id)

@@ -49,6 +49,7 @@ from airflow_provider_tao.hooks.kubernetes.marks import KubernetesMarksHook
 from airflow_provider_tao.hooks.kubernetes.permissions import MISSING_FIX, access_review, missing_permissions
 from airflow_provider_tao.hooks.kubernetes.spec import (
     ANNOTATION_RESULTS_DIR,
+    CANCEL_GRACE_SECONDS,
     PART_SIZE,
     RESULTS_MOUNT,
     KubernetesSpecHook,
@@ -96,6 +97,8 @@ DETAIL_KEYS = frozenset(
 )
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _ORIGIN_KEYS = ("dag_id", "run_id", "task_id", "map_index")
+#: How long past their termination grace an earlier Job's pods may take to go (the kubelet stops, the API drops).
+PODS_GONE_MARGIN_SECONDS = 30
 
 
 class TAOKubernetesHook(KubernetesSpecHook, KubernetesMarksHook):
@@ -341,7 +344,11 @@ class TAOKubernetesHook(KubernetesSpecHook, KubernetesMarksHook):
         their termination grace (a trainer that checkpoints on SIGTERM) -- whoever deleted it: this try, the cleanup
         after a cancel (an older try's, a person's before a clear), the reaper -- and a new Job's pod beside one
         would be two jobs of one task instance at once. One list call when nothing is left (the usual case)."""
-        deadline = time.monotonic() + self._int_setting("cancel_grace_seconds", 30) + 30
+        deadline = (
+            time.monotonic()
+            + self._int_setting("cancel_grace_seconds", CANCEL_GRACE_SECONDS)
+            + PODS_GONE_MARGIN_SECONDS
+        )
         while leaving := self._leaving_pods(name):
             if time.monotonic() > deadline:
                 raise JobSubmitError(

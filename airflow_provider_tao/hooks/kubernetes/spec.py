@@ -34,6 +34,9 @@ PART_SIZE = 700 * 1024
 ANNOTATION_RUN_ID = f"{ct.LABEL_DOMAIN}/run-id"
 ANNOTATION_RESULTS_DIR = f"{ct.LABEL_DOMAIN}/results-dir"
 
+#: A pod's termination grace unless the connection's ``cancel_grace_seconds`` says (Kubernetes' own default).
+CANCEL_GRACE_SECONDS = 30
+
 
 def _secret_name(job_id: str) -> str:
     return f"tao-{job_id}-env"
@@ -162,7 +165,7 @@ class KubernetesSpecHook(KubernetesAPIHook):
             "restartPolicy": "Never",
             "containers": [container],
             "volumes": volumes,
-            "terminationGracePeriodSeconds": self._int_setting("cancel_grace_seconds", 30),
+            "terminationGracePeriodSeconds": self._int_setting("cancel_grace_seconds", CANCEL_GRACE_SECONDS),
         }
         pull = [{"name": str(s)} for s in (self.setting("image_pull_secret"),) if s]
         if self.setting("password"):

@@ -14,7 +14,7 @@ takes no mark: its secrets went with its deletion, and one written after would o
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.lepton.api import LeptonAPIHook, mark_prefix, status_of
@@ -35,6 +35,8 @@ from airflow_provider_tao.jobs import JobHandle
 
 #: Per workspace URL: whether a PATCH changes a job's labels (None: not yet seen in this process).
 _LABELS_PATCHABLE: dict[str, bool] = {}
+#: Where a mark is kept (``_patched``): the job's label, a secret, or nowhere (the job was deleted).
+_Kept = Literal["label", "secret", "deleted"]
 
 
 class LeptonMarksHook(LeptonAPIHook):
@@ -76,9 +78,10 @@ class LeptonMarksHook(LeptonAPIHook):
             return
         text = mark_text(key, value)
         patchable = not _archived(job) and _LABELS_PATCHABLE.get(self._url()) is not False
-        if patchable and self._patched(handle, job, MARK_LABELS[key], text):
+        kept = self._patched(handle, job, MARK_LABELS[key], text) if patchable else "secret"
+        if kept == "label":
             return
-        if patchable and _deleted(self._own_job(handle)):  # deleted as it was patched (the PATCH's 404)
+        if kept == "deleted":  # deleted as it was patched (the PATCH's 404)
             self.log.info("Lepton job %s was deleted meanwhile: mark %s not kept", handle.backend_job_id, key)
             return
         name = f"{mark_prefix(handle.job_id)}{key}.{text}"
@@ -88,8 +91,10 @@ class LeptonMarksHook(LeptonAPIHook):
             if status_of(exc) != 409:  # the same mark, written before
                 raise
 
-    def _patched(self, handle: JobHandle, job: dict[str, Any], label: str, text: str) -> bool:
-        """Whether the mark was kept as the job's label; learns whether this workspace changes labels."""
+    def _patched(self, handle: JobHandle, job: dict[str, Any], label: str, text: str) -> _Kept:
+        """Where the mark is to be kept: ``label`` (kept as the job's label), ``secret`` (this workspace keeps labels
+        as created, or the job was archived as it was patched) or ``deleted`` (nowhere: the job was deleted as it
+        was patched); learns whether this workspace changes labels."""
         url = self._url()
         labels = {**labels_of(job), label: text}
         try:
@@ -98,14 +103,17 @@ class LeptonMarksHook(LeptonAPIHook):
             _LABELS_PATCHABLE[url] = after is not None and labels_of(after).get(label) == text
         except Exception as exc:
             code = status_of(exc)  # None for a refused token (JobValidationError): raised
-            if code == 404 and _archived(self._own_job(handle)):
-                return False  # archived since it was read (its TTL passed as it ended)
+            now = self._own_job(handle) if code == 404 else None
+            if code == 404 and _deleted(now):
+                return "deleted"
+            if code == 404 and _archived(now):
+                return "secret"  # archived since it was read (its TTL passed as it ended)
             if code is None or code >= 500 or code == 404:
                 raise
             _LABELS_PATCHABLE[url] = False
         if not _LABELS_PATCHABLE[url]:
             self.log.info("This Lepton workspace keeps job labels as created: ownership marks are kept in secrets")
-        return _LABELS_PATCHABLE[url]
+        return "label" if _LABELS_PATCHABLE[url] else "secret"
 
     def _sweep_orphan_marks(self) -> None:
         """Where marks are secrets, those of jobs that no longer exist (expired after their TTL, deleted outside
