@@ -11,7 +11,8 @@
 # holds its reproducer; a resumed run appends to it and runs only the pairs with no passing line yet), each
 # platform's pytest output in $TAO_EXPLORE_OUT/pairs-<platform>.log. The exit code is 0 only if every platform's
 # product ran with no violation; its summary line (product, explored, violations, CPU seconds) is printed per
-# platform at the end.
+# platform at the end. Each report is kept, gzipped, in tests/explorer/sittings/ (committed: the record behind
+# docs/reliability.md's counts, and where a resumed run on a fresh clone goes on from).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 platforms=("$@")
@@ -26,8 +27,14 @@ run_platform() {
     python -m pytest -p no:cacheprovider --timeout=0 -s -q tests/explorer -k "test_pairs and $1" > "$OUT/pairs-$1.log" 2>&1
   echo $? > "$OUT/pairs-$1.rc"
 }
+KEPT=tests/explorer/sittings
+mkdir -p "$KEPT"
 for platform in "${platforms[@]}"; do
-  [ -n "${TAO_EXPLORE_PAIR_RESUME:-}" ] || rm -f "$OUT/pairs-$platform.jsonl"
+  if [ -z "${TAO_EXPLORE_PAIR_RESUME:-}" ]; then
+    rm -f "$OUT/pairs-$platform.jsonl"
+  elif [ ! -e "$OUT/pairs-$platform.jsonl" ] && [ -e "$KEPT/pairs-$platform.jsonl.gz" ]; then
+    gzip -dc "$KEPT/pairs-$platform.jsonl.gz" > "$OUT/pairs-$platform.jsonl"  # a fresh clone: on from the kept record
+  fi
   rm -f "$OUT/pairs-$platform.rc"
   while [ "$(jobs -rp | wc -l)" -ge "$PROCESSES" ]; do sleep 1; done
   echo "==> $platform pairs: $OUT/pairs-$platform.log"
@@ -38,6 +45,7 @@ rc=0
 for platform in "${platforms[@]}"; do
   grep -h "^$platform pairs: " "$OUT/pairs-$platform.log" || echo "$platform pairs: no summary (see $OUT/pairs-$platform.log)"
   [ "$(cat "$OUT/pairs-$platform.rc" 2>/dev/null)" = 0 ] || rc=1
+  gzip -9c "$OUT/pairs-$platform.jsonl" > "$KEPT/pairs-$platform.jsonl.gz"
 done
 echo "==> over every sitting (python -m tests.explorer.pair_report):"
 reports=(); for platform in "${platforms[@]}"; do reports+=("$OUT/pairs-$platform.jsonl"); done

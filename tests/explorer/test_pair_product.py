@@ -3,6 +3,11 @@ lands at, and the dedupe by the decision's facts that keeps the product finite."
 
 from __future__ import annotations
 
+import gzip
+import json
+from pathlib import Path
+
+from tests.explorer.pair_report import accounts
 from tests.explorer.pairs import ACTS, SECOND_FAULTS, STOPPING, FirstLevel, deduped, judged_as, pairs_of
 from tests.explorer.simulate import Schedule
 
@@ -101,3 +106,31 @@ def test_a_persons_cancel_has_second_faults_inside_the_cli_and_at_the_tasks_next
     task = [p for p in pairs if "|resume|" in p.key]
     assert not any(p.second.startswith("cli:") for p in task)
     assert {p.second for p in task} >= {"trigger:aget_job_logs#1", "resume:find_job#1", "resume:cancel_job#1"}
+
+
+def test_the_account_spans_sittings_kept_gzipped_and_a_pairs_last_run_counts(tmp_path: Path) -> None:
+    """A product run over sittings (one resumed on a fresh clone from the kept, gzipped record): each pair counts
+    by its last run, the product is whole once a sitting ran to its end, and the commits explored are named."""
+    first = [
+        ["sitting", "local", "aaa1111", "2026-11-29T06:00:00Z"],
+        ["local", "k1", "TAO_EXPLORE_PAIR='1'", False, ["I2: left running"], 3.0],
+        ["local", "k2", "TAO_EXPLORE_PAIR='2'", True, [], 2.0],
+    ]
+    second = [
+        ["sitting", "local", "bbb2222", "2026-11-29T09:00:00Z"],
+        ["local", "k1", "TAO_EXPLORE_PAIR='1'", True, [], 4.0],
+        ["product", "local", 2],
+        ["whole", "local", 2, 1, 1],
+    ]
+    kept = tmp_path / "pairs-local.jsonl.gz"
+    with gzip.open(kept, "wt") as out:
+        out.writelines(json.dumps(row) + "\n" for row in first)
+    resumed = tmp_path / "pairs-local.jsonl"
+    resumed.write_text("".join(json.dumps(row) + "\n" for row in second))
+
+    account = accounts([str(kept)])["local"]
+    assert (account.whole, account.failing) == (False, ["TAO_EXPLORE_PAIR='1'"])
+    account = accounts([str(kept), str(resumed)])["local"]
+    assert (account.product, account.whole, account.failing, account.seconds) == (2, True, [], 9.0)
+    assert account.sittings == ["aaa1111", "bbb2222"]
+    assert "2 sitting(s) on aaa1111, bbb2222" in account.line("local")

@@ -23,6 +23,7 @@ import itertools
 import json
 import os
 import resource
+import subprocess
 import threading
 import time
 from typing import Any
@@ -32,6 +33,7 @@ import pytest
 from tests.explorer.backends import JOBS
 from tests.explorer.conftest import COMMIT, PART, PARTS, PLATFORMS, in_part
 from tests.explorer.invariants import violations
+from tests.explorer.pair_report import rows
 from tests.explorer.pairs import Pair, PairSim, deduped, in_pair_slice, judged_as, pair_key, pairs_of
 from tests.explorer.simulate import INTERRUPTIONS, Schedule
 from tests.explorer.test_explorer import (
@@ -54,11 +56,7 @@ def _passed_before() -> set[str]:
     report = os.environ.get("TAO_EXPLORE_PAIR_REPORT")
     if not (report and os.environ.get("TAO_EXPLORE_PAIR_RESUME") and os.path.exists(report)):
         return set()
-    last: dict[str, bool] = {}
-    with open(report) as lines:
-        for row in map(json.loads, lines):
-            if row[0] not in ("product", "whole"):
-                last[row[1]] = not row[4]
+    last = {row[1]: not row[4] for row in rows(report) if row[0] not in ("sitting", "product", "whole")}
     return {key for key, passed in last.items() if passed}
 
 
@@ -84,6 +82,15 @@ def _report(row: list[Any]) -> None:
     if report := os.environ.get("TAO_EXPLORE_PAIR_REPORT"):
         with _LOCK, open(report, "a") as out:
             out.write(json.dumps(row) + "\n")
+
+
+def _code() -> str:
+    """The commit explored, ``+changes`` when the work tree differs from it."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    git = ["git", "-C", here]
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True)
+    changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], check=False, capture_output=True)
+    return (commit.stdout.strip() or "unknown") + ("+changes" if changed.stdout.strip() else "")
 
 
 def _one(spec: str, platform: str) -> list[Pair]:
@@ -162,6 +169,8 @@ def pair_runs(backends: Any) -> dict[str, Any]:
             for p in PLATFORMS:
                 out[p]["product"] = out[p]["explored"] = 1
         else:
+            for p in PLATFORMS:  # which code this sitting explored (a product may take sittings over several commits)
+                _report(["sitting", p, _code(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())])
             _stream(pool, capped, backends, out, pairs)
         for pair, future in pairs.items():
             out[pair.first.platform]["results"].append((pair, *future.result()))
