@@ -44,10 +44,13 @@ def cancel_as_person(job: IndexedJob, hook: TAOPlatformHook, by: str) -> dict[st
         return _row(job, before.value, False, _state_now(hook, job), by=by, note=unsent_note(exc, kept))
     # Canceled only if the routine itself found the job running and marked it (its task then fails ERR_CANCELED
     # even if the job ends by itself meanwhile); one that ended since `before` keeps its verdict, and its task too.
-    canceled = stopped and not before.is_terminal and _marked(hook, job)
+    # One that had ended at `before` and runs again (the trigger requeued it) the routine canceled: kept as any.
+    canceled = stopped and _marked(hook, job, unread=not before.is_terminal)
+    if canceled and before.is_terminal and job.trial is None:
+        ti_state = record_cancel(job, by)
     if not canceled and ti_state in WAITING_TI_STATES and job.trial is None:
         void_cancel(job, log)  # its waiting try takes the job's own verdict, as the person is told below
-    if stopped and not before.is_terminal and not task_resumes(job):
+    if stopped and (canceled or not before.is_terminal) and not task_resumes(job):
         _cleanup(hook, job)  # no task will resume to clean up after it
     note = cancel_note(not canceled, ti_state) if job.trial is None else trial_note(canceled, job.trial)
     return _row(job, before.value, canceled, _state_now(hook, job), by=by, note=note)
@@ -59,15 +62,16 @@ def _asked(call: Callable[[], T], what: str) -> T:
     return asked_again(call, asks=CANCEL_ASKS, pause=CANCEL_PAUSE, log=log, what=what)
 
 
-def _marked(hook: TAOPlatformHook, job: IndexedJob) -> bool:
-    """Whether the job carries a cancel mark, read back after the routine stopped it; a read that fails after the
-    routine found the job running and stopped it leaves it canceled (the kept cancel binds its task)."""
+def _marked(hook: TAOPlatformHook, job: IndexedJob, *, unread: bool) -> bool:
+    """Whether the job carries the person's cancel mark, read back after the routine stopped it; ``unread``: what a
+    read that fails leaves (the job was running at the CLI's first read: the routine stopped it, so it is canceled
+    and the kept cancel binds its task; it had ended then: it keeps its verdict, as the person is told)."""
     try:
         return bool(_asked(lambda: hook.canceled_by(job.record.job), f"Reading the cancel mark of job {job.job_id}"))
     except Exception as exc:
-        log.warning("Could not read the cancel mark of job %s back (%s): it was stopped, so it is canceled",
-                    job.job_id, exc)  # fmt: skip
-        return True
+        left = "it was stopped, so it is canceled" if unread else "it had ended, so it keeps its verdict"
+        log.warning("Could not read the cancel mark of job %s back (%s): %s", job.job_id, exc, left)
+        return unread
 
 
 def _cleanup(hook: TAOPlatformHook, job: IndexedJob) -> None:

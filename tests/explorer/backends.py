@@ -178,6 +178,9 @@ class LocalBackend(Backend):
                     live=live,
                     exit_code=None if verdict is None else int(verdict["exit_code"]),
                     results_dir=str(meta.get("results_dir", "")),
+                    cancel_marked=verdict is not None
+                    and int(verdict["exit_code"]) == 0
+                    and (folder / "marks" / "cancel_requested_by").exists(),
                 )
             )
         return sorted(found, key=lambda j: j.created)

@@ -51,13 +51,17 @@ class LeptonBackend(Backend):
     def _named(self, name: str) -> list[dict[str, Any]]:
         from airflow_provider_tao.hooks.lepton.status import LABEL_NAME
 
-        return [j for j in self.fake.jobs() if (j.get("labels") or {}).get(LABEL_NAME) == name]
+        return [
+            j for j in self.fake.jobs(label=f"{LABEL_NAME}={name}") if (j.get("labels") or {}).get(LABEL_NAME) == name
+        ]
 
     def jobs(self, name: str) -> list[BackendJob]:
         from airflow_provider_tao.hooks.lepton.hook import RESULTS_DIR_ENV
-        from airflow_provider_tao.hooks.lepton.status import LABEL_JOB_ID
+        from airflow_provider_tao.hooks.lepton.status import LABEL_JOB_ID, MARK_LABELS
+        from airflow_provider_tao.hooks.ownership import MARK_CANCEL
 
         found = []
+        marked: set[str] | None = None  # the jobs a cancel marked, read once one exited 0 (rare: the list is long)
         for record in self._named(name):
             replicas = record["replicas"]
             live = any(r["phase"] in ("Pending", "Running") for r in replicas) or (
@@ -65,20 +69,35 @@ class LeptonBackend(Backend):
             )
             codes = [r["exit_code"] for r in replicas if r["exit_code"] is not None]
             envs = {e.get("name"): e.get("value") for e in record["body"].get("spec", {}).get("envs") or []}
+            job_id = record["labels"].get(LABEL_JOB_ID, "")
+            exit_code = None if live or not codes else int(codes[-1])
+            if exit_code == 0 and marked is None:
+                marked = self._cancel_marked()
             found.append(
                 BackendJob(
-                    job_id=record["labels"].get(LABEL_JOB_ID, ""),
+                    job_id=job_id,
                     created=float(record["history"][0]["at"]) if record["history"] else 0.0,
                     # the job turns Running a controller pass after its replica did: a job stopped in between
                     # shows only its replica's end (Terminated, no exit code: ended by the stop, not by itself)
                     ran=any(h["state"] == "Running" for h in record["history"])
                     or any(r["phase"] != "Pending" for r in replicas),
                     live=live,
-                    exit_code=None if live or not codes else int(codes[-1]),
+                    exit_code=exit_code,
                     results_dir=str(envs.get(RESULTS_DIR_ENV) or ""),
+                    cancel_marked=exit_code == 0
+                    and (job_id in (marked or ()) or MARK_LABELS[MARK_CANCEL] in record["labels"]),
                 )
             )
         return sorted(found, key=lambda j: j.created)
+
+    def _cancel_marked(self) -> set[str]:
+        """The job ids a cancel mark was ever kept for as a secret (``tao.<job_id>.mark.cancel.<try>``; a deleted
+        job's marks go with it, the server's record of every secret stored keeps their names). Where the workspace
+        patches labels, the mark is the job's label, kept on its record."""
+        from airflow_provider_tao.hooks.ownership import MARK_CANCEL
+
+        names = [item["name"] for item in self.fake.secrets(values=False)["ever"]]
+        return {n.split(".")[1] for n in names if n.startswith("tao.") and f".mark.{MARK_CANCEL}." in n}
 
     def records(self, name: str) -> list[str]:
         """The name's jobs as the server stored them (their bodies: specs, labels, environment; the user secrets

@@ -410,18 +410,27 @@ class _Handler(BaseHTTPRequestHandler):
                 server.controller.wake()
             self._send(200, {"settings": server.world.settings, "world": server.world.data})
         elif parts[:1] == ["jobs"]:
+            # ?label=k=v: only the jobs labelled so, rendered (a whole run's thousands of records cost seconds)
+            wanted = [item.partition("=")[::2] for item in query.get("label", [])]
             with store.lock:
-                records = [store.record(j) for j in sorted(store.jobs.values(), key=lambda j: j.created)]
+                records = [
+                    store.record(j)
+                    for j in sorted(store.jobs.values(), key=lambda j: j.created)
+                    if all((j.metadata.get("labels") or {}).get(k) == v for k, v in wanted)
+                ]
             if len(parts) > 1:
                 records = [r for r in records if parts[1] in (r["id"], r["key"], r["name"])]
             self._send(200, records)
         elif path == "secrets":
             with store.lock:
-                bodies = {j.id: json.dumps(j.body) for j in store.jobs.values()}
-                ever = [
-                    {**item, "in_job_specs": sorted(i for i, text in bodies.items() if _occurs(item["value"], text))}
-                    for item in store.secret_record
-                ]
+                if query.get("ever") == ["names"]:  # no values, no scan of every job's spec for them
+                    ever = [{"kind": item["kind"], "name": item["name"]} for item in store.secret_record]
+                else:
+                    bodies = {j.id: json.dumps(j.body) for j in store.jobs.values()}
+                    ever = [
+                        {**item, "in_job_specs": sorted(i for i, t in bodies.items() if _occurs(item["value"], t))}
+                        for item in store.secret_record
+                    ]
                 self._send(
                     200,
                     {

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,17 +49,19 @@ class LeptonFake:
 
     # ------------------------------------------------------------------ records
 
-    def jobs(self) -> list[dict[str, Any]]:
-        """Every job ever created: the exact body received, state history, replicas and their container ids."""
-        return list(self._fake("jobs"))
+    def jobs(self, label: str | None = None) -> list[dict[str, Any]]:
+        """Every job ever created (with ``label``, ``key=value``: those labelled so): the exact body received, state
+        history, replicas and their container ids."""
+        return list(self._fake(f"jobs?{urllib.parse.urlencode({'label': label})}" if label else "jobs"))
 
     def job_named(self, name: str) -> list[dict[str, Any]]:
         """The records of the jobs whose metadata.name (or id) is ``name``, oldest first."""
         return [j for j in self.jobs() if name in (j["name"], j["id"])]
 
-    def secrets(self) -> dict[str, Any]:
-        """Secret names AND values (user secrets, image pull secrets, and every value ever stored)."""
-        return dict(self._fake("secrets"))
+    def secrets(self, values: bool = True) -> dict[str, Any]:
+        """Secret names AND values (user secrets, image pull secrets, and every value ever stored, with the job
+        specs it occurs in); ``values=False``: the names ever stored only (``ever``: ``{kind, name}``), cheap."""
+        return dict(self._fake("secrets" if values else "secrets?ever=names"))
 
     def containers(self) -> list[dict[str, Any]]:
         """The replica containers this server started, alive or not."""

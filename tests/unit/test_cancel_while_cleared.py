@@ -57,6 +57,37 @@ def test_a_cancel_of_an_ended_job_keeps_nothing_a_waiting_try_could_read_before_
     assert not [k for k in kept if not k.get("void")], kept  # never a binding record, not even for a moment
 
 
+@pytest.mark.parametrize("ti_state", ["deferred", "running"])
+def test_a_job_requeued_after_the_clis_first_read_is_canceled_and_the_person_is_told_its_task_fails(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, ti_state: str
+) -> None:
+    """The pair explorer on ``local``, loaded: a person canceled the flaky job just after its failure, as the
+    trigger requeued it. The CLI's first read saw it ended, the cancel routine found it running again, marked it
+    canceled by the person and stopped it -- and the CLI told the person "already ended: left as it was" and voided
+    the record, while the mark failed the task ERR_CANCELED. What the routine did is what the person is told, and
+    the cancel is kept for the task as any cancel of a running job."""
+    hook = FakeHook(conn_id="fake_conn")
+    handle = hook.create_job(JobSpec(name="train-r", job_id="abcdefabcdef", command="train"))
+    fake_platform.jobs[handle.job_id]["state"] = JobState.ERROR
+    kept: list[dict[str, Any]] = []
+    monkeypatch.setattr(person_cancel, "_task_instance_now", lambda job: ("ti-1", ti_state))
+    monkeypatch.setattr(person_cancel, "_keep", lambda job, value: kept.append(value))
+    real = FakeHook.cancel_job
+
+    def requeued_meanwhile(self: FakeHook, handle: Any, requested_by: str | None = None) -> bool:
+        fake_platform.jobs[handle.job_id]["state"] = JobState.RUNNING  # the trigger's requeue took effect
+        return real(self, handle, requested_by=requested_by)
+
+    monkeypatch.setattr(FakeHook, "cancel_job", requeued_meanwhile)
+    job = IndexedJob(JobRecord(handle=handle.to_json()), "dag", "manual__1", "train", -1, None, 1, None, True)
+
+    row = cancel_as_person(job, hook, "cli:someone")
+
+    assert hook.canceled_by(handle) == "cli:someone"  # the routine canceled it for the person
+    assert (row["canceled"], row["note"]) == (True, "its task fails with ERR_CANCELED")
+    assert kept and not kept[-1].get("void") and kept[-1]["by"] == "cli:someone"
+
+
 def test_an_earlier_tries_job_keeps_nothing_and_says_it_ended(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -176,6 +176,25 @@ def test_user_secrets_keep_their_values_to_themselves(client: Any, lepton_fake: 
     assert any(s["value"] == value for s in lepton_fake.secrets()["ever"]), "the record keeps values for leak checks"
 
 
+def test_the_controls_filter_jobs_by_label_and_name_the_secrets_ever_stored_without_values(
+    client: Any, lepton_fake: LeptonFake
+) -> None:
+    """The explorer's judge reads one task's jobs and the mark names after thousands of runs: ``jobs(label=...)``
+    gives only the jobs labelled so, ``secrets(values=False)`` every name ever stored, deleted ones too, no value."""
+    tag = uuid.uuid4().hex[:12]
+    name, other = _name("mine"), _name("other")
+    client.job.create(job(name, ["true"], client=client, stopped=True, labels={"tao-job-name": tag}))
+    client.job.create(job(other, ["true"], client=client, stopped=True, labels={"tao-job-name": "x" + tag}))
+    assert [j["name"] for j in lepton_fake.jobs(label=f"tao-job-name={tag}")] == [name]
+    assert {name, other} <= {j["name"] for j in lepton_fake.jobs()}
+    secret, value = f"tao.{tag}.mark.cancel_requested_by.1", f"v-{uuid.uuid4().hex}"
+    assert client.secret.create([SecretItem(name=secret, value=value)])
+    assert client.secret.delete(secret)
+    ever = lepton_fake.secrets(values=False)["ever"]
+    assert {"kind": "user", "name": secret} in ever
+    assert value not in json.dumps(ever)
+
+
 def test_image_pull_secrets_answer_the_sdk_raw_requests(lepton_fake: LeptonFake) -> None:
     name, key = _name("pull"), f"ngc-{uuid.uuid4().hex}"
     spec = {"registry_server": "https://nvcr.io", "username": "$oauthtoken", "password": key}
