@@ -65,12 +65,14 @@ def void_cancel(job: IndexedJob, log: Any) -> None:
 
 
 def record_cancel(job: IndexedJob, by: str, *, ended: bool = False) -> str | None:
-    """Keep ``by``'s cancel of ``job`` for its task instance's next try; returns the task instance's state
-    (``"cleared"`` for Airflow's None: a cleared task instance keeps the cancel too), or None when nothing was kept
-    (the job is an earlier try's, or no try of the task instance will run again).
+    """Keep ``by``'s cancel of ``job`` for its task instance's next try; returns the task instance's state the cancel
+    was kept for (``"cleared"`` for Airflow's None: a cleared task instance keeps the cancel too), or None when
+    nothing was kept (the job is an earlier try's, or no try of the task instance will run again).
 
     Read, write, read again: a try that failed into up_for_retry meanwhile has a new id, which is recorded then
-    (the id is kept for the record's readers; the record binds the task whatever its id).
+    (the id is kept for the record's readers; the record binds the task whatever its id). The state returned is the
+    first one: a cancel kept for a try to come binds that try even if it has started since -- it may have read it
+    (the caller voids only a cancel kept for a waiting try, which takes its job's own verdict).
 
     :param ended: the job has ended already: a try waiting on it (running, deferred) takes the job's own verdict,
         so nothing is kept for it (its state is returned) -- a record kept, then voided, binds a try that resumes in
@@ -79,17 +81,20 @@ def record_cancel(job: IndexedJob, by: str, *, ended: bool = False) -> str | Non
 
     if not job.current:
         return None  # a person canceling an old job of the task instance has not canceled the task
-    recorded, state = None, None
+    recorded: str | None = None
+    kept_for: str | None = None
     for _ in range(_RECORD_ATTEMPTS):
         now = _task_instance_now(job)
         if now is None or now[1] not in PENDING_TI_STATES:
             return None
         ti_id, state = now
-        if ti_id == recorded or (ended and recorded is None and state in WAITING_TI_STATES):
-            return state or "cleared"
+        if recorded is None and ended and state in WAITING_TI_STATES:
+            return state
+        if ti_id == recorded:
+            break
         _keep(job, {"ti_id": ti_id, "by": by, "at": time.time(), "job": job.record.handle})
-        recorded = ti_id
-    return state or "cleared"
+        recorded, kept_for = ti_id, kept_for or state or "cleared"
+    return kept_for
 
 
 def _task_instance_now(job: IndexedJob) -> tuple[str, str | None] | None:

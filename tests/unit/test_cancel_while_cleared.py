@@ -88,6 +88,37 @@ def test_a_job_requeued_after_the_clis_first_read_is_canceled_and_the_person_is_
     assert kept and not kept[-1].get("void") and kept[-1]["by"] == "cli:someone"
 
 
+@pytest.mark.parametrize("ended", [True, False], ids=["job-ended", "job-ends-meanwhile"])
+def test_a_cancel_kept_for_a_try_to_come_is_never_voided_when_that_try_starts_meanwhile(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, ended: bool
+) -> None:
+    """The pair explorer on ``local``, loaded: a person canceled the ended job of a task instance being cleared. The
+    CLI kept the cancel for the try to come; that try started (a new id) as the CLI wrote, and read the cancel; the
+    CLI, reading the task running, voided it and told the person "already ended: left as it was" -- the try had
+    failed ERR_CANCELED already. A cancel kept for a try to come binds that try: told so, never voided."""
+    hook = FakeHook(conn_id="fake_conn")
+    handle = hook.create_job(JobSpec(name="train-c", job_id="fabcdefabcde", command="train"))
+    fake_platform.jobs[handle.job_id]["state"] = JobState.ERROR if ended else JobState.RUNNING
+    reads = iter([("ti-1", None), ("ti-2", "running"), ("ti-2", "running")])  # cleared, then its try started
+    kept: list[dict[str, Any]] = []
+    monkeypatch.setattr(person_cancel, "_task_instance_now", lambda job: next(reads))
+    monkeypatch.setattr(person_cancel, "_keep", lambda job, value: kept.append(value))
+    if not ended:  # the job ends between the CLI's first read and its cancel routine
+        real = FakeHook.cancel_job
+
+        def ended_meanwhile(self: FakeHook, handle: Any, requested_by: str | None = None) -> bool:
+            fake_platform.jobs[handle.job_id]["state"] = JobState.ERROR
+            return real(self, handle, requested_by=requested_by)
+
+        monkeypatch.setattr(FakeHook, "cancel_job", ended_meanwhile)
+    job = IndexedJob(JobRecord(handle=handle.to_json()), "dag", "manual__1", "train", -1, None, 1, None, True)
+
+    row = cancel_as_person(job, hook, "cli:someone")
+
+    assert not any(k.get("void") for k in kept), kept
+    assert row["note"] == "its task (cleared) fails with ERR_CANCELED when it next runs, submitting nothing"
+
+
 def test_an_earlier_tries_job_keeps_nothing_and_says_it_ended(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
 ) -> None:
