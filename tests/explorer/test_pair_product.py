@@ -134,3 +134,29 @@ def test_the_account_spans_sittings_kept_gzipped_and_a_pairs_last_run_counts(tmp
     assert (account.product, account.whole, account.failing, account.seconds) == (2, True, [], 9.0)
     assert account.sittings == ["aaa1111", "bbb2222"]
     assert "2 sitting(s) on aaa1111, bbb2222" in account.line("local")
+
+
+def test_a_pair_that_failed_on_earlier_code_and_is_not_in_the_latest_whole_product_is_superseded(
+    tmp_path: Path,
+) -> None:
+    """A resumed sitting runs again every pair of its product whose last run failed; a failed pair with no run in
+    the latest whole sitting is no longer in the product (the code changed its decision's facts). One failing in
+    the latest whole sitting, or in a sitting not yet whole, stays a violation."""
+    report = tmp_path / "pairs-local.jsonl"
+    report.write_text(
+        "".join(
+            json.dumps(row) + "\n"
+            for row in [
+                ["sitting", "local", "aaa1111", "t0"],
+                ["local", "old", "TAO_EXPLORE_PAIR='old'", False, ["I2"], 1.0],
+                ["whole", "local", 1, 1, 0],
+                ["sitting", "local", "bbb2222", "t1"],
+                ["local", "new", "TAO_EXPLORE_PAIR='new'", False, ["I4"], 1.0],
+                ["whole", "local", 1, 1, 0],
+                ["sitting", "local", "ccc3333", "t2"],
+                ["local", "later", "TAO_EXPLORE_PAIR='later'", False, ["I1"], 1.0],
+            ]
+        )
+    )
+    account = accounts([str(report)])["local"]
+    assert (account.failing, account.superseded) == (["TAO_EXPLORE_PAIR='new'", "TAO_EXPLORE_PAIR='later'"], 1)
