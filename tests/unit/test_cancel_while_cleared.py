@@ -36,6 +36,34 @@ def test_a_cleared_task_keeps_the_cancel_and_the_person_is_told_its_next_try_fai
     assert row["note"] == "its task (cleared) fails with ERR_CANCELED when it next runs, submitting nothing"
 
 
+def _canceled_by_a_person(
+    platform: type[FakeHook],
+    monkeypatch: pytest.MonkeyPatch,
+    state: JobState,
+    ti_reads: list[tuple[str, str | None]],
+    becomes: JobState | None = None,
+) -> tuple[FakeHook, Any, dict[str, Any], list[dict[str, Any]]]:
+    """``airflow tao cancel`` of the current try's job, in ``state`` at the CLI's first read: the task instance as
+    ``ti_reads`` gives it, read after read (the last one from then on); the job ``becomes`` another state as the
+    cancel routine starts (a requeue, its end). The hook, the handle, the row the person is shown, the records kept."""
+    hook = FakeHook(conn_id="fake_conn")
+    handle = hook.create_job(JobSpec(name="train-w", job_id="cdefabcdefab", command="train"))
+    platform.jobs[handle.job_id]["state"] = state
+    reads, kept = list(ti_reads), []
+    monkeypatch.setattr(person_cancel, "_task_instance_now", lambda job: reads.pop(0) if len(reads) > 1 else reads[0])
+    monkeypatch.setattr(person_cancel, "_keep", lambda job, value: kept.append(value))
+    if becomes is not None:
+        real = FakeHook.cancel_job
+
+        def meanwhile(self: FakeHook, handle: Any, requested_by: str | None = None) -> bool:
+            platform.jobs[handle.job_id]["state"] = becomes
+            return real(self, handle, requested_by=requested_by)
+
+        monkeypatch.setattr(FakeHook, "cancel_job", meanwhile)
+    job = IndexedJob(JobRecord(handle=handle.to_json()), "dag", "manual__1", "train", -1, None, 1, None, True)
+    return hook, handle, cancel_as_person(job, hook, "cli:someone"), kept
+
+
 @pytest.mark.parametrize("ti_state", ["deferred", "running"])
 def test_a_cancel_of_an_ended_job_keeps_nothing_a_waiting_try_could_read_before_it_is_voided(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, ti_state: str
@@ -43,15 +71,7 @@ def test_a_cancel_of_an_ended_job_keeps_nothing_a_waiting_try_could_read_before_
     """The task's deadline stopped its job, then a person canceled it (the pair explorer on Kubernetes): the job has
     ended, so its waiting try takes the job's own verdict and the person is told "already ended". The cancel was
     kept, then voided -- and the try resuming in between read it and failed ERR_CANCELED. Nothing is kept now."""
-    hook = FakeHook(conn_id="fake_conn")
-    handle = hook.create_job(JobSpec(name="train-w", job_id="cdefabcdefab", command="train"))
-    fake_platform.jobs[handle.job_id]["state"] = JobState.ERROR
-    kept: list[dict[str, Any]] = []
-    monkeypatch.setattr(person_cancel, "_task_instance_now", lambda job: ("ti-1", ti_state))
-    monkeypatch.setattr(person_cancel, "_keep", lambda job, value: kept.append(value))
-    job = IndexedJob(JobRecord(handle=handle.to_json()), "dag", "manual__1", "train", -1, None, 1, None, True)
-
-    row = cancel_as_person(job, hook, "cli:someone")
+    _, _, row, kept = _canceled_by_a_person(fake_platform, monkeypatch, JobState.ERROR, [("ti-1", ti_state)])
 
     assert (row["canceled"], row["note"]) == (False, "already ended: left as it was")
     assert not [k for k in kept if not k.get("void")], kept  # never a binding record, not even for a moment
@@ -61,27 +81,14 @@ def test_a_cancel_of_an_ended_job_keeps_nothing_a_waiting_try_could_read_before_
 def test_a_job_requeued_after_the_clis_first_read_is_canceled_and_the_person_is_told_its_task_fails(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, ti_state: str
 ) -> None:
-    """The pair explorer on ``local``, loaded: a person canceled the flaky job just after its failure, as the
-    trigger requeued it. The CLI's first read saw it ended, the cancel routine found it running again, marked it
-    canceled by the person and stopped it -- and the CLI told the person "already ended: left as it was" and voided
-    the record, while the mark failed the task ERR_CANCELED. What the routine did is what the person is told, and
-    the cancel is kept for the task as any cancel of a running job."""
-    hook = FakeHook(conn_id="fake_conn")
-    handle = hook.create_job(JobSpec(name="train-r", job_id="abcdefabcdef", command="train"))
-    fake_platform.jobs[handle.job_id]["state"] = JobState.ERROR
-    kept: list[dict[str, Any]] = []
-    monkeypatch.setattr(person_cancel, "_task_instance_now", lambda job: ("ti-1", ti_state))
-    monkeypatch.setattr(person_cancel, "_keep", lambda job, value: kept.append(value))
-    real = FakeHook.cancel_job
-
-    def requeued_meanwhile(self: FakeHook, handle: Any, requested_by: str | None = None) -> bool:
-        fake_platform.jobs[handle.job_id]["state"] = JobState.RUNNING  # the trigger's requeue took effect
-        return real(self, handle, requested_by=requested_by)
-
-    monkeypatch.setattr(FakeHook, "cancel_job", requeued_meanwhile)
-    job = IndexedJob(JobRecord(handle=handle.to_json()), "dag", "manual__1", "train", -1, None, 1, None, True)
-
-    row = cancel_as_person(job, hook, "cli:someone")
+    """Read while triaging the pair explorer's next finding (SLURM's requeue path): a person cancels a job just
+    after its failure, as the trigger requeues it. The CLI's first read sees it ended, the cancel routine finds it
+    running again, marks it canceled by the person and stops it -- and the CLI told the person "already ended: left
+    as it was" and voided the record, while the mark failed the task ERR_CANCELED. What the routine did is what the
+    person is told, and the cancel is kept for the task as any cancel of a running job."""
+    hook, handle, row, kept = _canceled_by_a_person(
+        fake_platform, monkeypatch, JobState.ERROR, [("ti-1", ti_state)], becomes=JobState.RUNNING
+    )
 
     assert hook.canceled_by(handle) == "cli:someone"  # the routine canceled it for the person
     assert (row["canceled"], row["note"]) == (True, "its task fails with ERR_CANCELED")
@@ -96,24 +103,13 @@ def test_a_cancel_kept_for_a_try_to_come_is_never_voided_when_that_try_starts_me
     CLI kept the cancel for the try to come; that try started (a new id) as the CLI wrote, and read the cancel; the
     CLI, reading the task running, voided it and told the person "already ended: left as it was" -- the try had
     failed ERR_CANCELED already. A cancel kept for a try to come binds that try: told so, never voided."""
-    hook = FakeHook(conn_id="fake_conn")
-    handle = hook.create_job(JobSpec(name="train-c", job_id="fabcdefabcde", command="train"))
-    fake_platform.jobs[handle.job_id]["state"] = JobState.ERROR if ended else JobState.RUNNING
-    reads = iter([("ti-1", None), ("ti-2", "running"), ("ti-2", "running")])  # cleared, then its try started
-    kept: list[dict[str, Any]] = []
-    monkeypatch.setattr(person_cancel, "_task_instance_now", lambda job: next(reads))
-    monkeypatch.setattr(person_cancel, "_keep", lambda job, value: kept.append(value))
-    if not ended:  # the job ends between the CLI's first read and its cancel routine
-        real = FakeHook.cancel_job
-
-        def ended_meanwhile(self: FakeHook, handle: Any, requested_by: str | None = None) -> bool:
-            fake_platform.jobs[handle.job_id]["state"] = JobState.ERROR
-            return real(self, handle, requested_by=requested_by)
-
-        monkeypatch.setattr(FakeHook, "cancel_job", ended_meanwhile)
-    job = IndexedJob(JobRecord(handle=handle.to_json()), "dag", "manual__1", "train", -1, None, 1, None, True)
-
-    row = cancel_as_person(job, hook, "cli:someone")
+    _, _, row, kept = _canceled_by_a_person(
+        fake_platform,
+        monkeypatch,
+        JobState.ERROR if ended else JobState.RUNNING,
+        [("ti-1", None), ("ti-2", "running")],  # cleared, then its try started
+        becomes=None if ended else JobState.ERROR,  # or the job ends between the CLI's first read and its routine
+    )
 
     assert not any(k.get("void") for k in kept), kept
     assert row["note"] == "its task (cleared) fails with ERR_CANCELED when it next runs, submitting nothing"
