@@ -37,6 +37,8 @@ def cancel_as_person(job: IndexedJob, hook: TAOPlatformHook, by: str) -> dict[st
     # Kept first: the task's next try reads it before submitting, even if the platform refuses the cancel now. A
     # search's trial keeps none: its job's canceled_by mark ends that trial alone, and the search goes on.
     ti_state = record_cancel(job, by, ended=before.is_terminal) if job.trial is None else job.ti_state
+    # an ended job marked already (canceled before) is not this cancel's: only a mark its routine writes now is
+    marked_before = before.is_terminal and _marked(hook, job, unread=True)
     try:
         stopped = _asked(lambda: hook.cancel_job(handle, requested_by=by), f"Canceling job {job.job_id}")
     except Exception as exc:  # the person's cancel stands where it was kept; the job's is theirs to ask again
@@ -45,7 +47,7 @@ def cancel_as_person(job: IndexedJob, hook: TAOPlatformHook, by: str) -> dict[st
     # Canceled only if the routine itself found the job running and marked it (its task then fails ERR_CANCELED
     # even if the job ends by itself meanwhile); one that ended since `before` keeps its verdict, and its task too.
     # One that had ended at `before` and runs again (the trigger requeued it) the routine canceled: kept as any.
-    canceled = stopped and _marked(hook, job, unread=not before.is_terminal)
+    canceled = stopped and not marked_before and _marked(hook, job, unread=not before.is_terminal)
     if canceled and before.is_terminal and job.trial is None:
         ti_state = record_cancel(job, by)
     if not canceled and ti_state in WAITING_TI_STATES and job.trial is None:

@@ -95,6 +95,21 @@ def test_a_job_requeued_after_the_clis_first_read_is_canceled_and_the_person_is_
     assert kept and not kept[-1].get("void") and kept[-1]["by"] == "cli:someone"
 
 
+def test_canceling_a_canceled_job_again_says_it_had_ended_and_keeps_nothing(
+    fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second ``airflow tao cancel`` of a job a person canceled already: its mark is the first cancel's, not
+    this one's -- "already ended", nothing kept (the loaded rehearsal's e2e test of the CLI)."""
+    hook, handle, row, _ = _canceled_by_a_person(fake_platform, monkeypatch, JobState.RUNNING, [("ti-1", "deferred")])
+    assert row["canceled"] and hook.canceled_by(handle) == "cli:someone"
+    job = IndexedJob(JobRecord(handle=handle.to_json()), "dag", "manual__1", "train", -1, None, 1, None, True)
+    monkeypatch.setattr(person_cancel, "_task_instance_now", lambda job: ("ti-1", "failed"))
+
+    again = cancel_as_person(job, hook, "cli:someone")
+
+    assert (again["was"], again["canceled"], again["note"]) == ("Canceled", False, "already ended: left as it was")
+
+
 @pytest.mark.parametrize("ended", [True, False], ids=["job-ended", "job-ends-meanwhile"])
 def test_a_cancel_kept_for_a_try_to_come_is_never_voided_when_that_try_starts_meanwhile(
     fake_platform: type[FakeHook], monkeypatch: pytest.MonkeyPatch, ended: bool
