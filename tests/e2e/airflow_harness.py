@@ -106,9 +106,11 @@ TERMINAL_TI_STATES: frozenset[str] = frozenset({"success", "failed", "skipped", 
 TERMINAL_DAG_RUN_STATES: frozenset[str] = frozenset({"success", "failed"})
 
 DEFAULT_TRIGGERER_HEALTH_CHECK_THRESHOLD = 15
-#: Times a GET of the REST API is sent while the API server does not answer (a timeout, a reset connection).
-READ_ATTEMPTS = 3
 """Seconds without heartbeat after which a triggerer counts as dead (Airflow default 30; heartbeat every 5)."""
+
+READ_ATTEMPTS = 3
+"""Times a read (or a named write) of the REST API is sent while the API server does not answer (a timeout, a reset
+connection)."""
 
 _SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
 
@@ -314,16 +316,24 @@ class AirflowClient:
 
     # -- plumbing ------------------------------------------------------------------------------------------
 
-    def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
-        # A read the API server did not answer in time (a loaded machine: the standalone's API server starved for
-        # its 30 s) is asked again, as a deployment's client would; a write is not (it may have been done).
+    def _request(self, method: str, url: str, *, resend: bool | None = None, **kwargs: Any) -> httpx.Response:
+        """One call of the REST API; an error status raises.
+
+        :param resend: ask again after a transport error (the API server did not answer in time: a loaded machine
+            starves the standalone's API server past its 30 s), as a deployment's client would. By default only a
+            read is: a write may have been done. A write that names what it makes (a run's id) may be resent: its
+            409 on a resend says the first was done, and is returned, not raised.
+        """
+        resend = method.upper() == "GET" if resend is None else resend
         for attempt in range(1, READ_ATTEMPTS + 1):
             try:
                 response = self.http.request(method, url, **kwargs)
                 break
             except httpx.TransportError:
-                if method.upper() != "GET" or attempt == READ_ATTEMPTS:
+                if not resend or attempt == READ_ATTEMPTS:
                     raise
+        if attempt > 1 and method.upper() != "GET" and response.status_code == 409:
+            return response
         if response.is_error:
             raise httpx.HTTPStatusError(
                 f"{method} {url} -> {response.status_code}: {response.text[:2000]}",
@@ -419,14 +429,19 @@ class AirflowClient:
         run_id: str | None = None,
         note: str | None = None,
     ) -> str:
-        """``POST /dags/<dag_id>/dagRuns`` (``logical_date`` null, like a manual run) and return the run id."""
-        body: dict[str, Any] = {"logical_date": None, "conf": dict(conf or {})}
-        if run_id:
-            body["dag_run_id"] = run_id
+        """``POST /dags/<dag_id>/dagRuns`` (``logical_date`` null, like a manual run) and return the run id. The run
+        is named here (``manual__<now>_<random>`` unless ``run_id`` is given), so that a POST the API server did not
+        answer in time can be sent again without making a second run."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+        body: dict[str, Any] = {
+            "logical_date": None,
+            "conf": dict(conf or {}),
+            "dag_run_id": run_id or f"manual__{now}_{uuid.uuid4().hex[:8]}",
+        }
         if note:
             body["note"] = note
-        run_id_out: str = self._json("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"]
-        return run_id_out
+        self._request("POST", f"/dags/{dag_id}/dagRuns", json=body, resend=True)
+        return str(body["dag_run_id"])
 
     def get_dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         """``GET /dags/<dag_id>/dagRuns/<run_id>``."""

@@ -5,6 +5,7 @@ DAGs: ``tests/e2e/dags/e2e_smoke.py``. All tests share one standalone (the defau
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -222,6 +223,38 @@ def test_a_read_the_api_server_did_not_answer_is_asked_again_and_a_write_is_not(
             with pytest.raises(httpx.ReadTimeout):
                 client._json("POST", "/dags")
         assert calls == [method] * asked
+    finally:
+        client.close()
+
+
+def test_a_trigger_the_api_server_did_not_answer_is_sent_again_and_makes_one_run() -> None:
+    """The loaded machine's CI failure: the standalone's API server starved past the client's 30 s on a trigger. The
+    run is named by the client, so the POST is sent again; the resend's 409 (the first made the run) is the run."""
+    import httpx
+
+    from tests.e2e.airflow_harness import AirflowClient
+
+    runs: dict[str, dict[str, object]] = {}
+    calls: list[str] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        calls.append(body["dag_run_id"])
+        if body["dag_run_id"] in runs:
+            return httpx.Response(409, json={"detail": "exists"})
+        runs[body["dag_run_id"]] = body["conf"]
+        if len(calls) == 1:  # done, but the answer comes too late
+            raise httpx.ReadTimeout("timed out", request=request)
+        return httpx.Response(200, json={"dag_run_id": body["dag_run_id"]})
+
+    client = AirflowClient("http://api.invalid")
+    client.http = httpx.Client(base_url="http://api.invalid/api/v2", transport=httpx.MockTransport(server))
+    try:
+        run_id = client.trigger_dag_run("dag", {"epochs": 2})
+        assert calls == [run_id, run_id] and runs == {run_id: {"epochs": 2}}
+        assert client.trigger_dag_run("dag") != run_id and len(runs) == 2  # a new trigger is a new run
+        with pytest.raises(httpx.HTTPStatusError, match="409"):  # a first answer's 409 is the caller's conflict
+            client.trigger_dag_run("dag", run_id=run_id)
     finally:
         client.close()
 

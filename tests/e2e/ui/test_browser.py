@@ -27,6 +27,8 @@ from tests.integration.slurm.conftest import SlurmCluster, slurm_cluster  # noqa
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = Path(__file__).resolve().parents[3] / "build" / "test-output" / "browser"
 QUICKSTART_CONF = {"epochs": 60, "epoch_seconds": 1.5}  # ~90 s of training: time to look at it while it runs
+PAGE_ATTEMPTS = 3
+PAGE_ATTEMPT_MS = 120_000  # a page on a loaded 2-core machine can take a minute; one that never comes is reloaded
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +63,23 @@ def page(browser: Any) -> Iterator[Any]:
         context.close()
 
 
+def _open(page: Any, shots: Path, url: str, ready: Any, name: str) -> None:
+    """Go to ``url`` until ``ready`` shows. The UI shows a failed API call's error and does not ask again (its pages
+    retry a few times, then give up): a page that did not come is loaded again, as a person would. Each miss leaves
+    its screenshot and the page's text in the output, so that a page that never comes says what it showed."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(1, PAGE_ATTEMPTS + 1):
+        page.goto(url)
+        try:
+            ready.wait_for(timeout=PAGE_ATTEMPT_MS)
+            return
+        except PlaywrightTimeout:
+            _shot(page, shots, f"{name}-miss-{attempt}", full_page=True)
+            print(f"--- {url} without {ready} (attempt {attempt}) ---\n{page.locator('body').inner_text()[:3000]}")
+    raise AssertionError(f"{url}: {ready} did not show in {PAGE_ATTEMPTS} loads (screenshots {name}-miss-*.png)")
+
+
 def _shot(page: Any, shots: Path, name: str, full_page: bool = False) -> Path:
     path = shots / f"{name}.png"
     page.screenshot(path=str(path), full_page=full_page)
@@ -74,8 +93,9 @@ def test_connection_forms_show_our_fields(page: Any, shots: Path, airflow_standa
         "tao_local", "tao_slurm", "tao_brev", "tao_docker", "tao_kubernetes", "tao_lepton"
     ]  # fmt: skip
     for conn in forms:
-        page.goto(f"{url}/connections")
-        page.get_by_role("button", name="Add Connection").click()
+        add = page.get_by_role("button", name="Add Connection")
+        _open(page, shots, f"{url}/connections", add, "01-connections")
+        add.click()
         dialog = page.get_by_role("dialog")
         dialog.get_by_label("Connection ID").fill(f"ui_{conn['connection-type']}")
         kind = dialog.get_by_role("combobox")
@@ -111,9 +131,10 @@ def _settled(page: Any, toast: Any) -> None:
     )
 
 
-def _add_slurm_connection(page: Any, url: str, conn_id: str, cluster: SlurmCluster, port: int) -> None:
-    page.goto(f"{url}/connections")
-    page.get_by_role("button", name="Add Connection").click()
+def _add_slurm_connection(page: Any, shots: Path, url: str, conn_id: str, *, cluster: SlurmCluster, port: int) -> None:
+    add = page.get_by_role("button", name="Add Connection")
+    _open(page, shots, f"{url}/connections", add, "02-connections")
+    add.click()
     dialog = page.get_by_role("dialog")
     dialog.get_by_label("Connection ID").fill(conn_id)
     kind = dialog.get_by_role("combobox")
@@ -140,7 +161,7 @@ def test_the_test_button_reaches_the_cluster(
     """A tao_slurm connection made in the form, then the list's Test button: SSH + sinfo on the real cluster, and
     on a closed port the words of what failed."""
     url = airflow_standalone.api_url
-    _add_slurm_connection(page, url, "ui_slurm", slurm_cluster, slurm_cluster.port)
+    _add_slurm_connection(page, shots, url, "ui_slurm", cluster=slurm_cluster, port=slurm_cluster.port)
     page.get_by_role("row").filter(has_text="ui_slurm").get_by_role("button", name="Test Connection").click()
     _settled(
         page, page.get_by_text(re.compile(rf"Connected to {re.escape(slurm_cluster.host)} as {slurm_cluster.user}"))
@@ -149,7 +170,7 @@ def test_the_test_button_reaches_the_cluster(
     _shot(page, shots, "02-connection-test-button-success")
 
     closed = free_ports(1)[0]
-    _add_slurm_connection(page, url, "ui_slurm_closed", slurm_cluster, closed)
+    _add_slurm_connection(page, shots, url, "ui_slurm_closed", cluster=slurm_cluster, port=closed)
     page.get_by_role("row").filter(has_text="ui_slurm_closed").get_by_role("button", name="Test Connection").click()
     _settled(page, page.get_by_text(re.compile(r"Unreachable: no login host answered on SSH")))
     _shot(page, shots, "02-connection-test-button-unreachable")
@@ -162,8 +183,9 @@ def test_a_deferred_training_task_in_the_ui(
     gpu_run = ui_dags.trigger_dag_run("tao_ui_two_platforms")  # a job with GPUs, for the view's chart
 
     # trigger the quickstart from its trigger form, with a longer training
-    page.goto(f"{url}/dags/tao_quickstart")
-    page.get_by_role("button", name="Trigger").first.click()
+    trigger = page.get_by_role("button", name="Trigger").first
+    _open(page, shots, f"{url}/dags/tao_quickstart", trigger, "03-dag-page")
+    trigger.click()
     dialog = page.get_by_role("dialog")
     for name, value in QUICKSTART_CONF.items():
         field = dialog.locator(f"input[name='element_{name}']")
@@ -186,8 +208,8 @@ def test_a_deferred_training_task_in_the_ui(
     job_id = ui_dags.get_job_id("tao_quickstart", run_id, "train")
 
     # the task while deferred: new log lines arrive without a reload
-    page.goto(f"{url}/dags/tao_quickstart/runs/{run_id}/tasks/train")
-    page.get_by_text("Deferred", exact=True).first.wait_for()
+    _open(page, shots, f"{url}/dags/tao_quickstart/runs/{run_id}/tasks/train",
+          page.get_by_text("Deferred", exact=True).first, "04-task-page")  # fmt: skip
     epochs = page.get_by_text(re.compile(r"\[job\] Epoch \d+/60"))
     wait_until(lambda: epochs.count() >= 2, timeout=180, message="no job log lines in the task log")
     first = epochs.count()
@@ -214,8 +236,9 @@ def test_a_deferred_training_task_in_the_ui(
     # the TAO jobs view, in the UI's navigation
     # (its local job, 1 GPU: the docker one can be removed by other test sessions sharing the engine)
     ui_dags.wait_for_task_instance("tao_ui_two_platforms", gpu_run, "train_local", ["success"], timeout=180)
-    page.goto(url)
-    page.get_by_role("link", name="TAO jobs").click()
+    nav = page.get_by_role("link", name="TAO jobs")
+    _open(page, shots, url, nav, "08-home")
+    nav.click()
     view = page.frame_locator("iframe[title='TAO jobs']")
     row = view.locator("tr", has_text=job_id)
     row.wait_for()
