@@ -9,6 +9,7 @@ lists the job with its GPU-hours and the chart, and its task link opens the task
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import subprocess
@@ -70,13 +71,15 @@ def _open(page: Any, shots: Path, url: str, ready: Any, name: str) -> None:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     for attempt in range(1, PAGE_ATTEMPTS + 1):
-        page.goto(url)
         try:
+            page.goto(url, timeout=PAGE_ATTEMPT_MS)  # the page itself not served in time is a miss too
             ready.wait_for(timeout=PAGE_ATTEMPT_MS)
             return
-        except PlaywrightTimeout:
-            _shot(page, shots, f"{name}-miss-{attempt}", full_page=True)
-            print(f"--- {url} without {ready} (attempt {attempt}) ---\n{page.locator('body').inner_text()[:3000]}")
+        except PlaywrightTimeout as exc:
+            with contextlib.suppress(Exception):  # what there is to show of a page that may not have come at all
+                _shot(page, shots, f"{name}-miss-{attempt}", full_page=True)
+                print(f"--- {url}: {exc.message.splitlines()[0]} (attempt {attempt}); the page's text ---")
+                print(page.locator("body").inner_text(timeout=10_000)[:3000])
     raise AssertionError(f"{url}: {ready} did not show in {PAGE_ATTEMPTS} loads (screenshots {name}-miss-*.png)")
 
 
