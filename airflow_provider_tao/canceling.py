@@ -40,7 +40,7 @@ def cancel_as_person(job: IndexedJob, hook: TAOPlatformHook, by: str) -> dict[st
     # an ended job marked already (canceled before) is not this cancel's: only a mark its routine writes now is
     marked_before = before.is_terminal and _marked(hook, job, unread=True)
     try:
-        stopped = _asked(lambda: hook.cancel_job(handle, requested_by=by), f"Canceling job {job.job_id}")
+        stopped = _asked(lambda: hook.cancel_job(handle, requested_by=by), f"Canceling job {job.job_id}").over
     except Exception as exc:  # the person's cancel stands where it was kept; the job's is theirs to ask again
         kept = ti_state if job.trial is None else None  # a trial keeps no cancel record
         return _row(job, before.value, False, _state_now(hook, job), by=by, note=unsent_note(exc, kept))

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.jobindex import WAITING_TI_STATES, WANTED_TI_STATES, IndexedJob
 
 if TYPE_CHECKING:
@@ -222,15 +223,20 @@ def recorded_jobs(
     return found
 
 
+#: A sweep row's action for what the cancel routine did: a job that ended between the listing and the cancel kept
+#: its own verdict; one a newer try claimed meanwhile (Kubernetes' patch tests the marks it read) is that try's.
+SWEEP_ACTIONS = {CancelOutcome.STOPPED: "canceled", CancelOutcome.ENDED: "ended", CancelOutcome.NOT_OURS: "kept"}
+
+
 def _cancel(hook: TAOPlatformHook, handle: JobHandle, job: IndexedJob | None, why: str) -> str:
     try:
-        stopped = hook.cancel_job(handle, requested_by=f"reap: {why}")  # decides through operators/decisions.py
-        if stopped and not task_resumes(job):  # cleanup only after a job that has stopped (or had ended)
+        outcome = hook.cancel_job(handle, requested_by=f"reap: {why}")  # decides through operators/decisions.py
+        if outcome.over and not task_resumes(job):  # cleanup only after a job that has stopped (or had ended)
             hook.cleanup_job(handle)  # no task will resume to clean up after it
     except Exception as exc:  # one job the platform would not cancel must not stop the sweep
         log.warning("Canceling job %s on %s failed: %s", handle.job_id, hook.platform, exc)
         return "cancel failed"
-    return "canceled" if stopped else "cancel failed"
+    return SWEEP_ACTIONS[outcome]
 
 
 def describe(row: Mapping[str, Any]) -> str:

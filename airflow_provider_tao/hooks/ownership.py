@@ -15,6 +15,7 @@ The rule, in two parts, and nowhere else (the decision table of ``docs/decisions
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -50,6 +51,26 @@ def cancel_binds(marks: Mapping[str, Any], submitted_by: int | None = None) -> b
 def stale_cancel(marks: Mapping[str, Any], submitted_by: int | None = None) -> bool:
     """The job carries an older try's cancel mark that no longer binds (see :func:`cancel_binds`)."""
     return marks.get(MARK_CANCEL) is not None and not cancel_binds(marks, submitted_by)
+
+
+class CancelOutcome(enum.Enum):
+    """What the one cancel routine (:meth:`OwnershipMixin.cancel_job`) did with a job."""
+
+    #: It ran: the routine marked it canceled and the platform stopped it.
+    STOPPED = "stopped"
+    #: It had ended (or there was none): it keeps its own verdict, nothing was marked.
+    ENDED = "ended"
+    #: Another try owns it now (a clear claimed it): left alone.
+    NOT_OURS = "left to the try that owns it"
+
+    def __bool__(self) -> bool:
+        # the routine returned a bool once; a truthy test of an outcome would always pass
+        raise TypeError("a CancelOutcome is not a bool: test .over, or compare with a member")
+
+    @property
+    def over(self) -> bool:
+        """The job runs no more for the canceling try (stopped now, or ended before): what it holds may be let go."""
+        return self is not CancelOutcome.NOT_OURS
 
 
 class OwnershipMixin:
@@ -103,11 +124,11 @@ class OwnershipMixin:
             )
         return owner == handle.try_number
 
-    def cancel_job(self, handle: JobHandle, requested_by: str | None = None) -> bool:
-        """The one cancel routine: cancel the job if ``handle``'s try still owns it.
+    def cancel_job(self, handle: JobHandle, requested_by: str | None = None) -> CancelOutcome:
+        """The one cancel routine: cancel the job if ``handle``'s try still owns it, and say what it did.
 
-        Returns True when the job is stopped (or was already), False when it was left alone because
-        another try owns it now. A finished job keeps its own verdict (it is never marked canceled).
+        A finished job keeps its own verdict (it is never marked canceled): :attr:`CancelOutcome.ENDED`. A job
+        another try owns now is left alone (:attr:`CancelOutcome.NOT_OURS`) unless ``requested_by`` is given.
 
         :param handle: the job, as the canceling try knows it.
         :param requested_by: a person or tool canceling from outside the task (``"cli:jdoe"``, ``"reap: ..."``):
@@ -116,9 +137,9 @@ class OwnershipMixin:
         """
         marks = self.read_marks(handle)
         if requested_by is None and not self._owned(handle, marks):
-            return False
+            return CancelOutcome.NOT_OURS
         if not self._cancel_decided(handle, marks, self.get_job_status(handle), requested_by):
-            return True  # it has ended: it keeps its own verdict
+            return CancelOutcome.ENDED
         if requested_by is not None:
             # who asked first, then the cancel itself -- on behalf of the owning try, so every platform's own
             # reading of "canceled" (the cancel mark) holds for a person's cancel too
@@ -129,7 +150,7 @@ class OwnershipMixin:
             "Canceling job %s (%s) on %s%s", handle.job_id, handle.backend_job_id, self.platform,
             f" for {requested_by}" if requested_by else "",
         )  # fmt: skip
-        return self._cancel(handle)
+        return _outcome(self._cancel(handle))
 
     def _cancel_decided(
         self, handle: JobHandle, marks: Mapping[str, Any], status: JobStatus, requested_by: str | None
@@ -146,13 +167,19 @@ class OwnershipMixin:
             raise DecideLater(f"job {handle.job_id}: {verdict.why} ({status.message})")
         return verdict.act is Act.CANCEL
 
-    async def acancel_job(self, handle: JobHandle) -> bool:
+    async def acancel_job(self, handle: JobHandle) -> CancelOutcome:
         """Async twin of :meth:`cancel_job` (the trigger's ``on_kill``): the same routine on the async client."""
         marks = await self.aread_marks(handle)
         if not self._owned(handle, marks):
-            return False
+            return CancelOutcome.NOT_OURS
         if not self._cancel_decided(handle, marks, await self.aget_job_status(handle), None):
-            return True  # it has ended: it keeps its own verdict
+            return CancelOutcome.ENDED
         await self.awrite_mark(handle, MARK_CANCEL, handle.try_number)
         self.log.info("Canceling job %s (%s) on %s", handle.job_id, handle.backend_job_id, self.platform)
-        return await self._acancel(handle)
+        return _outcome(await self._acancel(handle))
+
+
+def _outcome(stopped: bool) -> CancelOutcome:
+    """A platform's stop as an outcome: it stopped the job, or found that another try claimed it between the
+    routine's read and its stop (Kubernetes' patch tests the marks it read)."""
+    return CancelOutcome.STOPPED if stopped else CancelOutcome.NOT_OURS

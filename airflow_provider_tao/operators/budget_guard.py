@@ -44,7 +44,7 @@ class BudgetGuardMixin:
         stopped = ended
         if cancel:
             try:
-                stopped = hook.cancel_job(handle)
+                stopped = hook.cancel_job(handle).over
             except Exception as exc:
                 self.log.warning("Canceling job %s failed (%s): airflow tao reap stops it", handle.job_id, exc)
         if stopped:

@@ -319,12 +319,13 @@ class CapacityFailoverMixin:
     ) -> None:
         owned = stray.owned_by(context["ti"].try_number)
         hook.claim_job(owned)
-        if hook.cancel_job(owned):
+        outcome = hook.cancel_job(owned)
+        if outcome.over:
             hook.cleanup_job(owned)
         kept_text = f"job {kept[1].job_id} on connection {kept[0].conn_id!r}" if kept else "a new submission"
         self.log.warning(
-            "Canceled job %s on %s: a stray of this task instance (its job is %s)",
-            stray.job_id, self._where(position, hook), kept_text,
+            "Job %s on %s, a stray of this task instance (its job is %s): %s",
+            stray.job_id, self._where(position, hook), kept_text, outcome.value,
         )  # fmt: skip
 
     # ----------------------------------------------------------------- failing over
@@ -345,7 +346,7 @@ class CapacityFailoverMixin:
             self.log.info("Job %s got its resources after all: keeping it", handle.job_id)
             return self._watch(context, hook, handle, self._outputs_of(context, handle))
         self._close_attempt(context, hook, handle, outcome="capacity", reason=reason)
-        if not hook.cancel_job(handle):
+        if not hook.cancel_job(handle).over:
             raise AirflowException(
                 f"Job {handle.job_id} found no capacity, but another try owns it now: not failing over from this try"
             )

@@ -512,7 +512,7 @@ class JobLifecycleMixin(BudgetGuardMixin, JobOutcomeMixin):
         own = [self._handle] if self._handle else [h for h in [self._submitted()] if h] or self._reattached()
         for handle in own:
             hook = _loaded_hook(handle)
-            if hook.cancel_job(handle):
+            if hook.cancel_job(handle).over:
                 # a kill does not say whether the task runs again (a clear, a timeout with retries left): a job
                 # that completed on its own meanwhile is kept for that try to adopt, and swept once the task is over
                 hook.cleanup_job(handle, adoptable=True)

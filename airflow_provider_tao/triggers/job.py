@@ -31,6 +31,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tao.hooks import get_platform_hook
 from airflow_provider_tao.hooks.base import TAOPlatformHook
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.joblog import JobLogWriter
 from airflow_provider_tao.jobs import NOT_FOUND_POLLS, JobHandle, JobState, JobStatus
 from airflow_provider_tao.operators.decisions import UNKNOWN, Act, Facts, Situation, Verdict, decide, state_fact
@@ -471,12 +472,12 @@ class TAOJobTrigger(BaseTrigger):
             # As the operator's on_kill: a job that was stopped (or had just ended) is cleaned up too -- the task
             # will not resume to do it (a Brev instance of the task's own, a container with auto_remove) -- but for
             # what a cleared task's next try needs to adopt a job that completed on its own (``adoptable``)
-            if await self._cancel_until_done(hook):
+            if (await self._cancel_until_done(hook)).over:
                 await asyncio.to_thread(functools.partial(hook.cleanup_job, self.handle, adoptable=adoptable))
         finally:
             await hook.aclose()
 
-    async def _cancel_until_done(self, hook: TAOPlatformHook) -> bool:
+    async def _cancel_until_done(self, hook: TAOPlatformHook) -> CancelOutcome:
         """The cancel, asked again with a growing pause while the platform fails it (an outage, a blip) until
         :data:`CANCEL_RETRY_SECONDS` have passed: nothing else would cancel the job before the next sweep."""
         give_up = time.monotonic() + CANCEL_RETRY_SECONDS
@@ -501,8 +502,8 @@ async def stop_at_deadline(hook: TAOPlatformHook, handle: JobHandle, log: Any) -
     keeps its verdict), not when a worker resumes the task -- a task marked failed or success before it resumes
     never does, and its job would run on until the next sweep. A cancel that fails is the resumed task's to do."""
     try:
-        if await hook.acancel_job(handle):
-            log.info("The task's execution_timeout passed: job %s canceled", handle.job_id)
+        outcome = await hook.acancel_job(handle)
+        log.info("The task's execution_timeout passed: job %s %s", handle.job_id, outcome.value)
     except Exception as exc:
         log.warning("Canceling job %s at the task's deadline failed (%s): the resumed task does", handle.job_id, exc)
 

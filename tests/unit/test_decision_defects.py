@@ -14,6 +14,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
 from airflow_provider_tao.hooks.base import MARK_CANCEL, MARK_OWNER
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 from airflow_provider_tao.person_cancel import CANCEL_KEY
 from airflow_provider_tao.triggers.job import TAOJobTrigger
@@ -60,7 +61,7 @@ def test_defect_1_a_platform_blip_at_resume_does_not_undo_a_persons_cancel(
     store = Store()
     op, handle = _deferred_job(fake_platform, store)
     store.set(CANCEL_KEY, {"ti_id": "ti-1", "by": "cli:jdoe", "at": 0, "job": handle.to_json()})
-    assert FakeHook().cancel_job(handle, requested_by="cli:jdoe")
+    assert FakeHook().cancel_job(handle, requested_by="cli:jdoe") is CancelOutcome.STOPPED
     _fails_once(monkeypatch, "read_marks", ConnectionError("SSH session reset"))
 
     with pytest.raises(Exception) as first:

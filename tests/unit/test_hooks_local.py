@@ -25,6 +25,7 @@ import pytest
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.local import LocalHook
 from airflow_provider_tao.hooks.local import supervisor as local_supervisor
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState, JobStatus
 from tests.unit.lifecycle_steps import alive as _alive
 
@@ -297,7 +298,7 @@ def test_running_job_has_no_failure_analysis(hook):
     handle = hook.create_job(make_spec("sleep 30"))
     wait_for(lambda: hook.get_job_status(handle).state is JobState.RUNNING)
     assert hook.get_failure_analysis(handle) is None
-    assert hook.cancel_job(handle)
+    assert hook.cancel_job(handle) is CancelOutcome.STOPPED
 
 
 # ----------------------------------------------------------------------------- the job's environment
@@ -800,7 +801,7 @@ def test_cancel_terminates_a_running_job(local_env):
     handle = hook.create_job(make_spec("echo started; sleep 30"), try_number=2)
     wait_log(hook, handle, "started")
     pgid = pid_record(hook, handle)["pgid"]
-    assert hook.cancel_job(handle) is True
+    assert hook.cancel_job(handle) is CancelOutcome.STOPPED
     group_gone(pgid)
     status = wait_terminal(hook, handle)
     assert status.state is JobState.CANCELED
@@ -824,7 +825,7 @@ def test_a_job_submitted_from_a_thread_that_blocks_sigterm_still_stops_on_term(l
     thread.join()
     (handle,) = handles
     wait_log(hook, handle, "started")
-    assert hook.cancel_job(handle) is True
+    assert hook.cancel_job(handle) is CancelOutcome.STOPPED
     status = wait_terminal(hook, handle)
     assert (status.state, status.exit_code) == (JobState.CANCELED, -signal.SIGTERM)  # not the grace's SIGKILL
 
@@ -835,7 +836,7 @@ def test_issue_22_hole_5_a_job_that_exits_0_on_sigterm_reads_as_canceled(local_e
         make_spec("trap 'echo checkpoint; exit 0' TERM; echo started; while :; do sleep 0.1; done")
     )
     wait_log(hook, handle, "started")
-    assert hook.cancel_job(handle) is True
+    assert hook.cancel_job(handle) is CancelOutcome.STOPPED
     status = wait_terminal(hook, handle)
     assert "checkpoint" in whole_log(hook, handle)
     assert (status.state, status.exit_code) == (JobState.CANCELED, 0)
@@ -846,7 +847,7 @@ def test_cancel_kills_a_term_ignoring_job_after_the_grace_period(hook):
     wait_log(hook, handle, "ready")
     pgid = pid_record(hook, handle)["pgid"]
     start = time.monotonic()
-    assert hook.cancel_job(handle) is True
+    assert hook.cancel_job(handle) is CancelOutcome.STOPPED
     assert time.monotonic() - start >= GRACE  # the grace was given (a lower bound: load only lengthens it)
     assert local_supervisor.group_members(pgid) == []
     status = hook.get_job_status(handle)
@@ -857,27 +858,27 @@ def test_cancel_kills_a_term_ignoring_job_after_the_grace_period(hook):
 def test_cancel_is_idempotent(hook):
     handle = hook.create_job(make_spec("echo started; sleep 30"))
     wait_log(hook, handle, "started")
-    assert hook.cancel_job(handle) is True
-    assert hook.cancel_job(handle) is True
+    assert hook.cancel_job(handle) is CancelOutcome.STOPPED
+    assert hook.cancel_job(handle).over  # stopped again, or ended meanwhile
     assert wait_terminal(hook, handle).state is JobState.CANCELED
-    assert hook.cancel_job(handle) is True
+    assert hook.cancel_job(handle) is CancelOutcome.ENDED
     assert hook.get_job_status(handle).state is JobState.CANCELED
 
 
-def test_cancel_of_a_completed_job_returns_true_and_keeps_it_complete(hook):
+def test_cancel_of_a_completed_job_says_ended_and_keeps_it_complete(hook):
     handle = hook.create_job(make_spec("echo done"))
     assert wait_terminal(hook, handle).state is JobState.COMPLETE
-    assert hook.cancel_job(handle) is True
-    assert hook.cancel_job(handle) is True
+    assert hook.cancel_job(handle) is CancelOutcome.ENDED
+    assert hook.cancel_job(handle) is CancelOutcome.ENDED
     status = hook.get_job_status(handle)
     assert (status.state, status.exit_code) == (JobState.COMPLETE, 0)
 
 
-def test_cancel_of_a_failed_job_returns_true_and_keeps_it_failed(hook):
+def test_cancel_of_a_failed_job_says_ended_and_keeps_it_failed(hook):
     # A late cancel (deadline event, a stale on_kill) must not rewrite how the job ended.
     handle = hook.create_job(make_spec("echo failing; exit 3"))
     assert wait_terminal(hook, handle).state is JobState.ERROR
-    assert hook.cancel_job(handle) is True
+    assert hook.cancel_job(handle) is CancelOutcome.ENDED
     status = hook.get_job_status(handle)
     assert (status.state, status.exit_code) == (JobState.ERROR, 3), status
     assert hook.get_failure_analysis(handle).err_class is ErrClass.ERR_PROGRAM
@@ -886,7 +887,7 @@ def test_cancel_of_a_failed_job_returns_true_and_keeps_it_failed(hook):
 def test_cancel_right_after_submission_stops_the_job(hook):
     # The supervisor may not have written its pid yet: the cancel must still win.
     handle = hook.create_job(make_spec("sleep 1; echo SHOULD-NOT-RUN"))
-    assert hook.cancel_job(handle) is True
+    assert hook.cancel_job(handle) is CancelOutcome.STOPPED
     status = wait_terminal(hook, handle)
     assert status.state is JobState.CANCELED, status
     assert "SHOULD-NOT-RUN" not in whole_log(hook, handle)
@@ -905,10 +906,10 @@ def test_a_missing_jobs_folder_is_an_outage_not_a_lost_job(hook):
         hook.cancel_job(handle)
 
 
-def test_cancel_of_an_unknown_job_is_true(hook):
+def test_cancel_of_an_unknown_job_says_ended(hook):
     hook.jobs_dir.mkdir(parents=True)
     ghost = JobHandle(platform="local", conn_id=CONN_ID, job_id="doesnotexist", name="ghost")
-    assert hook.cancel_job(ghost) is True
+    assert hook.cancel_job(ghost) is CancelOutcome.ENDED
 
 
 def test_background_children_are_gone_after_cancel(hook):
@@ -917,7 +918,7 @@ def test_background_children_are_gone_after_cancel(hook):
     children = [int(line.removeprefix("bg=")) for line in log.splitlines()]
     pgid = pid_record(hook, handle)["pgid"]
     assert all(_alive(pid) for pid in children)
-    assert hook.cancel_job(handle) is True
+    assert hook.cancel_job(handle) is CancelOutcome.STOPPED
     assert not [pid for pid in children if _alive(pid)]
     assert local_supervisor.group_members(pgid) == []
     assert hook.get_job_status(handle).state is JobState.CANCELED
@@ -949,7 +950,7 @@ def test_marks_claim_and_owner(hook):
     assert hook.job_owner(handle) == 2
     assert hook.job_owner(taken) == 2
     assert hook.read_marks(handle) == {"owner_try": "2"}
-    assert hook.cancel_job(taken) is True
+    assert hook.cancel_job(taken) is CancelOutcome.STOPPED
     assert hook.read_marks(handle) == {"owner_try": "2", "cancel_requested_by": "2"}
 
 
@@ -958,11 +959,11 @@ def test_cancel_from_a_try_that_no_longer_owns_the_job_is_skipped(hook):
     wait_log(hook, old, "started")
     new = old.owned_by(2)
     hook.claim_job(new)
-    assert hook.cancel_job(old) is False  # the old trigger's on_kill after a clear
+    assert hook.cancel_job(old) is CancelOutcome.NOT_OURS  # the old trigger's on_kill after a clear
     assert hook.cancel_requested_by(old) is None
     time.sleep(0.2)
     assert hook.get_job_status(old).state is JobState.RUNNING
-    assert hook.cancel_job(new) is True
+    assert hook.cancel_job(new) is CancelOutcome.STOPPED
     assert hook.cancel_requested_by(old) == 2
     assert wait_terminal(hook, new).state is JobState.CANCELED
 
@@ -1013,7 +1014,7 @@ async def test_batched_statuses_equal_per_job_statuses(hook, monkeypatch):
     async_batch = await hook.aget_job_statuses(handles)
     assert {k: _comparable(v) for k, v in async_batch.items()} == {k: _comparable(v) for k, v in single.items()}
     assert _comparable(await hook.aget_job_status(error)) == _comparable(single[error.job_id])
-    assert hook.cancel_job(running)
+    assert hook.cancel_job(running) is CancelOutcome.STOPPED
 
 
 async def test_async_twins_match_sync(hook):
@@ -1021,7 +1022,7 @@ async def test_async_twins_match_sync(hook):
     wait_terminal(hook, handle)
     assert await hook.aget_job_logs(handle, "0") == hook.get_job_logs(handle, "0")
     assert await hook.aget_job_logs(handle, "2") == ("b\n", "4")
-    assert await hook.acancel_job(handle) is True
+    assert await hook.acancel_job(handle) is CancelOutcome.ENDED
 
 
 # ----------------------------------------------------------------------------- paths

@@ -16,6 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_provider_tao import canceling
 from airflow_provider_tao.hooks.base import MARK_CONSUMED, JobValidationError
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
 from airflow_provider_tao.records import STATE_KEY
@@ -179,7 +180,7 @@ def test_defect_5_a_cancel_by_the_resuming_try_itself_resubmits(fake_platform: t
     op = _op(deferrable=True)
     deferred = _defer(op, make_context(store, 1))
     handle = JobHandle.from_json(deferred.trigger.serialize()[1]["handle"])
-    assert FakeHook().cancel_job(handle) is True  # what the trigger's on_kill does
+    assert FakeHook().cancel_job(handle) is CancelOutcome.STOPPED  # what the trigger's on_kill does
     with pytest.raises(TaskDeferred):
         op.execute_complete(make_context(store, 1), _event(handle, "canceled"))
     assert len(fake_platform.jobs) == 2
@@ -485,7 +486,8 @@ def test_issue_22_a_persons_cancel_during_the_failure_analysis_is_final(fake_pla
     real = FakeHook.get_failure_analysis
 
     def analysis(self: FakeHook, h: JobHandle) -> Any:
-        assert FakeHook().cancel_job(h, requested_by="cli:jdoe") is True  # `airflow tao cancel` lands meanwhile
+        # `airflow tao cancel` lands meanwhile
+        assert FakeHook().cancel_job(h, requested_by="cli:jdoe") is CancelOutcome.STOPPED
         return real(self, h)
 
     FakeHook.get_failure_analysis = analysis  # type: ignore[method-assign]

@@ -10,6 +10,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout, TaskDeferred
 
 from airflow_provider_tao.hooks.base import JobSubmitError, JobValidationError
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobState, JobStatus
 from airflow_provider_tao.links import XCOM_CONSOLE_URL, XCOM_JOB_ID, XCOM_RESULTS_DIR
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
@@ -94,7 +95,7 @@ def test_retry_reattaches_to_the_running_job_and_takes_it_over(fake_platform: ty
     assert handle.try_number == 2
     assert FakeHook().job_owner(handle) == 2
     # the first try's trigger on_kill must now leave the job alone
-    assert FakeHook().cancel_job(handle.owned_by(1)) is False
+    assert FakeHook().cancel_job(handle.owned_by(1)) is CancelOutcome.NOT_OURS
     assert fake_platform.jobs[handle.job_id]["state"] is JobState.RUNNING
 
 

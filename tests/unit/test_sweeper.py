@@ -181,6 +181,23 @@ def test_a_cancel_the_platform_refuses_does_not_stop_the_sweep(hook: ListingHook
     assert {row["job_id"]: row["action"] for row in rows} == {first.job_id: "cancel failed", second.job_id: "canceled"}
 
 
+def test_a_job_that_ended_between_the_listing_and_the_cancel_is_reported_ended_with_its_verdict(
+    hook: ListingHook,
+) -> None:
+    """The cancel routine tells "stopped" from "had ended": an orphan that completed after the sweep listed it keeps
+    its verdict, and its row says so instead of "canceled" (it was never marked, so nothing reads it as canceled)."""
+    orphan = _submit(hook, "0000000000b1")
+    listed = hook.list_active_jobs()
+    FakeHook.jobs[orphan.job_id]["state"] = JobState.COMPLETE  # it ends while the sweep decides
+    known = {orphan.job_id: _job(orphan, ti_state="failed")}
+    (row,) = sweeper.sweep_connection(
+        hook, known, now=time.time(), min_age=0.0, dry_run=False, recheck=lambda job: None, active=listed
+    )
+    assert (row["action"], row["why"]) == ("ended", "orphan: its task is failed")
+    assert hook.get_job_status(orphan).state is JobState.COMPLETE and hook.canceled_by(orphan) is None
+    assert ListingHook.cleaned == [orphan.job_id]  # no task resumes to clean up after it
+
+
 def test_the_maintenance_task_logs_every_decision_and_fails_on_a_connection_it_could_not_sweep(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -14,6 +14,7 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from airflow_provider_tao import settings
 from airflow_provider_tao.get_provider_info import CONNECTION_FORMS, get_provider_info
 from airflow_provider_tao.hooks.base import ConnectionProblem, TAOPlatformHook
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.jobs import JobHandle, JobState
 from airflow_provider_tao.links import TAOJobLink, TAOResultsLink, job_page_path, results_link
 from airflow_provider_tao.operators.submit import TAOSubmitOperator
@@ -126,8 +127,8 @@ def test_a_cancel_from_outside_fails_the_task_with_err_canceled_and_never_resubm
     # `airflow tao cancel` holds the handle from the store, owned by try 1; another try may own the job by then
     hook = FakeHook()
     hook.write_mark(handle, "owner_try", 2)
-    assert hook.cancel_job(handle) is False  # a try that lost the job may not cancel it ...
-    assert hook.cancel_job(handle, requested_by="cli:jdoe") is True  # ... a person may
+    assert hook.cancel_job(handle) is CancelOutcome.NOT_OURS  # a try that lost the job may not cancel it ...
+    assert hook.cancel_job(handle, requested_by="cli:jdoe") is CancelOutcome.STOPPED  # ... a person may
     assert fake_platform.jobs[handle.job_id]["state"] is JobState.CANCELED
     assert hook.canceled_by(handle) == "cli:jdoe"
     assert hook.cancel_requested_by(handle) == 2  # on behalf of the owner: platforms read it as a cancel
@@ -152,7 +153,7 @@ def test_a_finished_job_is_never_marked_canceled_by_a_person(fake_platform: type
         mock.Mock(job_id="j1", name="n", spec=["job_id", "name"]),  # type: ignore[arg-type]
     )
     fake_platform.jobs["j1"]["state"] = JobState.COMPLETE
-    assert hook.cancel_job(handle, requested_by="cli:jdoe") is True
+    assert hook.cancel_job(handle, requested_by="cli:jdoe") is CancelOutcome.ENDED
     assert hook.canceled_by(handle) is None and fake_platform.jobs["j1"]["state"] is JobState.COMPLETE
 
 

@@ -16,6 +16,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_tao.hooks.brev import BrevHook
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.jobs import JobHandle, JobSpec
 from tests.brevfake.control import BrevWorld
 from tests.integration.brev.conftest import CONN_ID, brev_connection
@@ -129,7 +130,7 @@ def test_active_jobs_are_listed_with_their_console_page_until_canceled(
         assert abs(found.submitted_at - handle.submitted_at) < 60
         assert hook.lease_expired(found) is False  # a reused instance has no lease of ours: [tao] lease_hours (0)
 
-    assert hook.cancel_job(jobs[0], requested_by="reap: test") is True
+    assert hook.cancel_job(jobs[0], requested_by="reap: test") is CancelOutcome.STOPPED
     assert hook.canceled_by(jobs[0]) == "reap: test"
     assert {h.job_id for h in hook.list_active_jobs()} == {jobs[1].job_id}
     hook.cancel_job(jobs[1])
@@ -141,7 +142,8 @@ def test_a_persons_cancel_fails_the_waiting_task_with_err_canceled_then_the_task
 ) -> None:
     run = start(triggerer, make_operator(CONN_ID, image=docker_engine.busybox, command="sleep 300", retries=2))
     handle = JobHandle.from_json(run.handle)
-    assert BrevHook(CONN_ID).cancel_job(handle, requested_by="cli:jdoe") is True  # what `airflow tao cancel` does
+    outcome = BrevHook(CONN_ID).cancel_job(handle, requested_by="cli:jdoe")  # what `airflow tao cancel` does
+    assert outcome is CancelOutcome.STOPPED
     assert brev_world.instance(handle.name)["status"] == "RUNNING"  # kept until its task has seen the cancel
     with pytest.raises(AirflowFailException, match=r"ERR_CANCELED \(not retriable\).*canceled by cli:jdoe"):
         finish(run)

@@ -18,6 +18,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
 from airflow_provider_tao.hooks.docker import TAODockerHook
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.hooks.shared.results import UnsafeResultFile
 from airflow_provider_tao.jobs import JobHandle, JobState
@@ -293,7 +294,7 @@ def test_issue_22_hole_5_a_trainer_that_exits_0_on_sigterm_reads_as_canceled_not
     trainer = "trap 'echo checkpoint; exit 0' TERM; while true; do sleep 1; done"
     run = start(triggerer, _op(docker_engine.busybox, trainer))
     docker_engine.wait_running(run.job_id)
-    assert hook.cancel_job(JobHandle.from_json(run.handle), requested_by="cli:jdoe")
+    assert hook.cancel_job(JobHandle.from_json(run.handle), requested_by="cli:jdoe") is CancelOutcome.STOPPED
     with pytest.raises(AirflowFailException, match="ERR_CANCELED"):
         finish(run, timeout=60)
     assert docker_engine.state(run.job_id)["ExitCode"] == 0  # what the trainer chose on SIGTERM
@@ -310,7 +311,7 @@ def test_issue_22_hole_2_a_persons_cancel_with_auto_remove_stays_final(
     docker_engine.wait_running(run.job_id)
     rm_hook = TAODockerHook("tao_docker_rm")
     rm_hook.load_connection()
-    assert rm_hook.cancel_job(JobHandle.from_json(run.handle), requested_by="cli:jdoe")
+    assert rm_hook.cancel_job(JobHandle.from_json(run.handle), requested_by="cli:jdoe") is CancelOutcome.STOPPED
     with pytest.raises(AirflowFailException, match=r"ERR_CANCELED.*canceled by cli:jdoe"):
         finish(run, timeout=60)
     assert docker_engine.named(_name(run)) == []  # removed once the verdict was read

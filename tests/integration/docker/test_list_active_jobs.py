@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from airflow_provider_tao.hooks.docker import TAODockerHook
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.jobs import JobSpec
 from tests.integration.docker.conftest import DockerEngine
 
@@ -32,7 +33,7 @@ def test_active_jobs_are_listed_until_canceled(docker_engine: DockerEngine, dock
                 handle.name,
                 handle.results_dir,
             )
-        assert hook.cancel_job(jobs[0], requested_by="reap: test") is True
+        assert hook.cancel_job(jobs[0], requested_by="reap: test") is CancelOutcome.STOPPED
         assert hook.canceled_by(jobs[0]) == "reap: test"
         assert jobs[0].job_id not in {h.job_id for h in hook.list_active_jobs()}
         assert jobs[1].job_id in {h.job_id for h in hook.list_active_jobs()}

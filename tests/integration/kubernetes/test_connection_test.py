@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from tests.e2e.airflow_harness import free_ports
 from tests.fakeserver import stop_process
 from tests.integration.kubernetes.conftest import KubeFake, start_kubefake
@@ -95,6 +96,6 @@ def test_active_jobs_are_listed_until_canceled(
     listed = {h.job_id: h for h in hook.list_active_jobs()}
     assert {h.job_id for h in jobs} <= set(listed)
     assert listed[jobs[0].job_id].name == jobs[0].name
-    assert hook.cancel_job(jobs[0], requested_by="reap: test") is True
+    assert hook.cancel_job(jobs[0], requested_by="reap: test") is CancelOutcome.STOPPED
     assert jobs[0].job_id not in {h.job_id for h in hook.list_active_jobs()}
     hook.cancel_job(jobs[1])

@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from airflow_provider_tao.hooks.base import MARK_CANCEL, MARK_CANCELED_BY, MARK_OWNER
 from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
 from airflow_provider_tao.hooks.kubernetes.marks import JSON_PATCH, mark_annotation
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.hooks.shared import container as ct
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState, JobStatus
 from tests.integration.docker.conftest import DockerEngine
@@ -84,7 +85,7 @@ def test_a_persons_cancel_of_a_replaced_job_neither_marks_nor_stops_the_retrys_j
         return status
 
     monkeypatch.setattr(TAOKubernetesHook, "get_job_status", replaced_after_the_read)
-    assert hook.cancel_job(first, requested_by="cli:jdoe")  # nothing of the first Job is left to stop
+    assert hook.cancel_job(first, requested_by="cli:jdoe").over  # read running; nothing of it left to stop
     monkeypatch.undo()
     second = retry[0]
     assert hook.canceled_by(first) is None  # so the CLI reports "already ended: left as it was"
@@ -92,7 +93,7 @@ def test_a_persons_cancel_of_a_replaced_job_neither_marks_nor_stops_the_retrys_j
     assert set(hook.read_marks(second)) <= {MARK_OWNER}  # its own claim only
     assert not kubefake.jobs_named(spec.name)[0].spec.suspend
     assert hook.get_job_status(second).state in (JobState.PENDING, JobState.RUNNING)
-    assert hook.cancel_job(second) and hook.cleanup_job(second) is None
+    assert hook.cancel_job(second) is CancelOutcome.STOPPED and hook.cleanup_job(second) is None
     kubefake.wait_gone(second.job_id)
 
 

@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from airflow_provider_tao.hooks.base import LOG_READ_LIMIT
 from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
 from airflow_provider_tao.hooks.kubernetes.marks import mark_annotation
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.jobs import ErrClass, JobHandle, JobSpec, JobState
 from airflow_provider_tao.runner.entrypoint import MANIFEST_NAME
 from airflow_provider_tao.triggers.poller import StatusPoller
@@ -292,7 +293,7 @@ def test_issue_22_hole_2_a_persons_cancel_stays_final_though_the_job_is_stopped(
     (ERR_CANCELED, nothing resubmitted), so the cancel may not delete the Job that carries the mark."""
     run = start(triggerer, _op(docker_engine.busybox, "sleep 300"))
     kubefake.wait_running(_name(run))
-    assert hook.cancel_job(JobHandle.from_json(run.handle), requested_by="cli:jdoe")
+    assert hook.cancel_job(JobHandle.from_json(run.handle), requested_by="cli:jdoe") is CancelOutcome.STOPPED
     with pytest.raises(AirflowFailException, match=r"ERR_CANCELED.*canceled by cli:jdoe"):
         finish(run, timeout=60)
     kubefake.wait_gone(run.job_id)  # deleted, with its pods, once the task read the verdict
@@ -316,11 +317,11 @@ def test_issue_22_hole_3_an_old_trys_cancel_leaves_the_job_a_newer_try_claimed_m
         return real_call(self, group, method, *args, **kwargs)
 
     monkeypatch.setattr(TAOKubernetesHook, "_call", claimed_meanwhile)
-    assert hook.cancel_job(handle) is False
+    assert hook.cancel_job(handle) is CancelOutcome.NOT_OURS
     assert hook.get_job_status(handle).state is JobState.RUNNING
     run.future.cancel()
     monkeypatch.undo()
-    assert hook.cancel_job(handle.owned_by(2)) and hook.cleanup_job(handle) is None
+    assert hook.cancel_job(handle.owned_by(2)) is CancelOutcome.STOPPED and hook.cleanup_job(handle) is None
     kubefake.wait_gone(run.job_id)
 
 
@@ -338,7 +339,8 @@ def test_a_new_trys_job_waits_for_the_canceled_jobs_pods_to_be_gone(
                    command="trap 'sleep 3; exit 143' TERM; sleep 300 & wait", image=docker_engine.busybox)  # fmt: skip
     first = hook.create_job(spec)
     kubefake.wait_running(spec.name)
-    assert hook.cancel_job(first, requested_by="an older try")  # suspended: its pod has 2 s of grace, wants 3
+    # suspended: its pod has 2 s of grace, wants 3
+    assert hook.cancel_job(first, requested_by="an older try") is CancelOutcome.STOPPED
     if old_job == "deleted":
         kubefake.api("batch").delete_namespaced_job(spec.name, NAMESPACE, propagation_policy="Background")
     second = hook.create_job(spec, try_number=2)

@@ -17,6 +17,7 @@ import yaml
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_provider_tao.hooks.kubernetes import TAOKubernetesHook
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.jobs import JobSpec
 from tests.integration.docker.conftest import DockerEngine
 from tests.integration.kubernetes.conftest import CONN_ID, NAMESPACE, KubeFake
@@ -76,7 +77,7 @@ def test_a_multi_node_job_runs_start_to_cleanup_with_exactly_the_roles_rules(
     spec = JobSpec(name=f"rbac-{secrets.token_hex(4)}", job_id=secrets.token_hex(6), command="sleep 300",
                    image=docker_engine.python, gpu_count=0)  # fmt: skip
     handle = hook.create_job(spec)
-    assert hook.cancel_job(handle, requested_by="cli:admin")
+    assert hook.cancel_job(handle, requested_by="cli:admin") is CancelOutcome.STOPPED
     hook.cleanup_job(handle)
     _apply(kubefake, None)  # the test's own look (it lists Secrets) is no part of the Role
     kubefake.wait_gone(spec.job_id)  # the Job, and what it owns through the garbage collector

@@ -19,6 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_provider_tao.hooks.lepton import LeptonHook
 from airflow_provider_tao.hooks.lepton import marks as lm
 from airflow_provider_tao.hooks.lepton import status as ls
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
 from tests.e2e.airflow_harness import free_ports
 from tests.integration.docker.conftest import DockerEngine
@@ -142,7 +143,7 @@ def test_active_jobs_are_listed_until_canceled(lepton_fake: LeptonFake, docker_e
         assert jobs[0].console_url.endswith(
             f"/workspace/ws-ci/compute/jobs/detail/{jobs[0].backend_job_id}/replicas/list"
         )
-        assert hook.cancel_job(jobs[0], requested_by="reap: test") is True
+        assert hook.cancel_job(jobs[0], requested_by="reap: test") is CancelOutcome.STOPPED
         assert jobs[0].job_id not in {h.job_id for h in hook.list_active_jobs()}
         assert jobs[1].job_id in {h.job_id for h in hook.list_active_jobs()}
     finally:
@@ -170,7 +171,7 @@ def test_a_persons_cancel_fails_the_waiting_task_with_err_canceled_and_says_who(
                                          retries=2, poll_interval=1))  # fmt: skip
     handle = JobHandle.from_json(run.handle)
     hook = LeptonHook(conn_id=CONN_ID)
-    assert hook.cancel_job(handle, requested_by="cli:jdoe") is True  # what `airflow tao cancel` does
+    assert hook.cancel_job(handle, requested_by="cli:jdoe") is CancelOutcome.STOPPED  # what `airflow tao cancel` does
     with pytest.raises(AirflowFailException, match=r"ERR_CANCELED \(not retriable\).*canceled by cli-jdoe"):
         finish(run)
     (job,) = [j for j in lepton_fake.jobs() if j["labels"].get(ls.LABEL_JOB_ID) == handle.job_id]

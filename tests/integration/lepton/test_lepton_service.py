@@ -21,6 +21,7 @@ from leptonai.api.v2.types.secret import SecretItem
 from airflow_provider_tao.hooks.base import JobValidationError
 from airflow_provider_tao.hooks.lepton import LeptonHook
 from airflow_provider_tao.hooks.lepton import status as ls
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
 from tests.integration.lepton.conftest import CONN_ID, NODE_GROUP, LeptonFake, lepton_connection
 from tests.integration.lepton.test_leptonfake import configured, group_ids, wait_for
@@ -239,7 +240,7 @@ def test_a_cancel_refused_by_a_short_outage_is_tried_again_until_the_job_is_dele
     handle = hook.create_job(spec)
     fake.faults(503, seconds=2.5, route="DELETE /jobs/{id}")
     try:
-        assert hook.cancel_job(handle) is True
+        assert hook.cancel_job(handle) is CancelOutcome.STOPPED
     finally:
         fake.clear_faults()
     assert fake.job_named(handle.backend_job_id)[-1]["state"] in ("Deleting", "Deleted")
@@ -339,7 +340,7 @@ def test_a_cancel_of_an_ended_job_leaves_the_retrys_job_that_holds_its_id_runnin
     new = hook.create_job(JobSpec(name, new_id, "train", image="nvcr.io/nvidia/tao:6"), try_number=2)
     try:
         assert new.backend_job_id == old.backend_job_id  # the id this test is about (the server's id mode "name")
-        assert hook.cancel_job(old, requested_by="cli:jdoe")
+        assert hook.cancel_job(old, requested_by="cli:jdoe") is CancelOutcome.ENDED
         (record,) = [j for j in fake.jobs() if j["labels"].get(ls.LABEL_JOB_ID) == new_id]
         assert not record["deleted"] and record["state"] in ("Queueing", "Starting", "Running"), record["history"]
         assert hook.get_job_status(new).state.is_active

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.hooks.slurm import SlurmHook
 from airflow_provider_tao.jobs import JobSpec
 
@@ -35,7 +36,7 @@ def test_active_jobs_are_listed_until_canceled(slurm_cluster: Any, slurm_conn: s
             assert handle.job_id in listed, listed
             found = listed[handle.job_id]
             assert (found.backend_job_id, found.name, found.platform) == (handle.backend_job_id, handle.name, "slurm")
-        assert hook.cancel_job(jobs[0], requested_by="reap: test") is True
+        assert hook.cancel_job(jobs[0], requested_by="reap: test") is CancelOutcome.STOPPED
         assert jobs[0].job_id not in {h.job_id for h in hook.list_active_jobs()}
     finally:
         for handle in jobs:

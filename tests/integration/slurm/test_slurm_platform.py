@@ -21,6 +21,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowTaskTimeout, TaskDeferred
 
 from airflow_provider_tao.hooks.base import JobValidationError
+from airflow_provider_tao.hooks.ownership import CancelOutcome
 from airflow_provider_tao.hooks.slurm import SlurmHook
 from airflow_provider_tao.hooks.slurm import ssh as slurm_ssh
 from airflow_provider_tao.jobs import JobHandle, JobSpec, JobState
@@ -162,7 +163,7 @@ def test_cancel_by_marking_the_task_failed_and_by_worker_kill(
         finish(on_worker)
     rerun = JobHandle.from_json(again.value.trigger.serialize()[1]["handle"])
     assert rerun.job_id != on_worker.job_id
-    assert hook.cancel_job(rerun)
+    assert hook.cancel_job(rerun) is CancelOutcome.STOPPED
 
 
 def test_trap_held_job_is_pending_with_its_reason_and_cancel_is_recognised(
@@ -180,14 +181,14 @@ def test_trap_held_job_is_pending_with_its_reason_and_cancel_is_recognised(
     # trap: Slurm never creates the --output folder; it exists before the job could start
     assert _exists(slurm_cluster, hook.layout(run.job_id, handle.name).log_dir)
 
-    assert hook.cancel_job(handle) is True  # the old SDK: 32 s and False ("CANCELLED by 1001" unknown)
+    assert hook.cancel_job(handle) is CancelOutcome.STOPPED  # the old SDK: 32 s and False ("CANCELLED by 1001" unknown)
     assert slurm_cluster.wait_terminal(run.backend_job_id, timeout=30).raw_state == f"CANCELLED by {slurm_cluster.uid}"
     facts = hook.failure_facts(handle)
     assert facts.canceled and facts.raw_state.startswith("CANCELLED")
     assert event_of(run)["job_status"]["state"] == "Canceled"
     with pytest.raises(TaskDeferred) as again:  # canceled by this very try, which resumes: not the user's kill
         finish(run)
-    assert hook.cancel_job(JobHandle.from_json(again.value.trigger.serialize()[1]["handle"]))
+    assert hook.cancel_job(JobHandle.from_json(again.value.trigger.serialize()[1]["handle"])) is CancelOutcome.STOPPED
 
 
 def test_a_job_held_pending_says_why_in_the_task_log_and_in_its_timeout(
