@@ -148,7 +148,7 @@ def sweep_connection(
             if came_back:
                 why = came_back
             else:
-                action = _cancel(hook, handle, job, why)
+                action, why = _cancel(hook, handle, job, why)
         row = {
             "platform": hook.platform,
             "conn_id": hook.conn_id,
@@ -228,15 +228,18 @@ def recorded_jobs(
 SWEEP_ACTIONS = {CancelOutcome.STOPPED: "canceled", CancelOutcome.ENDED: "ended", CancelOutcome.NOT_OURS: "kept"}
 
 
-def _cancel(hook: TAOPlatformHook, handle: JobHandle, job: IndexedJob | None, why: str) -> str:
+def _cancel(hook: TAOPlatformHook, handle: JobHandle, job: IndexedJob | None, why: str) -> tuple[str, str]:
+    """The reaper's cancel of one job: its row's action and reason."""
     try:
         outcome = hook.cancel_job(handle, requested_by=f"reap: {why}")  # decides through operators/decisions.py
         if outcome.over and not task_resumes(job):  # cleanup only after a job that has stopped (or had ended)
             hook.cleanup_job(handle)  # no task will resume to clean up after it
     except Exception as exc:  # one job the platform would not cancel must not stop the sweep
         log.warning("Canceling job %s on %s failed: %s", handle.job_id, hook.platform, exc)
-        return "cancel failed"
-    return SWEEP_ACTIONS[outcome]
+        return "cancel failed", why
+    if outcome is CancelOutcome.NOT_OURS:
+        return SWEEP_ACTIONS[outcome], "a newer try of its task claimed it as it was canceled"
+    return SWEEP_ACTIONS[outcome], why
 
 
 def describe(row: Mapping[str, Any]) -> str:

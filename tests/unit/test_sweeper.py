@@ -198,6 +198,21 @@ def test_a_job_that_ended_between_the_listing_and_the_cancel_is_reported_ended_w
     assert ListingHook.cleaned == [orphan.job_id]  # no task resumes to clean up after it
 
 
+def test_a_job_a_newer_try_claimed_as_the_reaper_canceled_it_is_kept_and_says_why(hook: ListingHook) -> None:
+    """The platform found, as it stopped the job, that a clear's new try had claimed it (Kubernetes' patch tests the
+    marks it read): the row says the job was kept, and why -- not "canceled", and not the orphan reason."""
+    orphan = _submit(hook, "0000000000c1")
+    known = {orphan.job_id: _job(orphan, ti_state="failed")}
+
+    def claimed_meanwhile(handle: JobHandle) -> bool:
+        return False  # what a platform's stop returns when the job's marks changed under it
+
+    hook._cancel = claimed_meanwhile  # type: ignore[method-assign]
+    (row,) = sweeper.sweep_connection(hook, known, now=time.time(), min_age=0.0, dry_run=False, recheck=lambda j: None)
+    assert (row["action"], row["why"]) == ("kept", "a newer try of its task claimed it as it was canceled")
+    assert ListingHook.cleaned == []  # what the job holds is the new try's
+
+
 def test_the_maintenance_task_logs_every_decision_and_fails_on_a_connection_it_could_not_sweep(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
