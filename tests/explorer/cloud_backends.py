@@ -151,6 +151,17 @@ BREV_RESULTS = "/home/ubuntu/results"
 FAULT_ENV = "EXPLORE_NODE_FAULT"
 
 
+def _kill(client: Any, container: str) -> None:
+    """Kill a running container; one that ended (or went) since it was listed is dead already."""
+    import docker
+
+    try:
+        client.kill(container)
+    except docker.errors.APIError as exc:
+        if exc.status_code not in (404, 409):
+            raise
+
+
 class BrevBackend(Backend):
     """The fake Brev world (``tests/integration/brev``): its instances (``world.json``) and the job containers its
     machines started on the test engine (labels ``brevfake.world`` and ``brevfake.on-instance``, and this provider's
@@ -183,6 +194,7 @@ class BrevBackend(Backend):
         self.checked: set[str] = set()  # job containers the node fault has looked at
         self.cancel_marked: set[str] = set()  # job ids whose cancel mark was seen on their instance's disk
         self.faulted: set[str] = set()  # task instances (job names) whose machine failed once
+        self.watch_errors: list[str] = []  # what the watcher could not look at (it looks again 0.1 s later)
         self.stop = threading.Event()
         self.watcher = threading.Thread(target=self._watch, name="explore-brev-results", daemon=True)
         self.watcher.start()
@@ -190,24 +202,35 @@ class BrevBackend(Backend):
     def close(self) -> None:
         self.stop.set()
         self.watcher.join(10)
+        if self.watch_errors:  # each was looked at again 0.1 s later; shown, so a persistent one is seen
+            failed, last = len(self.watch_errors), self.watch_errors[-1]
+            print(f"brev: the disk watcher's looks failed {failed} time(s), the last with {last}")
 
     def _watch(self) -> None:
+        while not self.stop.wait(0.1):
+            try:
+                self._node_fault()
+                self._look_at_disks()
+            except Exception as exc:  # the engine slow under load, a container gone meanwhile: the next look sees it
+                # a watcher that died here once copied no result again: every later success read as I5
+                self.watch_errors.append(repr(exc))
+
+    def _look_at_disks(self) -> None:
+        """Note the cancel marks that appeared and copy each job's results marker as it appears."""
         from airflow_provider_tao.hooks.base import MARK_CANCEL
 
-        while not self.stop.wait(0.1):
-            self._node_fault()
-            for mark in (self.world.dir / "instances").glob(f"*/home/.tao-brev/jobs/*/marks/{MARK_CANCEL}"):
-                self.cancel_marked.add(mark.parent.parent.name)
-            for marker in (self.world.dir / "instances").glob("*/home/results/*/ran"):
-                copy = self.kept / marker.parent.name / "ran"
-                if not copy.exists():
-                    try:
-                        text = marker.read_text()
-                    except OSError:
-                        continue
-                    if text.strip():
-                        copy.parent.mkdir(parents=True, exist_ok=True)
-                        copy.write_text(text)
+        for mark in (self.world.dir / "instances").glob(f"*/home/.tao-brev/jobs/*/marks/{MARK_CANCEL}"):
+            self.cancel_marked.add(mark.parent.parent.name)
+        for marker in (self.world.dir / "instances").glob("*/home/results/*/ran"):
+            copy = self.kept / marker.parent.name / "ran"
+            if not copy.exists():
+                try:
+                    text = marker.read_text()
+                except OSError:
+                    continue
+                if text.strip():
+                    copy.parent.mkdir(parents=True, exist_ok=True)
+                    copy.write_text(text)
 
     def _node_fault(self) -> None:
         """The flaky job's node fault as Brev shows it: the first job container of a task instance that asked for
@@ -218,16 +241,16 @@ class BrevBackend(Backend):
         for summary in running:
             if summary["Id"] in self.checked:
                 continue
-            self.checked.add(summary["Id"])
             (text,) = _inspected(self.engine.client, [summary]) or [""]
             env = json.loads(text)["Config"]["Env"] if text else []
             instance = summary["Labels"].get("tao.nvidia.com/job-name", "")
             if f"{FAULT_ENV}=1" in env and instance not in self.faulted:
-                self.faulted.add(instance)
                 self.world.set_status(instance, "FAILURE", "explorer: the machine failed under its job")
                 # its processes die with it (the fake's FAILURE only flips the status): a job on a failed machine
                 # that ran on would read as live to a person's cancel, which the task rightly takes for ended
-                self.engine.client.kill(summary["Id"])
+                _kill(self.engine.client, summary["Id"])
+                self.faulted.add(instance)
+            self.checked.add(summary["Id"])  # last: a look that failed half-way is made again (each step holds twice)
 
     def operator_kwargs(self, command: str) -> dict[str, Any]:
         env = {}
