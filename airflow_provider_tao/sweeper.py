@@ -223,9 +223,14 @@ def recorded_jobs(
     return found
 
 
-#: A sweep row's action for what the cancel routine did: a job that ended between the listing and the cancel kept
-#: its own verdict; one a newer try claimed meanwhile (Kubernetes' patch tests the marks it read) is that try's.
-SWEEP_ACTIONS = {CancelOutcome.STOPPED: "canceled", CancelOutcome.ENDED: "ended", CancelOutcome.NOT_OURS: "kept"}
+#: A sweep row's action (and reason, where the sweep's own no longer holds) for what the cancel routine did: a job
+#: that ended between the listing and the cancel kept its own verdict; one a newer try claimed meanwhile (Kubernetes'
+#: patch tests the marks it read) is that try's.
+SWEEP_ROWS: dict[CancelOutcome, tuple[str, str | None]] = {
+    CancelOutcome.STOPPED: ("canceled", None),
+    CancelOutcome.ENDED: ("ended", None),
+    CancelOutcome.NOT_OURS: ("kept", "a newer try of its task claimed it as it was canceled"),
+}
 
 
 def _cancel(hook: TAOPlatformHook, handle: JobHandle, job: IndexedJob | None, why: str) -> tuple[str, str]:
@@ -237,9 +242,8 @@ def _cancel(hook: TAOPlatformHook, handle: JobHandle, job: IndexedJob | None, wh
     except Exception as exc:  # one job the platform would not cancel must not stop the sweep
         log.warning("Canceling job %s on %s failed: %s", handle.job_id, hook.platform, exc)
         return "cancel failed", why
-    if outcome is CancelOutcome.NOT_OURS:
-        return SWEEP_ACTIONS[outcome], "a newer try of its task claimed it as it was canceled"
-    return SWEEP_ACTIONS[outcome], why
+    action, reason = SWEEP_ROWS[outcome]
+    return action, reason or why
 
 
 def describe(row: Mapping[str, Any]) -> str:
